@@ -1,0 +1,29 @@
+# Two entry points that do all set-up on a fresh machine (see README):
+#   make report   - the main job: capacity report on the built-in default scenario
+#   make test     - the whole test suite
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: report test venv bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@# torch first, pinned to the local CPU build (see ../shared/STACK.md), then the project in one call.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+report: $(STAMP)
+	$(VENV)/bin/kvcap report -o report
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) report

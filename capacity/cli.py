@@ -1,0 +1,27 @@
+"""The `kvcap` command line (DESIGN §7).
+
+Every command takes `--json` and then prints exactly one JSON object on stdout; progress and logs go
+to stderr. Bad input exits non-zero with a one-line reason.
+"""
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Replay LLM request traces through a paged-KV engine model and plan KV capacity.")
+
+
+def _register() -> None:
+    from capacity import cli_trace
+    app.add_typer(cli_trace.app, name="trace")
+
+
+_register()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
