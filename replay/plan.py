@@ -1,0 +1,126 @@
+"""The step contract between a scheduler and an executor (and the replay loop).
+
+A scheduler's `schedule()` returns a frozen `StepPlan`: which requests (trace rows) compute how many
+new tokens, with how much context, and which KV blocks move between the GPU and the host pool. The
+executor turns a plan into a duration; the loop then calls the scheduler's `update(plan)`, which
+plays the model's output back (one sampled token for every request whose chunk reaches the end of
+its known tokens) and returns a `StepOutput`. Schedulers never import executors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+_I64 = np.int64
+
+
+def _empty_pairs() -> np.ndarray:
+    return np.zeros((0, 2), dtype=_I64)
+
+
+def _empty_rows() -> np.ndarray:
+    return np.zeros(0, dtype=_I64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preemption:
+    row: int
+    # The mode the request was really preempted in.
+    mode: Literal["recompute", "swap"]
+    # GPU blocks released (recompute) or copied to the host pool (swap).
+    num_blocks: int
+    # V0 `_schedule_priority_preemption` victim: counted in vLLM's cumulative counter but not in
+    # `SchedulerOutputs.preempted` (the Prometheus counter), reference A5/D1.
+    by_priority: bool = False
+    # Swap was wanted but the host pool could not take the victim; recomputed instead.
+    swap_full_fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    row: int
+    # Why the request can never run, e.g. "prompt 9000 > max_model_len 8192".
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwapAbort:
+    """The host pool could not take a swap victim and `on_swap_full="abort"`: the engine stops
+    (vLLM V0: RuntimeError "Aborted due to the lack of CPU swap space...")."""
+    row: int
+    num_cpu_blocks_needed: int
+    num_cpu_blocks_free: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPlan:
+    # Scheduled requests (trace rows) in batch order.
+    rows: np.ndarray = field(default_factory=_empty_rows)
+    # New tokens computed for each row in this step (a decode is 1).
+    num_new_tokens: np.ndarray = field(default_factory=_empty_rows)
+    # Tokens already in the KV cache of each row before this step (attention context); prefix-cache
+    # hits taken at admission in this step count as already computed.
+    num_computed_tokens: np.ndarray = field(default_factory=_empty_rows)
+    # True where the row's chunk belongs to a (re-)prefill, False for a one-token decode.
+    is_prefill: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # (gpu_block, cpu_block) copies GPU -> host pool, done before the forward pass.
+    swap_out: np.ndarray = field(default_factory=_empty_pairs)
+    # (cpu_block, gpu_block) copies host pool -> GPU, done before the forward pass.
+    swap_in: np.ndarray = field(default_factory=_empty_pairs)
+    # Requests preempted in this step, in the order the scheduler preempted them.
+    preempted: tuple[Preemption, ...] = ()
+    # Requests whose KV came back from the host pool in this step (rows, in order).
+    swapped_in: tuple[int, ...] = ()
+    # Requests dropped because they can never run (vLLM: FINISHED_IGNORED / rejected).
+    rejected: tuple[Rejection, ...] = ()
+    # Set when the engine stops in this step (nothing in this plan runs).
+    abort: SwapAbort | None = None
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return int(self.num_new_tokens.sum())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutput:
+    # Aligned with plan.rows: the row produced an output token at the end of this step.
+    sampled: np.ndarray
+    # Rows that finished in this step (their blocks are already freed), in the order freed.
+    finished: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SteadyRun:
+    """k steady decode steps advanced at once (the fast path).
+
+    In each of the k steps every row in `rows` (batch order) decodes exactly one token; nothing
+    arrives, is admitted, preempted or swapped. Rows in `finished` finish in the k-th step."""
+    rows: np.ndarray
+    # Context (computed tokens) of each row before the first of the k steps.
+    num_computed_tokens: np.ndarray
+    num_steps: int
+    # GPU blocks in use after each of the k steps (length k).
+    gpu_blocks_used: np.ndarray
+    finished: np.ndarray
+
+
+class Scheduler(Protocol):
+    """What the replay loop needs from a scheduler (V0 and V1 both implement it)."""
+
+    def add_request(self, row: int) -> None: ...
+    def schedule(self) -> StepPlan: ...
+    def update(self, plan: StepPlan) -> StepOutput: ...
+    def has_unfinished(self) -> bool: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_swapped(self) -> int: ...
+    def gpu_blocks_used(self) -> int: ...
+    def cpu_blocks_used(self) -> int: ...
+    # Fast path: how many of the next steps are steady (0 when the next one is not), then do them.
+    def max_steady_steps(self) -> int: ...
+    def advance_steady(self, num_steps: int) -> SteadyRun: ...

@@ -1,0 +1,95 @@
+"""Content keys of KV blocks, chained like vLLM's block hashes (reference B5, A8).
+
+A block's key stands for (all tokens before it, its own tokens): two requests share a cached block
+only when their keys are equal. Keys are Python ints. Two sources:
+
+- `TraceBlockKeys`: from a trace's `prefix_hashes` (one hash per `hash_block_tokens` prompt tokens,
+  e.g. Mooncake's 512). Engine block k of a prompt is shared when every trace block it touches is
+  covered by hashes; its key is (id of the hash chain up to the last trace block it touches, k).
+  All other blocks (no hashes, generated tokens, prompt tail beyond the hashes) are unique to the
+  request, which is what lets a preempted request re-hit its own blocks and nobody else's.
+- `TokenBlockKeys`: from explicit token ids (the oracle scenarios); exact content hashing.
+
+Must not import traces/, capacity/ or torch.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+_K_BITS = 24  # engine blocks per request < 2**24 (268M tokens at block_size 16)
+
+
+class BlockKeys(Protocol):
+    def key(self, row: int, k: int) -> int:
+        """Key of block k (0-based) of request `row`; only asked for blocks whose tokens are all
+        known (prompt + output produced so far)."""
+        ...
+
+
+def unique_key(row: int, k: int) -> int:
+    """A key no other request can have (negative, so it never collides with shared keys)."""
+    return -((row << _K_BITS) | k) - 1
+
+
+class UniqueBlockKeys:
+    """No sharing between requests (a trace without prefix information)."""
+
+    def key(self, row: int, k: int) -> int:
+        return -((row << _K_BITS) | k) - 1
+
+
+class TraceBlockKeys:
+    def __init__(self, *, block_size: int, prompt_len: Sequence[int],
+                 prefix_hashes: Sequence[Sequence[int] | None],
+                 hash_block_tokens: int = 512) -> None:
+        self.block_size = block_size
+        self.hash_block_tokens = hash_block_tokens
+        self._prompt_len = prompt_len
+        # Per row: chain ids, one per trace hash (None when the row has no hashes).
+        chains: dict[tuple[int, int], int] = {}
+        self._chain: list[list[int] | None] = []
+        for hashes in prefix_hashes:
+            if hashes is None or len(hashes) == 0:
+                self._chain.append(None)
+                continue
+            ids, parent = [], -1
+            for h in hashes:
+                cid = chains.setdefault((parent, int(h)), len(chains))
+                ids.append(cid)
+                parent = cid
+            self._chain.append(ids)
+
+    def num_shared_blocks(self, row: int) -> int:
+        """How many leading engine blocks of `row` have shareable keys."""
+        ids = self._chain[row]
+        if ids is None:
+            return 0
+        covered = min(len(ids) * self.hash_block_tokens, int(self._prompt_len[row]))
+        return covered // self.block_size
+
+    def key(self, row: int, k: int) -> int:
+        ids = self._chain[row]
+        if ids is not None and k < self.num_shared_blocks(row):
+            j = ((k + 1) * self.block_size - 1) // self.hash_block_tokens
+            return (ids[j] << _K_BITS) | k
+        return -((row << _K_BITS) | k) - 1
+
+
+class TokenBlockKeys:
+    """Keys from explicit token ids: tokens(row) returns the request's known tokens so far."""
+
+    def __init__(self, *, block_size: int, tokens) -> None:
+        self.block_size = block_size
+        self._tokens = tokens
+        self._memo: dict[tuple[int, int], int] = {}
+
+    def key(self, row: int, k: int) -> int:
+        got = self._memo.get((row, k))
+        if got is not None:
+            return got
+        parent = self.key(row, k - 1) if k > 0 else 0
+        toks = tuple(self._tokens(row)[k * self.block_size:(k + 1) * self.block_size])
+        assert len(toks) == self.block_size, "only full blocks have keys"
+        got = hash((parent, toks)) & ((1 << 62) - 1)
+        self._memo[(row, k)] = got
+        return got

@@ -1,0 +1,44 @@
+"""The resolved scheduler spec: every knob a scheduler reads, as plain numbers.
+
+`replay.config.EngineConfig` (what users set, vLLM's names, `None` = version default) resolves into
+one `SchedulerSpec` through pure functions; tests and the oracle scenarios build a spec directly.
+Must not import traces/, capacity/ or torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["fcfs", "priority"]
+PreemptionModeName = Literal["recompute", "swap", "none"]
+OnSwapFull = Literal["abort", "recompute"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerSpec:
+    block_size: int
+    # vLLM's own count. V1 reserves block 0 as the null block, so it can hand out num_gpu_blocks - 1.
+    num_gpu_blocks: int
+    # V0: the swap pool (`--swap-space` / cache block size). V1 swap mode: the host offload tier (B8).
+    num_cpu_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    policy: Policy = "fcfs"
+    # "recompute" (vLLM default for single-sequence requests), "swap" (V0 swap / V1 offload tier),
+    # "none" (queue only: admit only when the whole sequence fits, never evict).
+    preemption_mode: PreemptionModeName = "recompute"
+    # What to do when a swap victim does not fit the host pool: stop the run as vLLM V0 does, or
+    # recompute that victim instead (recorded as a swap_full_fallback event).
+    on_swap_full: OnSwapFull = "abort"
+    # V1 (0.33) knobs, reference B2/B3/B7.
+    long_prefill_token_threshold: int = 0
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    max_num_active_seqs: int | None = None
+    # V0's block-manager watermark is hard-coded in vLLM (A2).
+    v0_watermark: float = 0.01
+    # Bytes of one KV block on one GPU (all layers, K and V); events report bytes from it.
+    kv_bytes_per_block: int = 0
