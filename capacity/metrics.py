@@ -1,0 +1,123 @@
+"""Metrics over a run's tables, as defined in docs/metrics.md (definitions first, then code).
+
+Percentiles are nearest-rank (the same method as ../shared/traces/README.md): the q-quantile of n
+sorted samples is the ceil(q*n)-th one. Weighted samples (the `tbt` table) use the same rule over
+cumulative weights. Must not import altair or torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+GIB = 2 ** 30
+
+
+def nearest_rank(values, q: float, weights=None) -> float | None:
+    """Nearest-rank q-quantile (0 < q <= 1); None when there are no samples."""
+    v = np.asarray(values, dtype=np.float64)
+    if weights is None:
+        v = v[~np.isnan(v)]
+        if len(v) == 0:
+            return None
+        k = max(1, math.ceil(q * len(v)))
+        return float(np.partition(v, k - 1)[k - 1])
+    w = np.asarray(weights, dtype=np.int64)
+    if len(v) == 0 or w.sum() == 0:
+        return None
+    order = np.argsort(v, kind="stable")
+    cw = np.cumsum(w[order])
+    k = max(1, math.ceil(q * int(cw[-1])))
+    return float(v[order][np.searchsorted(cw, k, "left")])
+
+
+def request_latencies(requests: pl.DataFrame) -> pl.DataFrame:
+    """Per-request TTFT, E2E, TPOT (seconds); null where undefined."""
+    return requests.with_columns(
+        ttft_s=pl.col("first_token_s") - pl.col("arrival_s"),
+        e2e_s=pl.when(pl.col("status") == "finished").then(pl.col("finish_s") - pl.col("arrival_s")),
+        tpot_s=pl.when((pl.col("status") == "finished") & (pl.col("output_tokens") > 1))
+        .then((pl.col("finish_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1)),
+        queue_s=pl.col("first_scheduled_s") - pl.col("arrival_s"),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    ttft_p99_s: float | None = None
+    tbt_p99_s: float | None = None
+
+
+def meets_slo(lat: pl.DataFrame, *, ttft_s: float | None, tbt_s: float | None) -> pl.Series:
+    """Per request: finished, TTFT <= ttft_s and every TBT sample (max_tbt_s) <= tbt_s."""
+    ok = pl.col("status") == "finished"
+    if ttft_s is not None:
+        ok = ok & (pl.col("ttft_s") <= ttft_s)
+    if tbt_s is not None:
+        ok = ok & (pl.col("max_tbt_s").fill_null(0.0) <= tbt_s)
+    return lat.select(ok.alias("ok"))["ok"]
+
+
+def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
+            slo_tbt_s: float | None = None) -> dict:
+    """The replay summary (DESIGN §7 keys and more)."""
+    run = tables["runs"].row(0, named=True)
+    req = request_latencies(tables["requests"])
+    steps, events, tbt = tables["steps"], tables["events"], tables["tbt"]
+    fin = req.filter(pl.col("status") == "finished")
+    kinds = events["kind"].value_counts() if events.height else None
+    count = {k: 0 for k in ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
+                            "swap_full_abort", "reject")}
+    if kinds is not None:
+        count.update(dict(zip(kinds["kind"].to_list(), kinds["count"].to_list())))
+    bpb = run["kv_bytes_per_block"]
+    sim = run["sim_seconds"] or 0.0
+    peak_cpu = int(steps["cpu_blocks_used"].max() or 0) if steps.height else 0
+    peak_gpu = int(steps["gpu_blocks_used"].max() or 0) if steps.height else 0
+    out_tokens = int(fin["output_tokens"].sum() or 0)
+    ttft = fin["ttft_s"].to_numpy()
+    res = {
+        "run_id": run["run_id"], "status": run["status"],
+        "requests": req.height,
+        "requests_finished": fin.height,
+        "requests_rejected": int((req["status"] == "rejected").sum()),
+        "requests_aborted": int((req["status"] == "aborted").sum()),
+        "requests_unfinished": int((req["status"] == "unfinished").sum()),
+        "sim_seconds": sim,
+        "steps": steps.height,
+        "throughput_rps": fin.height / sim if sim > 0 else 0.0,
+        "output_tokens_per_s": out_tokens / sim if sim > 0 else 0.0,
+        "ttft_p50_s": nearest_rank(ttft, 0.5), "ttft_p99_s": nearest_rank(ttft, 0.99),
+        "tbt_p50_s": nearest_rank(tbt["tbt_s"].to_numpy(), 0.5, tbt["weight"].to_numpy()),
+        "tbt_p99_s": nearest_rank(tbt["tbt_s"].to_numpy(), 0.99, tbt["weight"].to_numpy()),
+        "tpot_p50_s": nearest_rank(fin["tpot_s"].to_numpy(), 0.5),
+        "e2e_p50_s": nearest_rank(fin["e2e_s"].to_numpy(), 0.5),
+        "preemptions_recompute": count["preempt_recompute"],
+        "preemptions_swap": count["preempt_swap"],
+        "swap_ins": count["swap_in"],
+        "swap_full_events": count["swap_full_fallback"] + count["swap_full_abort"],
+        "swap_full_fallbacks": count["swap_full_fallback"],
+        "preempted_requests": int((req["num_preemptions"] > 0).sum()),
+        "peak_swapped_gib": peak_cpu * bpb / GIB,
+        "peak_gpu_kv_usage": peak_gpu / run["num_gpu_blocks"] if run["num_gpu_blocks"] else 0.0,
+        "abort_s": run["abort_s"],
+        "wall_seconds": run["wall_seconds"],
+    }
+    if slo_ttft_s is not None or slo_tbt_s is not None:
+        ok = meets_slo(req, ttft_s=slo_ttft_s, tbt_s=slo_tbt_s)
+        res["goodput_rps"] = int(ok.sum()) / sim if sim > 0 else 0.0
+    return res
+
+
+def preemptions_per_minute(events: pl.DataFrame, sim_seconds: float) -> pl.DataFrame:
+    """Preemptions per 1-minute bin of simulated time, by mode (bins with none included)."""
+    minutes = max(1, math.ceil(sim_seconds / 60))
+    base = pl.DataFrame({"minute": np.arange(minutes, dtype=np.int64)})
+    pre = events.filter(pl.col("kind").str.starts_with("preempt_")).with_columns(
+        minute=(pl.col("t_s") // 60).cast(pl.Int64),
+        mode=pl.col("kind").str.strip_prefix("preempt_"))
+    wide = pre.group_by("minute").agg(
+        recompute=(pl.col("mode") == "recompute").sum(), swap=(pl.col("mode") == "swap").sum())
+    return base.join(wide, on="minute", how="left").fill_null(0).sort("minute")

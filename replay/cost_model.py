@@ -1,0 +1,121 @@
+"""The analytic cost model executor (`--executor model`, the default): a step plan -> seconds.
+
+Per step (formulas and units in docs/cost-model.md):
+
+    linear_flops = 2 * P_layers * T + 2 * h * V * S          (GEMMs; lm_head only for sampled rows)
+    attn_flops   = 4 * L * H_q * d * A,  A = sum_i n_i * c_i + n_i * (n_i + 1) / 2
+    bytes        = W + kv_token_bytes * (sum_i (c_i + n_i))  (weights once, then KV read + write)
+    compute_s    = (linear_flops + attn_flops) / tp / (flops_per_s * compute_efficiency)
+    memory_s     = bytes / (hbm_bytes_per_s * memory_efficiency)
+    allreduce_s  = (tp > 1) * 2 * L * (allreduce_latency_s + 2 * (tp-1)/tp * T * h * act_bytes / interconnect_bytes_per_s)
+    swap_s       = swap_blocks * kv_block_bytes / host_link_bytes_per_s
+    step_s       = overhead_s + max(compute_s, memory_s) + allreduce_s + swap_s
+
+with T = scheduled tokens, S = rows that sample, n_i / c_i = new / context tokens of row i, W = weight
+bytes per GPU, kv_token_bytes = KV bytes per token per GPU. A steady decode step is the same formula
+with n_i = 1, so `steady_step_s` evaluates it for k steps at once; both paths go through
+`_step_s` with the same operation order, so they agree to the last bit (the differential tests
+rely on it).
+
+Must not import traces/, capacity/, polars, duckdb or torch.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from replay.plan import StepPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelShape:
+    """The numbers of a model the cost model needs, per whole model (not per GPU)."""
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    head_dim: int
+    vocab_size: int
+    # Parameters in the transformer layers (attention + MLP), without embeddings / lm_head.
+    num_layer_params: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostConstants:
+    """Hardware constants; a calibration profile (JSON with these field names) overrides them."""
+    flops_per_s: float
+    hbm_bytes_per_s: float
+    host_link_bytes_per_s: float
+    interconnect_bytes_per_s: float
+    # Achievable fraction of the datasheet peak for large GEMMs and for streaming reads.
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    # Scheduler + launch + sampling cost of one engine step (vLLM with CUDA graphs: a few ms).
+    overhead_s: float = 0.003
+    allreduce_latency_s: float = 8e-6
+    activation_bytes: int = 2
+
+    def with_profile(self, path: str | Path) -> "CostConstants":
+        """Constants overridden by a calibration profile (`kvcap calibrate` output)."""
+        data = json.loads(Path(path).read_text())
+        consts = data.get("constants", data)
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(consts) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown cost-model constants {unknown}; known: {sorted(known)}")
+        return replace(self, **{k: float(v) if k != "activation_bytes" else int(v)
+                                for k, v in consts.items()})
+
+
+class CostModel:
+    """Executor: turns a StepPlan into a duration in seconds."""
+
+    def __init__(self, *, shape: ModelShape, constants: CostConstants, tp: int,
+                 kv_bytes_per_token: int, kv_bytes_per_block: int) -> None:
+        self.shape, self.constants, self.tp = shape, constants, tp
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv_bytes_per_block = kv_bytes_per_block
+        c, s = constants, shape
+        # Per-step constants folded once (each term is linear in the step aggregates).
+        self._linear_per_token = 2.0 * s.num_layer_params
+        self._lm_head_per_sample = 2.0 * s.hidden_size * s.vocab_size
+        self._attn_per_unit = 4.0 * s.num_layers * s.num_attention_heads * s.head_dim
+        self._flops_rate = tp * c.flops_per_s * c.compute_efficiency
+        self._bytes_rate = c.hbm_bytes_per_s * c.memory_efficiency
+        self._weight_bytes = s.weight_bytes / tp
+        if tp > 1:
+            self._ar_fixed = 2.0 * s.num_layers * c.allreduce_latency_s
+            self._ar_per_token = (2.0 * s.num_layers * 2.0 * (tp - 1) / tp * s.hidden_size
+                                  * c.activation_bytes / c.interconnect_bytes_per_s)
+        else:
+            self._ar_fixed = self._ar_per_token = 0.0
+        self._swap_per_block = kv_bytes_per_block / c.host_link_bytes_per_s
+
+    def _step_s(self, tokens, samples, attn_units, kv_tokens, swap_blocks):
+        """The formula; works on Python numbers and on numpy arrays alike (same op order)."""
+        compute = (tokens * self._linear_per_token + samples * self._lm_head_per_sample
+                   + attn_units * self._attn_per_unit) / self._flops_rate
+        memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
+        return (self.constants.overhead_s + np.maximum(compute, memory)
+                + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
+
+    def step_s(self, plan: StepPlan, num_sampled: int) -> float:
+        n, c = plan.num_new_tokens, plan.num_computed_tokens
+        tokens = int(n.sum())
+        attn = int((n * c).sum() + (n * (n + 1) // 2).sum())
+        kv = int(c.sum()) + tokens
+        swaps = len(plan.swap_out) + len(plan.swap_in)
+        return float(self._step_s(tokens, num_sampled, attn, kv, swaps))
+
+    def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray:
+        """Durations of `num_steps` pure decode steps of one batch whose contexts start at
+        `num_computed` (each step adds one token to every row)."""
+        b = len(num_computed)
+        ctx0 = int(num_computed.sum())
+        ctx = ctx0 + b * np.arange(num_steps, dtype=np.int64)   # sum of contexts at step j
+        attn = ctx + b                                          # n_i = 1: c_i + 1 per row
+        kv = ctx + b
+        return self._step_s(b, b, attn, kv, 0)

@@ -1,0 +1,265 @@
+"""The replay loop: a virtual clock driving a scheduler through an executor.
+
+Owns time. Tie order (also in docs/design.md): a request is added to the engine at the start of the
+first step whose start time is >= its arrival time; requests arriving at the same time, or during
+the same step, are added in trace order (the trace is sorted by arrival, stably). When the engine
+holds nothing unfinished the clock jumps to the next arrival. A step that schedules nothing still
+costs the executor's fixed overhead (vLLM's loop also spins); if the engine can make no progress at
+all (nothing scheduled, nothing preempted, nothing arriving), the run stops and leaves the rest
+`unfinished` rather than hang.
+
+The fast path asks the scheduler how many of the next steps are steady decode steps and advances
+them at once; `step_by_step=True` forces the one-step path (the oracle for the differential tests).
+Both produce identical columns.
+
+Imports numpy and replay's engine modules only (the torch stub runs this loop on machines without
+polars or DuckDB). Must not import traces/, capacity/, polars or duckdb.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from replay.plan import Scheduler, StepPlan
+from replay.state import RequestState, Status
+
+
+class Executor(Protocol):
+    def step_s(self, plan: StepPlan, num_sampled: int) -> float: ...
+    def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray: ...
+
+
+class _Columns:
+    """Growable numpy columns (amortised doubling) for the per-step table."""
+
+    def __init__(self, spec: dict[str, type]) -> None:
+        self._n, self._cap = 0, 1024
+        self.data = {k: np.zeros(self._cap, dtype=t) for k, t in spec.items()}
+
+    def reserve(self, extra: int) -> int:
+        need = self._n + extra
+        if need > self._cap:
+            while self._cap < need:
+                self._cap *= 2
+            for k, v in self.data.items():
+                grown = np.zeros(self._cap, dtype=v.dtype)
+                grown[:self._n] = v[:self._n]
+                self.data[k] = grown
+        start, self._n = self._n, need
+        return start
+
+    def frozen(self) -> dict[str, np.ndarray]:
+        return {k: v[:self._n].copy() for k, v in self.data.items()}
+
+
+STEP_COLUMNS = {
+    "start_s": np.float64, "duration_s": np.float64, "num_running": np.int32,
+    "num_waiting": np.int32, "num_swapped": np.int32, "num_prefill_tokens": np.int64,
+    "num_decode_tokens": np.int64, "gpu_blocks_used": np.int64, "cpu_blocks_used": np.int64,
+    "swap_out_blocks": np.int32, "swap_in_blocks": np.int32, "num_preempted": np.int32,
+}
+
+
+@dataclass(slots=True, kw_only=True)
+class RawRun:
+    """Everything a replay produced, as numpy columns (results.py turns it into tables)."""
+    state: RequestState
+    steps: dict[str, np.ndarray]
+    # Per request (trace row).
+    first_scheduled_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    max_tbt_s: np.ndarray
+    # Events: parallel lists (eventful steps only, so plain lists are cheap).
+    events: dict[str, list] = field(default_factory=dict)
+    # Preemption stalls: the TBT sample that spans a preemption.
+    stalls: dict[str, list] = field(default_factory=dict)
+    # Fleet TBT samples as (value, weight): a steady run contributes each step duration once,
+    # weighted by its batch size, so a day of decode steps costs O(steps), not O(tokens).
+    tbt_values: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tbt_weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    status: str = "completed"          # "completed" | "aborted"
+    abort_s: float | None = None
+    abort_reason: str | None = None
+    sim_seconds: float = 0.0
+    num_steps: int = 0
+
+
+EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
+               "swap_full_abort", "reject")
+
+
+def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
+        kv_bytes_per_block: int, step_by_step: bool = False,
+        on_progress: Callable[[float, int], None] | None = None,
+        progress_every_steps: int = 20_000) -> RawRun:
+    """Replay every request of `state` (rows sorted by arrival) through `scheduler`."""
+    n = state.n
+    arrival = state.arrival_s
+    if n and np.any(np.diff(arrival) < 0):
+        raise ValueError("requests must be sorted by arrival_s")
+    nan = np.full(n, np.nan)
+    first_sched, first_tok, finish, last_tok = nan.copy(), nan.copy(), nan.copy(), nan.copy()
+    max_tbt = np.zeros(n)
+    preempted_at = nan.copy()            # time of the last preemption since the last token
+    preempt_mode = np.zeros(n, np.int8)  # 1 recompute, 2 swap
+    steps = _Columns(STEP_COLUMNS)
+    ev = {k: [] for k in ("t_s", "step", "row", "kind", "blocks", "bytes")}
+    stalls = {k: [] for k in ("row", "preempted_s", "resumed_s", "stall_s", "mode")}
+    tbt_vals: list[np.ndarray] = []
+    tbt_wts: list[np.ndarray] = []
+    raw = RawRun(state=state, steps={}, first_scheduled_s=first_sched, first_token_s=first_tok,
+                 finish_s=finish, max_tbt_s=max_tbt, events=ev, stalls=stalls)
+
+    t = 0.0 if n == 0 else float(arrival[0])
+    cursor = 0
+    step = 0
+    idle_spins = 0
+
+    def event(kind: str, row: int, blocks: int) -> None:
+        ev["t_s"].append(t); ev["step"].append(step); ev["row"].append(row)
+        ev["kind"].append(kind); ev["blocks"].append(blocks)
+        ev["bytes"].append(blocks * kv_bytes_per_block)
+
+    while True:
+        # Arrivals due by now enter in trace order.
+        while cursor < n and arrival[cursor] <= t:
+            scheduler.add_request(cursor)
+            cursor += 1
+        if not scheduler.has_unfinished():
+            if cursor >= n:
+                break
+            t = max(t, float(arrival[cursor]))     # idle gap: jump to the next arrival
+            continue
+
+        k_max = 0 if step_by_step else scheduler.max_steady_steps()
+        if k_max > 0:
+            rows = scheduler.running_rows()
+            durations = executor.steady_step_s(state.num_computed[rows], k_max)
+            ends = np.cumsum(np.concatenate(([t], durations)))   # sequential, like t += d
+            starts = ends[:-1]
+            k = k_max if cursor >= n else int(np.searchsorted(starts, arrival[cursor], "left"))
+            k = max(1, min(k, k_max))
+            run_ = scheduler.advance_steady(k)
+            i0 = steps.reserve(k)
+            cols = steps.data
+            sl = slice(i0, i0 + k)
+            cols["start_s"][sl] = starts[:k]
+            cols["duration_s"][sl] = durations[:k]
+            b = len(rows)
+            cols["num_running"][sl] = b
+            cols["num_waiting"][sl] = scheduler.num_waiting
+            cols["num_swapped"][sl] = scheduler.num_swapped
+            cols["num_prefill_tokens"][sl] = 0
+            cols["num_decode_tokens"][sl] = b
+            cols["gpu_blocks_used"][sl] = run_.gpu_blocks_used
+            cols["cpu_blocks_used"][sl] = scheduler.cpu_blocks_used()
+            cols["swap_out_blocks"][sl] = 0
+            cols["swap_in_blocks"][sl] = 0
+            cols["num_preempted"][sl] = 0
+            first_end = ends[1]
+            gap = first_end - last_tok[rows]
+            tbt_vals.append(gap); tbt_wts.append(np.ones(b, np.int64))
+            later_max = 0.0
+            if k > 1:
+                tbt_vals.append(durations[1:k]); tbt_wts.append(np.full(k - 1, b, np.int64))
+                later_max = float(durations[1:k].max())
+            max_tbt[rows] = np.maximum(max_tbt[rows], np.maximum(gap, later_max))
+            t = float(ends[k])
+            last_tok[rows] = t
+            if len(run_.finished):
+                finish[run_.finished] = t
+            step += k
+        else:
+            plan = scheduler.schedule()
+            if plan.abort is not None:
+                a = plan.abort
+                event("swap_full_abort", a.row, a.num_cpu_blocks_needed)
+                raw.status, raw.abort_s = "aborted", t
+                raw.abort_reason = (f"Aborted due to the lack of CPU swap space: request row {a.row} "
+                                    f"needs {a.num_cpu_blocks_needed} CPU blocks, "
+                                    f"{a.num_cpu_blocks_free} free")
+                inside = (state.status != Status.PENDING) & (state.status != Status.FINISHED) & \
+                         (state.status != Status.REJECTED)
+                state.status[inside] = Status.ABORTED
+                break
+            for r in plan.rejected:
+                event("reject", r.row, 0)
+            for p in plan.preempted:
+                if p.swap_full_fallback:
+                    event("swap_full_fallback", p.row, p.num_blocks)
+                event("preempt_swap" if p.mode == "swap" else "preempt_recompute", p.row, p.num_blocks)
+                if np.isnan(preempted_at[p.row]):
+                    preempted_at[p.row] = t
+                preempt_mode[p.row] = 2 if p.mode == "swap" else 1
+            for row, blocks in _swapped_in_blocks(plan):
+                event("swap_in", row, blocks)
+            rows = plan.rows
+            fresh = rows[np.isnan(first_sched[rows])]
+            first_sched[fresh] = t
+            num_prefill = int(plan.num_new_tokens[plan.is_prefill].sum())
+            num_decode = int(plan.num_new_tokens[~plan.is_prefill].sum())
+            queues = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
+            out = scheduler.update(plan)
+            sampled = rows[out.sampled]
+            dt = executor.step_s(plan, len(sampled))
+            end = t + dt
+            i0 = steps.reserve(1)
+            cols = steps.data
+            cols["start_s"][i0] = t
+            cols["duration_s"][i0] = dt
+            cols["num_running"][i0], cols["num_waiting"][i0], cols["num_swapped"][i0] = queues
+            cols["num_prefill_tokens"][i0] = num_prefill
+            cols["num_decode_tokens"][i0] = num_decode
+            cols["gpu_blocks_used"][i0] = scheduler.gpu_blocks_used()
+            cols["cpu_blocks_used"][i0] = scheduler.cpu_blocks_used()
+            cols["swap_out_blocks"][i0] = len(plan.swap_out)
+            cols["swap_in_blocks"][i0] = len(plan.swap_in)
+            cols["num_preempted"][i0] = len(plan.preempted)
+            if len(sampled):
+                first = np.isnan(first_tok[sampled])
+                first_tok[sampled[first]] = end
+                cont = sampled[~first]
+                if len(cont):
+                    gap = end - last_tok[cont]
+                    tbt_vals.append(gap); tbt_wts.append(np.ones(len(cont), np.int64))
+                    max_tbt[cont] = np.maximum(max_tbt[cont], gap)
+                    stalled = cont[~np.isnan(preempted_at[cont])]
+                    for row in stalled.tolist():
+                        stalls["row"].append(row); stalls["preempted_s"].append(preempted_at[row])
+                        stalls["resumed_s"].append(end); stalls["stall_s"].append(end - last_tok[row])
+                        stalls["mode"].append("swap" if preempt_mode[row] == 2 else "recompute")
+                preempted_at[sampled] = np.nan
+                last_tok[sampled] = end
+            if len(out.finished):
+                finish[out.finished] = end
+            progressed = len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
+            idle_spins = 0 if progressed else idle_spins + 1
+            t = end
+            step += 1
+            if idle_spins >= 2:
+                # Nothing can move until something arrives; jump there or give up.
+                if cursor < n:
+                    t = max(t, float(arrival[cursor]))
+                    idle_spins = 0
+                else:
+                    break
+        if on_progress is not None and step // progress_every_steps != (step - 1) // progress_every_steps:
+            on_progress(t, cursor)
+    raw.steps = steps.frozen()
+    raw.num_steps = step
+    raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
+    raw.tbt_values = np.concatenate(tbt_vals) if tbt_vals else np.zeros(0)
+    raw.tbt_weights = np.concatenate(tbt_wts) if tbt_wts else np.zeros(0, np.int64)
+    return raw
+
+
+def _swapped_in_blocks(plan: StepPlan):
+    """(row, blocks) per swapped-in request. Plans list rows, or (row, num_blocks) pairs."""
+    for item in plan.swapped_in:
+        if isinstance(item, tuple):
+            yield int(item[0]), int(item[1])
+        else:
+            yield int(item), (len(plan.swap_in) if len(plan.swapped_in) == 1 else 0)

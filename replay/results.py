@@ -1,0 +1,95 @@
+"""Turn a RawRun into the result tables of DESIGN §6 (polars), plus kvcap's extra tables.
+
+Tables: `runs` (one row), `requests` (every trace row exactly once), `steps` (one row per engine
+step), `events`, `stalls` (one row per preemption stall: the TBT sample spanning a preemption) and
+`tbt` (fleet TBT samples as value + weight, exact percentiles without one row per token).
+Must not import capacity/, duckdb or torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from replay.loop import RawRun
+from replay.state import Status
+
+_STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",
+                int(Status.ABORTED): "aborted"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    run: dict
+    requests: pl.DataFrame
+    steps: pl.DataFrame
+    events: pl.DataFrame
+    stalls: pl.DataFrame
+    tbt: pl.DataFrame
+
+    @property
+    def run_id(self) -> str:
+        return self.run["run_id"]
+
+    def tables(self) -> dict[str, pl.DataFrame]:
+        return {"runs": pl.DataFrame([self.run]), "requests": self.requests, "steps": self.steps,
+                "events": self.events, "stalls": self.stalls, "tbt": self.tbt}
+
+
+def request_status(status: np.ndarray) -> np.ndarray:
+    names = np.full(len(status), "unfinished", dtype=object)
+    for code, name in _STATUS_NAME.items():
+        names[status == code] = name
+    return names
+
+
+def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.DataFrame]:
+    st = raw.state
+    rid = trace["request_id"].to_numpy()
+    requests = pl.DataFrame({
+        "run_id": pl.Series([run_id] * st.n, dtype=pl.Utf8),
+        "request_id": trace["request_id"],
+        "arrival_s": trace["arrival_s"],
+        "priority": trace["priority"],
+        "tenant": trace["tenant"],
+        "prompt_tokens": trace["prompt_tokens"],
+        "output_tokens": trace["output_tokens"],
+        "first_scheduled_s": raw.first_scheduled_s,
+        "first_token_s": raw.first_token_s,
+        "finish_s": raw.finish_s,
+        "status": pl.Series(request_status(st.status).tolist(), dtype=pl.Utf8),
+        "num_preemptions": st.num_preemptions,
+        "num_swaps": st.num_swaps,
+        "num_recomputes": st.num_recomputes,
+        "recomputed_tokens": st.recomputed_tokens,
+        "cached_prompt_tokens": st.cached_prompt_tokens,
+        "output_tokens_done": st.num_output,
+        "max_tbt_s": np.where(st.num_output > 1, raw.max_tbt_s, np.nan),
+    }).with_columns(pl.col(c).fill_nan(None) for c in
+                    ("first_scheduled_s", "first_token_s", "finish_s", "max_tbt_s"))
+    s = raw.steps
+    steps = pl.DataFrame({"run_id": pl.Series([run_id] * raw.num_steps, dtype=pl.Utf8),
+                          "step": np.arange(1, raw.num_steps + 1, dtype=np.int64), **s})
+    ev = raw.events
+    events = pl.DataFrame({
+        "run_id": pl.Series([run_id] * len(ev["t_s"]), dtype=pl.Utf8),
+        "t_s": pl.Series(ev["t_s"], dtype=pl.Float64),
+        "step": pl.Series(ev["step"], dtype=pl.Int64) + 1,
+        "request_id": pl.Series(rid[np.asarray(ev["row"], dtype=np.int64)], dtype=pl.Int64),
+        "kind": pl.Series(ev["kind"], dtype=pl.Utf8),
+        "blocks": pl.Series(ev["blocks"], dtype=pl.Int64),
+        "bytes": pl.Series(ev["bytes"], dtype=pl.Int64),
+    })
+    sl = raw.stalls
+    stalls = pl.DataFrame({
+        "run_id": pl.Series([run_id] * len(sl["row"]), dtype=pl.Utf8),
+        "request_id": pl.Series(rid[np.asarray(sl["row"], dtype=np.int64)], dtype=pl.Int64),
+        "preempted_s": pl.Series(sl["preempted_s"], dtype=pl.Float64),
+        "resumed_s": pl.Series(sl["resumed_s"], dtype=pl.Float64),
+        "stall_s": pl.Series(sl["stall_s"], dtype=pl.Float64),
+        "mode": pl.Series(sl["mode"], dtype=pl.Utf8),
+    })
+    tbt = pl.DataFrame({"run_id": pl.Series([run_id] * len(raw.tbt_values), dtype=pl.Utf8),
+                        "tbt_s": raw.tbt_values, "weight": raw.tbt_weights})
+    return {"requests": requests, "steps": steps, "events": events, "stalls": stalls, "tbt": tbt}

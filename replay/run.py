@@ -1,0 +1,106 @@
+"""`replay(trace, config)`: the one call that replays a canonical trace through the engine model.
+
+Builds the request state and block keys from the trace, resolves the config, picks the scheduler
+(v0 / v1) and the executor, runs the loop and returns the result tables (not yet stored: the store
+does that). Same trace + config (+ seed) => identical tables, in and across processes: the run id is
+a hash of the trace's content and the config, so a rerun replaces itself in the store.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from replay.config import EngineConfig, resolve
+from replay.loop import run as run_loop
+from replay.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.results import RunResult, build_tables
+from replay.state import RequestState
+from traces.schema import DEFAULT_HASH_BLOCK_TOKENS
+
+KVCAP_VERSION = "0.1.0"
+
+
+def trace_sha256(trace: pl.DataFrame) -> str:
+    """Content hash of the columns that drive a replay (stable across processes)."""
+    h = hashlib.sha256()
+    for col in ("arrival_s", "prompt_tokens", "output_tokens", "priority"):
+        h.update(trace[col].to_numpy().astype(np.float64 if col == "arrival_s" else np.int64).tobytes())
+    if trace["prefix_hashes"].null_count() < trace.height:
+        flat = trace["prefix_hashes"].explode().fill_null(0).to_numpy().astype(np.uint64)
+        lens = trace["prefix_hashes"].list.len().fill_null(-1).to_numpy().astype(np.int64)
+        h.update(flat.tobytes()); h.update(lens.tobytes())
+    return h.hexdigest()
+
+
+def request_state(trace: pl.DataFrame) -> RequestState:
+    return RequestState(arrival_s=trace["arrival_s"].to_numpy(),
+                        prompt_len=trace["prompt_tokens"].to_numpy(),
+                        output_len=trace["output_tokens"].to_numpy(),
+                        priority=trace["priority"].to_numpy())
+
+
+def block_keys(trace: pl.DataFrame, block_size: int,
+               hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS):
+    if trace["prefix_hashes"].null_count() == trace.height:
+        return UniqueBlockKeys()
+    return TraceBlockKeys(block_size=block_size, prompt_len=trace["prompt_tokens"].to_numpy(),
+                          prefix_hashes=trace["prefix_hashes"].to_list(),
+                          hash_block_tokens=hash_block_tokens)
+
+
+def make_scheduler(name: str, spec, state, keys):
+    if name == "v0":
+        from replay.v0.scheduler import V0Scheduler
+        return V0Scheduler(spec, state, keys)
+    from replay.v1.scheduler import V1Scheduler
+    return V1Scheduler(spec, state, keys)
+
+
+def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
+           step_by_step: bool = False, label: str | None = None, trace_name: str = "",
+           on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
+           ) -> RunResult:
+    """Replay `trace` (canonical, sorted by arrival_s) under `config`."""
+    config = config or EngineConfig()
+    wall0 = time.perf_counter()
+    eng = resolve(config)
+    trace = trace.sort("arrival_s", maintain_order=True)
+    state = request_state(trace)
+    keys = block_keys(trace, eng.spec.block_size)
+    scheduler = make_scheduler(config.scheduler, eng.spec, state, keys)
+    if executor == "model":
+        from replay.executors import cost_model_for
+        ex = cost_model_for(eng, calibration=config.calibration)
+    elif executor == "stub":
+        from replay.stub import StubExecutor
+        ex = StubExecutor.for_engine(eng, state=state, scheduler=scheduler, **(stub_options or {}))
+    else:
+        raise ValueError(f"executor {executor!r}: use 'model' or 'stub'")
+    raw = run_loop(state, scheduler, ex, kv_bytes_per_block=eng.kv_bytes_per_block,
+                   step_by_step=step_by_step, on_progress=on_progress)
+    sha = trace_sha256(trace)
+    cfg_json = config.config_json()
+    run_id = hashlib.sha256(f"{sha}|{cfg_json}|{executor}".encode()).hexdigest()[:16]
+    tables = build_tables(raw, trace, run_id)
+    spec = eng.spec
+    run = {
+        "run_id": run_id, "created_at": datetime.now(timezone.utc).replace(tzinfo=None),
+        "label": label or "", "trace_name": trace_name, "trace_sha256": sha,
+        "num_requests": trace.height, "scheduler": config.scheduler, "model": eng.model.name,
+        "gpu": eng.gpu.name, "tp": config.tensor_parallel_size, "block_size": spec.block_size,
+        "num_gpu_blocks": spec.num_gpu_blocks, "num_cpu_blocks": spec.num_cpu_blocks,
+        "max_num_seqs": spec.max_num_seqs, "max_num_batched_tokens": spec.max_num_batched_tokens,
+        "preemption_mode": spec.preemption_mode, "swap_space_gib": float(config.swap_space),
+        "on_swap_full": spec.on_swap_full, "executor": executor, "status": raw.status,
+        "sim_seconds": raw.sim_seconds, "wall_seconds": time.perf_counter() - wall0,
+        "config_json": cfg_json, "kvcap_version": KVCAP_VERSION, "num_steps": raw.num_steps,
+        "kv_bytes_per_block": eng.kv_bytes_per_block, "abort_s": raw.abort_s,
+        "abort_reason": raw.abort_reason,
+    }
+    return RunResult(run=run, **tables)
