@@ -13,7 +13,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 def _register() -> None:
     from capacity import cli_trace
+    from capacity import cli_replay
     app.add_typer(cli_trace.app, name="trace")
+    app.command("replay")(cli_replay.replay_cmd)
+    app.command("runs")(cli_replay.runs_cmd)
 
 
 _register()

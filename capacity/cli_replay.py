@@ -1,0 +1,119 @@
+"""`kvcap replay` and `kvcap runs`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from capacity.cli_common import emit_json, engine_flags, guarded, load_trace_file
+
+err = Console(stderr=True)
+
+
+def replay_with_progress(trace, engine, *, executor: str, step_by_step: bool, label: str | None,
+                         trace_name: str, quiet: bool, stub_options: dict | None = None):
+    """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from replay.run import replay
+    total_s = float(trace["arrival_s"].max() or 0.0) - float(trace["arrival_s"].min() or 0.0)
+    if quiet:
+        return replay(trace, engine, executor=executor, step_by_step=step_by_step, label=label,
+                      trace_name=trace_name, stub_options=stub_options)
+    with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.fields[sim]}"),
+                  TextColumn("{task.fields[reqs]}"), TimeElapsedColumn(), console=err,
+                  transient=True) as prog:
+        task = prog.add_task("replay", total=max(total_s, 1e-9), sim="", reqs="")
+
+        def on_progress(t: float, admitted: int) -> None:
+            prog.update(task, completed=min(t, total_s), sim=f"sim {t:,.0f}/{total_s:,.0f} s",
+                        reqs=f"{admitted:,}/{trace.height:,} requests")
+
+        return replay(trace, engine, executor=executor, step_by_step=step_by_step, label=label,
+                      trace_name=trace_name, on_progress=on_progress, stub_options=stub_options)
+
+
+def summary_table(s: dict, db: str) -> Table:
+    t = Table(title=f"run {s['run_id']} ({s['status']})", show_header=False)
+    fmt = lambda v, unit="": "-" if v is None else (f"{v:,.3f}{unit}" if isinstance(v, float) else f"{v:,}{unit}")  # noqa: E731
+    rows = [
+        ("requests finished / rejected", f"{s['requests_finished']:,} / {s['requests_rejected']:,}"),
+        ("simulated duration", fmt(s["sim_seconds"], " s")),
+        ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} tok/s"),
+        ("TTFT p50 / p99", f"{fmt(s['ttft_p50_s'], ' s')} / {fmt(s['ttft_p99_s'], ' s')}"),
+        ("TBT p50 / p99", f"{fmt(s['tbt_p50_s'], ' s')} / {fmt(s['tbt_p99_s'], ' s')}"),
+        ("preemptions recompute / swap", f"{s['preemptions_recompute']:,} / {s['preemptions_swap']:,}"),
+        ("swap-full events", fmt(s["swap_full_events"])),
+        ("peak swapped", fmt(s["peak_swapped_gib"], " GiB")),
+        ("peak GPU KV usage", f"{100 * s['peak_gpu_kv_usage']:.1f} %"),
+        ("wall time", fmt(s["wall_seconds"], " s")),
+        ("database", db),
+    ]
+    if s.get("abort_s") is not None:
+        rows.insert(1, ("engine aborted at", fmt(s["abort_s"], " s")))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+@guarded
+@engine_flags
+def replay_cmd(
+    file: Path = typer.Argument(..., help="Trace file (format detected) or kvcap Parquet."),
+    rate_scale: float = typer.Option(1.0, "--rate-scale", help="Replay the trace X times faster."),
+    executor: str = typer.Option("model", "--executor", help="model (cost model) | stub (torch)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Cost-model profile JSON."),
+    db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to append the run to."),
+    label: Optional[str] = typer.Option(None, "--label"),
+    trace_format: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
+    step_by_step: bool = typer.Option(False, "--step-by-step", help="Disable the fast path."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    engine=None,
+) -> None:
+    """Replay a trace through the engine model and store the run in DuckDB."""
+    import dataclasses
+    import time
+
+    from capacity.metrics import summary
+    from replay.store import write_run
+    wall0 = time.perf_counter()
+    trace = load_trace_file(file, trace_format=trace_format)
+    if rate_scale != 1.0:
+        from traces.transforms import rate_scale as scale
+        trace = scale(trace, rate_scale)
+    if calibration is not None:
+        engine = dataclasses.replace(engine, calibration=str(calibration))
+    result = replay_with_progress(trace, engine, executor=executor, step_by_step=step_by_step,
+                                  label=label, trace_name=file.name, quiet=as_json)
+    tables = result.tables()
+    write_run(db, tables)
+    s = summary(tables)
+    s["db"] = str(db)
+    s["wall_seconds"] = time.perf_counter() - wall0
+    if as_json:
+        emit_json(s)
+    else:
+        Console().print(summary_table(s, str(db)))
+
+
+@guarded
+def runs_cmd(db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """List the runs stored in a DuckDB file."""
+    from replay.store import list_runs
+    if not db.exists():
+        raise FileNotFoundError(f"{db}: no such database")
+    df = list_runs(db)
+    if as_json:
+        emit_json({"db": str(db), "runs": df.with_columns(
+            df["created_at"].cast(str)).to_dicts() if df.height else []})
+        return
+    t = Table(title=f"runs in {db}")
+    for c in df.columns:
+        t.add_column(c)
+    for row in df.iter_rows():
+        t.add_row(*["" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in row])
+    Console().print(t)

@@ -1,0 +1,164 @@
+"""The V1 KV cache manager: per-request block tables over one `BlockPool` (reference B3, B5).
+
+Mirrors vLLM 0.33 `KVCacheManager` + `FullAttentionManager` for one full-attention group:
+`get_computed_blocks` (longest run of cached full blocks, at most `num_tokens - 1` tokens),
+`allocate_slots` (the `need` formula with hit blocks that are currently free, the
+`scheduler_reserve_full_isl` gate and the watermark) and registering full blocks in the prefix cache
+at scheduling time. Owns the block tables and each request's block keys; the scheduler owns the
+queues and the request counters. Must not import traces/, capacity/ or torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from replay.prefix import BlockKeys
+from replay.v1.block_pool import BlockPool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admission:
+    """What `allocate_slots` needs to know about a request that is not yet running."""
+    # GPU prefix-cache hit blocks (touched on success).
+    hit_blocks: tuple[int, ...] = ()
+    # Full sequence (vLLM `request.num_tokens`) for the full-ISL gate.
+    num_tokens: int = 0
+    full_sequence_must_fit: bool = False
+    watermark_blocks: int = 0
+    # Extra blocks that come back from the host tier (swap mode): they take new GPU blocks but
+    # count as computed, like a connector's external hit.
+    num_loaded_blocks: int = 0
+
+
+class KVCacheManager:
+    __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "num_cached", "_keys")
+
+    def __init__(self, *, num_blocks: int, block_size: int, max_model_len: int,
+                 enable_caching: bool, keys: BlockKeys) -> None:
+        self.pool = BlockPool(num_blocks=num_blocks, enable_caching=enable_caching)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.keys = keys
+        # row -> block ids in token order (only rows that hold blocks).
+        self.tables: dict[int, list[int]] = {}
+        # row -> how many leading blocks of its table are registered in the cache.
+        self.num_cached: dict[int, int] = {}
+        # row -> its block keys computed so far (keys never change, so they survive preemption).
+        self._keys: dict[int, list[int]] = {}
+
+    # ---------------------------------------------------------------- keys
+    def block_keys(self, row: int, n: int) -> list[int]:
+        """Keys of blocks 0..n-1 of `row` (all full and known)."""
+        ks = self._keys.get(row)
+        if ks is None:
+            ks = self._keys[row] = []
+        if len(ks) < n:
+            key = self.keys.key
+            ks.extend(key(row, k) for k in range(len(ks), n))
+        return ks
+
+    def forget(self, row: int) -> None:
+        """Drop a finished request's cached keys (its blocks keep theirs in the pool)."""
+        self._keys.pop(row, None)
+
+    # ---------------------------------------------------------------- lookup
+    def get_computed_blocks(self, row: int, num_tokens: int) -> list[int]:
+        """Longest run of cached full blocks from block 0, capped at `num_tokens - 1` tokens (the
+        last token is always recomputed for its logits)."""
+        if not self.pool.enable_caching:
+            return []
+        max_blocks = (num_tokens - 1) // self.block_size
+        if max_blocks <= 0:
+            return []
+        cached = self.pool.cached
+        ks = self._keys.get(row)
+        if ks is None:
+            ks = self._keys[row] = []
+        key = self.keys.key
+        hits: list[int] = []
+        for k in range(max_blocks):
+            if k == len(ks):
+                ks.append(key(row, k))
+            b = cached.get(ks[k])
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    # ---------------------------------------------------------------- allocation
+    def _cdiv(self, n: int) -> int:
+        return -(-n // self.block_size)
+
+    def num_blocks_needed(self, row: int, num_new_tokens: int, num_computed: int,
+                          adm: Admission | None = None) -> int | None:
+        """Blocks `allocate_slots` would take (None when it would fail)."""
+        pool = self.pool
+        free = len(pool.free_queue)
+        if adm is None:
+            # Running request: no hits, no gate, no watermark.
+            held = len(self.tables.get(row, ()))
+            slots = min(num_computed + num_new_tokens, self.max_model_len)
+            need = max(self._cdiv(slots) - held, 0)
+            return need if need <= free else None
+        hits = adm.hit_blocks
+        nh = len(hits) + adm.num_loaded_blocks
+        evictable = pool.num_evictable(hits) if hits else 0
+        total_computed = min(nh * self.block_size, self.max_model_len)
+        if adm.full_sequence_must_fit:
+            full = min(adm.num_tokens, self.max_model_len)
+            need_full = max(self._cdiv(full) - len(hits), 0) + evictable
+            if need_full + adm.watermark_blocks > free:
+                return None
+        slots = min(total_computed + num_new_tokens, self.max_model_len)
+        need = max(self._cdiv(slots) - len(hits), 0) + evictable
+        if need + adm.watermark_blocks > free:
+            return None
+        return need
+
+    def allocate_slots(self, row: int, num_new_tokens: int, num_computed: int, num_tokens: int,
+                       adm: Admission | None = None) -> list[int] | None:
+        """Give `row` slots for `num_new_tokens` more tokens; None (and no change) if they do not
+        fit. Returns the newly popped blocks (loaded host blocks first, in table order)."""
+        if self.num_blocks_needed(row, num_new_tokens, num_computed, adm) is None:
+            return None
+        pool = self.pool
+        if adm is None:
+            table = self.tables[row]
+            computed = num_computed
+        else:
+            hits = adm.hit_blocks
+            if hits:
+                pool.touch(hits)
+            table = self.tables[row] = list(hits)
+            self.num_cached[row] = len(hits)
+            computed = (len(hits) + adm.num_loaded_blocks) * self.block_size
+        slots = min(computed + num_new_tokens, self.max_model_len)
+        n_new = self._cdiv(slots) - len(table)
+        new = pool.pop_new(n_new) if n_new > 0 else []
+        if new:
+            table.extend(new)
+        self.cache_blocks(row, min(computed + num_new_tokens, num_tokens))
+        return new
+
+    def cache_blocks(self, row: int, num_tokens: int) -> None:
+        """Register the full blocks covered by `num_tokens` (done when scheduled, not computed)."""
+        if not self.pool.enable_caching:
+            return
+        n_full = num_tokens // self.block_size
+        nc = self.num_cached.get(row, 0)
+        if nc >= n_full:
+            return
+        ks = self.block_keys(row, n_full)
+        self.pool.register(self.tables[row][nc:n_full], ks[nc:n_full])
+        self.num_cached[row] = n_full
+
+    def free(self, row: int) -> list[int]:
+        """Release a request's blocks, tail first. Returns its table."""
+        table = self.tables.pop(row, [])
+        self.num_cached.pop(row, None)
+        if table:
+            self.pool.free(table)
+        return table
+
+    def registered_blocks(self, row: int) -> Sequence[int]:
+        return self.tables.get(row, [])[: self.num_cached.get(row, 0)]
