@@ -4,6 +4,8 @@ Idempotent per `run_id` (a rerun replaces that run's rows). An interrupted write
 valid and without a partial run (the transaction never commits). DuckDB admits one writer process:
 a second one gets `StoreLocked` with a clear message instead of a traceback.
 The only module of `replay` that imports duckdb; SQL lives here (and in capacity's analyses).
+DuckDB 2.0: `con.execute()` keeps an open result until it is fetched to the end, so queries that
+return rows go through `con.sql(...)` relations (`.pl()`) or `execute(...).fetchall()`.
 """
 from __future__ import annotations
 
@@ -89,16 +91,16 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
 
 def read_table(path: str | Path, table: str, run_id: str | None = None) -> pl.DataFrame:
     with connect(path, read_only=True) as con:
-        sql = f"SELECT * FROM {table}" + (" WHERE run_id = ?" if run_id else "")
-        return con.execute(sql, [run_id] if run_id else []).pl()
+        sql = f"SELECT * FROM {table}" + (" WHERE run_id = $1" if run_id else "")
+        return con.sql(sql, params=[run_id] if run_id else None).pl()
 
 
 def list_runs(path: str | Path) -> pl.DataFrame:
     with connect(path, read_only=True) as con:
-        ensure_schema_ro = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()
-        if not ensure_schema_ro[0]:
+        (has_runs,), = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchall()
+        if not has_runs:
             return pl.DataFrame()
-        return con.execute("SELECT run_id, created_at, label, trace_name, scheduler, model, gpu, "
+        return con.sql("SELECT run_id, created_at, label, trace_name, scheduler, model, gpu, "
                            "max_num_seqs, preemption_mode, status, num_requests, sim_seconds, "
                            "wall_seconds FROM runs ORDER BY created_at").pl()

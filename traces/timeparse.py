@@ -31,6 +31,9 @@ def relative_seconds(src: Source, df: pl.DataFrame, column: str, *, time_unit: s
         ns, origin = _epoch_ns(src, df, column, timestamp_format or "auto")
         first = ns.min()
         return ((ns - first).cast(pl.Float64) / 1e9).alias("arrival_s"), origin
+    if time_unit is None:
+        raise src.error(None, column, "say how time is written: --time-unit s|ms|us for numbers "
+                        "or --timestamp-format FMT (or auto) for text")
     if time_unit not in TIME_UNITS_S:
         raise src.error(None, column, f"unknown time unit {time_unit!r}; use one of {sorted(TIME_UNITS_S)}")
     _check_finite(src, df, column)
