@@ -14,7 +14,8 @@ from typing import Literal
 
 GIB = 2**30
 
-# vLLM's hardware tiers for the V1 batch defaults (reference B9, 0.33 `EngineArgs.get_batch_defaults`).
+# vLLM's hardware tiers for the V1 batch defaults (reference B9; 0.33
+# `EngineArgs.get_batch_defaults`).
 HardwareTier = Literal["ge160gib", "ge70gib", "other"]
 
 

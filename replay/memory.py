@@ -30,7 +30,8 @@ def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str = "auto") -> int:
         return model.weight_dtype_bytes
     if kv_cache_dtype in KV_CACHE_DTYPES:
         return 1
-    raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} is not one of "
+                     f"{', '.join(KV_CACHE_DTYPES)}")
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int = 1) -> int:
@@ -66,7 +67,8 @@ def available_kv_bytes(model: ModelSpec, gpu: GpuSpec, tp: int = 1,
     the model does not fit at this TP / utilization."""
     overhead = default_non_kv_overhead_bytes(tp) if non_kv_overhead_bytes is None \
         else non_kv_overhead_bytes
-    return int(gpu.memory_bytes * gpu_memory_utilization) - weight_bytes_per_gpu(model, tp) - overhead
+    requested = int(gpu.memory_bytes * gpu_memory_utilization)
+    return requested - weight_bytes_per_gpu(model, tp) - overhead
 
 
 def num_gpu_blocks(model: ModelSpec, gpu: GpuSpec, tp: int = 1,

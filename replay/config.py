@@ -1,0 +1,398 @@
+"""The engine configuration users set (vLLM's knob names and units) and its resolution.
+
+Owns `EngineConfig` (frozen; `None` = the vLLM version default), its validation, its stable hash
+and JSON for the run table, and `resolve(config) -> ResolvedEngine`: the `SchedulerSpec` the
+schedulers read plus the derived memory numbers. Defaults follow reference A9 (V0, vLLM 0.10.1.1)
+and B9 (V1, vLLM 0.33, the `vllm serve` API-server usage context). Sweeps use
+`dataclasses.replace`. Must not import traces/, capacity/, duckdb, polars or torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from replay import memory
+from replay.catalog import GIB, GpuSpec, HardwareTier, ModelSpec, get_gpu, get_model
+from replay.spec import OnSwapFull, Policy, PreemptionModeName, SchedulerSpec
+
+SchedulerVersion = Literal["v0", "v1"]
+
+# Reference A9 (V0, 0.10.1.1).
+V0_GPU_MEMORY_UTILIZATION = 0.90
+V0_MAX_NUM_SEQS = 256
+V0_MIN_BATCHED_TOKENS = 2048        # chunked off: max(max_model_len, 2048)
+V0_CHUNKED_BATCHED_TOKENS = 2048    # chunked on
+V0_AUTO_CHUNKED_ABOVE_LEN = 32768   # chunked prefill turns itself on above this max_model_len
+# Reference B9 (V1, 0.33): utilization, and (max_num_batched_tokens, max_num_seqs) for the API
+# server by hardware tier.
+V1_GPU_MEMORY_UTILIZATION = 0.92
+V1_API_SERVER_BATCH_DEFAULTS: dict[HardwareTier, tuple[int, int]] = {
+    "ge160gib": (16384, 1024),
+    "ge70gib": (8192, 1024),
+    "other": (2048, 256),
+}
+
+_FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """What a user sets, with vLLM's names. `None` means "what this vLLM version would pick"."""
+
+    scheduler: SchedulerVersion = "v1"
+    # Catalog name, Hugging Face id, or the path of a local config.json.
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    tensor_parallel_size: int = 1
+    block_size: int = 16
+    gpu_memory_utilization: float | None = None   # 0.90 (V0) / 0.92 (V1)
+    # GiB per GPU (vLLM's unit). V0: the swap pool. V1 with preemption_mode="swap": the host
+    # offload tier (reference B8).
+    swap_space: float = 4.0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None              # the model's max_position_embeddings
+    preemption_mode: PreemptionModeName = "recompute"
+    on_swap_full: OnSwapFull = "abort"
+    scheduling_policy: Policy = "fcfs"
+    enable_prefix_caching: bool | None = None     # V0 off, V1 on
+    enable_chunked_prefill: bool | None = None    # V0 on iff max_model_len > 32768, V1 on
+    kv_cache_dtype: memory.KvCacheDtype = "auto"
+    num_gpu_blocks_override: int | None = None
+    num_cpu_blocks_override: int | None = None
+    # V1 (0.33) knobs, reference B3/B7; refused for V0, which has no such knobs.
+    long_prefill_token_threshold: int = 0
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    max_num_active_seqs: int | None = None
+    # Path of a cost-model profile (`kvcap calibrate`); carried for the executor, not read here.
+    calibration: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        # Cross-field rules depend on the defaults (model length, hardware tier) and on the
+        # memory maths, so validating means resolving; the result is thrown away.
+        resolve(self)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        # 4 and 4.0 are the same knob: keep the JSON (and the hash) independent of int vs float.
+        for name in _FLOAT_FIELDS:
+            if d[name] is not None:
+                d[name] = float(d[name])
+        return d
+
+    def config_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces) for the run table's `config_json` column."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def stable_hash(self) -> str:
+        """A key that is equal across processes for equal configs (16 hex digits of SHA-256)."""
+        return hashlib.sha256(self.config_json().encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedEngine:
+    """A config with every default applied and every derived number computed."""
+
+    config: EngineConfig
+    spec: SchedulerSpec
+    model: ModelSpec
+    gpu: GpuSpec
+    gpu_memory_utilization: float
+    kv_bytes_per_token: int
+    kv_bytes_per_block: int
+    # From the memory formula (C2) even when an override sets num_gpu_blocks; may be negative.
+    available_kv_bytes: int
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    # Pinned host RAM the swap pool / offload tier takes over the whole TP group.
+    swap_host_ram_bytes: int
+    # Names of the EngineConfig fields left at None and filled with a version default.
+    defaulted: frozenset[str]
+    # Human-readable remarks (estimates, clamps, skipped checks) for logs and reports.
+    notes: tuple[str, ...] = ()
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.config.tensor_parallel_size
+
+    @property
+    def kv_tokens(self) -> int:
+        return memory.kv_tokens(self.num_gpu_blocks, self.spec.block_size)
+
+    @property
+    def max_concurrency(self) -> float:
+        return memory.max_concurrency(self.num_gpu_blocks, self.spec.block_size,
+                                      self.spec.max_model_len)
+
+    def log_lines(self) -> tuple[str, ...]:
+        """The startup lines vLLM prints for these numbers, to compare with a production log."""
+        mml, c = self.spec.max_model_len, self.max_concurrency
+        if self.config.scheduler == "v0":
+            return (f"# cuda blocks: {self.num_gpu_blocks}, # CPU blocks: {self.num_cpu_blocks}",
+                    f"Maximum concurrency for {mml} tokens per request: {c:.2f}x")
+        return (f"Available KV cache memory: {self.available_kv_bytes / GIB:.2f} GiB",
+                f"GPU KV cache size: {self.kv_tokens:,} tokens",
+                f"Maximum concurrency for {mml:,} tokens per request: {c:.2f}x")
+
+
+# ------------------------------------------------------------------------------------ resolve
+def resolve(config: EngineConfig) -> ResolvedEngine:
+    """Apply the version/hardware defaults, compute the block counts, check that it can start."""
+    c = config
+    v1 = c.scheduler == "v1"
+    model, gpu = get_model(c.model), get_gpu(c.gpu)
+    tp = c.tensor_parallel_size
+    defaulted = {name for name in ("gpu_memory_utilization", "max_num_seqs",
+                                   "max_num_batched_tokens", "max_model_len",
+                                   "enable_prefix_caching", "enable_chunked_prefill")
+                 if getattr(c, name) is None}
+    notes: list[str] = []
+    if model.num_params_estimated:
+        notes.append(f"num_params of {model.name} estimated from its config shapes "
+                     f"({model.num_params / 1e9:.2f}B)")
+
+    util = c.gpu_memory_utilization
+    if util is None:
+        util = V1_GPU_MEMORY_UTILIZATION if v1 else V0_GPU_MEMORY_UTILIZATION
+    max_model_len = model.max_position_embeddings if c.max_model_len is None else c.max_model_len
+    chunked = c.enable_chunked_prefill
+    if chunked is None:
+        chunked = True if v1 else max_model_len > V0_AUTO_CHUNKED_ABOVE_LEN
+    prefix = v1 if c.enable_prefix_caching is None else c.enable_prefix_caching
+    max_num_seqs, max_num_batched_tokens = _batch_limits(c, gpu, max_model_len, chunked, notes)
+    _check_batch_limits(c, max_num_seqs, max_num_batched_tokens, max_model_len, chunked)
+
+    per_token = memory.kv_bytes_per_token(model, tp, c.kv_cache_dtype)
+    per_block = memory.kv_bytes_per_block(model, tp, c.kv_cache_dtype, c.block_size)
+    available = memory.available_kv_bytes(model, gpu, tp, util)
+    if c.num_gpu_blocks_override is None:
+        gpu_blocks = max(0, available // per_block)
+        _check_kv_memory(c, model, gpu, util, available, gpu_blocks, max_model_len)
+    else:
+        gpu_blocks = c.num_gpu_blocks_override
+        notes.append("num_gpu_blocks_override set: the memory formula and the startup "
+                     "max_model_len check are skipped")
+    # V0 always pins its swap pool; V1 has a host tier only when swap mode asks for one (B8).
+    has_host_pool = not v1 or c.preemption_mode == "swap"
+    if c.num_cpu_blocks_override is not None:
+        cpu_blocks = c.num_cpu_blocks_override
+    else:
+        cpu_blocks = memory.num_cpu_blocks(c.swap_space, model, tp, c.kv_cache_dtype,
+                                           c.block_size) if has_host_pool else 0
+    if v1 and c.preemption_mode == "swap":
+        notes.append("v1 preemption_mode='swap' models the host KV offload tier (reference B8), "
+                     "sized by swap_space per GPU")
+    if c.preemption_mode == "swap" and cpu_blocks == 0:
+        notes.append("preemption_mode='swap' with an empty host pool: every swap-out is "
+                     f"swap-full (on_swap_full={c.on_swap_full!r})")
+    if not v1 and c.scheduling_policy == "priority" and chunked:
+        notes.append("v0 honours priority only with chunked prefill off (reference A7)")
+
+    spec = SchedulerSpec(
+        block_size=c.block_size, num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len, enable_chunked_prefill=chunked,
+        enable_prefix_caching=prefix, policy=c.scheduling_policy,
+        preemption_mode=c.preemption_mode, on_swap_full=c.on_swap_full,
+        long_prefill_token_threshold=c.long_prefill_token_threshold,
+        scheduler_reserve_full_isl=c.scheduler_reserve_full_isl, watermark=c.watermark,
+        max_num_active_seqs=c.max_num_active_seqs, kv_bytes_per_block=per_block)
+    return ResolvedEngine(
+        config=c, spec=spec, model=model, gpu=gpu, gpu_memory_utilization=util,
+        kv_bytes_per_token=per_token, kv_bytes_per_block=per_block, available_kv_bytes=available,
+        num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
+        swap_host_ram_bytes=memory.swap_host_ram_bytes(c.swap_space, tp) if has_host_pool else 0,
+        defaulted=frozenset(defaulted), notes=tuple(notes))
+
+
+def _batch_limits(c: EngineConfig, gpu: GpuSpec, max_model_len: int, chunked: bool,
+                  notes: list[str]) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) after the version defaults (A9, B9)."""
+    seqs, tokens = c.max_num_seqs, c.max_num_batched_tokens
+    if c.scheduler == "v0":
+        if seqs is None:
+            seqs = V0_MAX_NUM_SEQS
+        if tokens is None:
+            tokens = V0_CHUNKED_BATCHED_TOKENS if chunked \
+                else max(max_model_len, V0_MIN_BATCHED_TOKENS)
+        return seqs, tokens
+    default_tokens, default_seqs = V1_API_SERVER_BATCH_DEFAULTS[gpu.vllm_hardware_tier]
+    seqs_for_clamp = default_seqs if seqs is None else seqs
+    if tokens is None:
+        # 0.33: chunked off needs a whole prompt per step; defaulted values never exceed what
+        # max_num_seqs full-length requests could use.
+        tokens = default_tokens if chunked else max(max_model_len, default_tokens)
+        tokens = min(tokens, seqs_for_clamp * max_model_len)
+    if seqs is None:
+        seqs = default_seqs
+    if (c.max_num_seqs is None or c.max_num_batched_tokens is None) and seqs > tokens:
+        notes.append(f"max_num_seqs clamped from {seqs} to max_num_batched_tokens={tokens} "
+                     "(vLLM post-processing, reference B9)")
+        seqs = tokens
+    return seqs, tokens
+
+
+# ---------------------------------------------------------------------------------- validation
+def _check_fields(c: EngineConfig) -> None:
+    """One field at a time: types, ranges, spellings; then the version-specific refusals."""
+    _choice("scheduler", c.scheduler, ("v0", "v1"))
+    for name in ("model", "gpu"):
+        if not isinstance(getattr(c, name), str):
+            raise ValueError(f"{name}: expected a string name, got {getattr(c, name)!r}")
+    model = get_model(c.model)  # its ValueError names the field and lists the known models
+    get_gpu(c.gpu)
+    _int("tensor_parallel_size", c.tensor_parallel_size, 1)
+    _check_tp(c.tensor_parallel_size, model)
+    _int("block_size", c.block_size, 1)
+    if c.block_size & (c.block_size - 1):
+        raise ValueError(f"block_size: {c.block_size} is not a power of two; use 16 (vLLM's "
+                         "default) or another power of two such as 8, 32, 64")
+    if c.gpu_memory_utilization is not None:
+        _number("gpu_memory_utilization", c.gpu_memory_utilization)
+        if not 0 < c.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: {c.gpu_memory_utilization} is outside "
+                             "(0, 1]; it is a fraction of the GPU's memory, e.g. 0.9")
+    _number("swap_space", c.swap_space)
+    if c.swap_space < 0:
+        raise ValueError(f"swap_space: {c.swap_space} GiB is negative; use 0 for no swap pool")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                 "max_num_active_seqs"):
+        if getattr(c, name) is not None:
+            _int(name, getattr(c, name), 1)
+    if c.max_model_len is not None and c.max_model_len > model.max_position_embeddings:
+        raise ValueError(f"max_model_len: {c.max_model_len} exceeds {model.name}'s "
+                         f"max_position_embeddings {model.max_position_embeddings} (vLLM refuses "
+                         "it); lower max_model_len")
+    _choice("preemption_mode", c.preemption_mode, ("recompute", "swap", "none"))
+    _choice("on_swap_full", c.on_swap_full, ("abort", "recompute"))
+    _choice("scheduling_policy", c.scheduling_policy, ("fcfs", "priority"))
+    _choice("kv_cache_dtype", c.kv_cache_dtype, memory.KV_CACHE_DTYPES)
+    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if getattr(c, name) is not None and not isinstance(getattr(c, name), bool):
+            raise ValueError(f"{name}: expected True, False or None (version default), "
+                             f"got {getattr(c, name)!r}")
+    if not isinstance(c.scheduler_reserve_full_isl, bool):
+        raise ValueError("scheduler_reserve_full_isl: expected True or False, "
+                         f"got {c.scheduler_reserve_full_isl!r}")
+    # V1 reserves block 0 as the null block (reference B3): one block holds nothing.
+    min_gpu_blocks = 2 if c.scheduler == "v1" else 1
+    if c.num_gpu_blocks_override is not None:
+        _int("num_gpu_blocks_override", c.num_gpu_blocks_override, min_gpu_blocks)
+    if c.num_cpu_blocks_override is not None:
+        _int("num_cpu_blocks_override", c.num_cpu_blocks_override, 0)
+    _int("long_prefill_token_threshold", c.long_prefill_token_threshold, 0)
+    _number("watermark", c.watermark)
+    if not 0 <= c.watermark < 1:
+        raise ValueError(f"watermark: {c.watermark} is outside [0, 1); it is the fraction of "
+                         "GPU blocks kept free when admitting, e.g. 0.01")
+    if c.calibration is not None and not isinstance(c.calibration, str):
+        raise ValueError(f"calibration: expected a path string or None, got {c.calibration!r}")
+    if c.scheduler == "v0":
+        _check_v0_only(c)
+
+
+def _check_v0_only(c: EngineConfig) -> None:
+    v1_knobs = {"long_prefill_token_threshold": c.long_prefill_token_threshold != 0,
+                "scheduler_reserve_full_isl": c.scheduler_reserve_full_isl is not True,
+                "watermark": c.watermark != 0.0,
+                "max_num_active_seqs": c.max_num_active_seqs is not None}
+    for name, changed in v1_knobs.items():
+        if changed:
+            raise ValueError(f"{name}: a V1 scheduler knob; V0 has none (its block watermark is "
+                             "hard-coded at 0.01); set scheduler='v1' or leave it at its default")
+    if c.scheduling_policy == "priority" and c.preemption_mode == "swap":
+        raise ValueError("preemption_mode: V0 with scheduling_policy='priority' and "
+                         "preemption_mode='swap' crashes real vLLM (the priority victim is "
+                         "swapped out but re-queued as waiting; reference G/D4); use "
+                         "preemption_mode='recompute', scheduling_policy='fcfs', or scheduler='v1'")
+
+
+def _check_batch_limits(c: EngineConfig, seqs: int, tokens: int, max_model_len: int,
+                        chunked: bool) -> None:
+    if tokens < seqs:
+        raise ValueError(f"max_num_batched_tokens: {tokens} is smaller than max_num_seqs {seqs} "
+                         "(vLLM requires max_num_batched_tokens >= max_num_seqs); raise "
+                         "max_num_batched_tokens or lower max_num_seqs")
+    if not chunked and tokens < max_model_len:
+        raise ValueError(f"max_num_batched_tokens: {tokens} is smaller than max_model_len "
+                         f"{max_model_len} with chunked prefill off, so long prompts could never "
+                         "be scheduled; raise max_num_batched_tokens, lower max_model_len, or set "
+                         "enable_chunked_prefill=True")
+    if c.max_num_active_seqs is not None and c.max_num_active_seqs > seqs:
+        raise ValueError(f"max_num_active_seqs: {c.max_num_active_seqs} exceeds max_num_seqs "
+                         f"{seqs}; lower it or raise max_num_seqs")
+
+
+def _check_kv_memory(c: EngineConfig, model: ModelSpec, gpu: GpuSpec, util: float,
+                     available: int, gpu_blocks: int, max_model_len: int) -> None:
+    """vLLM refuses to start without KV memory, or when one max_model_len request cannot fit
+    (V1 `check_enough_kv_cache_memory`, V0 `raise_if_cache_size_invalid`; reference C2)."""
+    tp = c.tensor_parallel_size
+    need_blocks = math.ceil(max_model_len / c.block_size)
+    if gpu_blocks == 0:
+        weights_gib = memory.weight_bytes_per_gpu(model, tp) / GIB
+        # Suggest the smallest TP at which one max_model_len request fits as well.
+        better = [t for t in (2, 4, 8, 16) if t > tp and _tp_error(t, model) is None
+                  and memory.num_gpu_blocks(model, gpu, t, util, c.kv_cache_dtype,
+                                            c.block_size) >= need_blocks]
+        hint = f"raise tensor_parallel_size (e.g. {better[0]})" if better \
+            else "use a GPU with more memory"
+        if memory.available_kv_bytes(model, gpu, tp, 1.0) > 0:
+            hint += ", or raise gpu_memory_utilization"
+        raise ValueError(
+            f"tensor_parallel_size: {model.name} needs {weights_gib:.1f} GiB of weights per GPU "
+            f"at tensor_parallel_size={tp}, leaving no KV cache memory within "
+            f"gpu_memory_utilization={util} x {gpu.memory_gib:.1f} GiB on {gpu.name} "
+            f"(available {available / GIB:.2f} GiB); {hint}")
+    if need_blocks > gpu_blocks:
+        estimate = memory.estimated_max_model_len(gpu_blocks, c.block_size)
+        need_gib = need_blocks * memory.kv_bytes_per_block(model, tp, c.kv_cache_dtype,
+                                                           c.block_size) / GIB
+        raise ValueError(
+            f"max_model_len: one request of the model's max seq len ({max_model_len}) needs "
+            f"{need_gib:.2f} GiB of KV cache, more than the available {available / GIB:.2f} GiB "
+            f"({gpu_blocks} blocks); the estimated maximum model length is {estimate}. Set "
+            f"max_model_len <= {estimate}, raise gpu_memory_utilization or tensor_parallel_size, "
+            "or use kv_cache_dtype='fp8'")
+
+
+def _tp_error(tp: int, model: ModelSpec) -> str | None:
+    if model.num_attention_heads % tp:
+        return f"does not divide num_attention_heads={model.num_attention_heads}"
+    kv = model.num_kv_heads
+    # vLLM shards KV heads when there are at least TP of them, else replicates them evenly.
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        return f"is incompatible with num_key_value_heads={kv}"
+    return None
+
+
+def _check_tp(tp: int, model: ModelSpec) -> None:
+    problem = _tp_error(tp, model)
+    if problem is not None:
+        ok = [t for t in range(1, min(model.num_attention_heads, 64) + 1)
+              if _tp_error(t, model) is None]
+        raise ValueError(f"tensor_parallel_size: {tp} {problem} of {model.name}; use one of "
+                         f"{', '.join(map(str, ok))}")
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+def _int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: {value} is below the minimum {minimum}; set it to at least "
+                         f"{minimum}")
+
+
+def _number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
