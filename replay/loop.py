@@ -117,6 +117,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     cursor = 0
     step = 0
     idle_spins = 0
+    # An executor that must see every step (the torch stub) turns the fast path off.
+    steady_ok = getattr(executor, "supports_steady", True)
 
     def event(kind: str, row: int, blocks: int) -> None:
         ev["t_s"].append(t); ev["step"].append(step); ev["row"].append(row)
@@ -134,7 +136,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             t = max(t, float(arrival[cursor]))     # idle gap: jump to the next arrival
             continue
 
-        k_max = 0 if step_by_step else scheduler.max_steady_steps()
+        k_max = 0 if step_by_step or not steady_ok else scheduler.max_steady_steps()
         if k_max > 0:
             rows = scheduler.running_rows()
             durations = executor.steady_step_s(state.num_computed[rows], k_max)
@@ -202,9 +204,16 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             num_prefill = int(plan.num_new_tokens[plan.is_prefill].sum())
             num_decode = int(plan.num_new_tokens[~plan.is_prefill].sum())
             queues = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
+            # A row samples when its chunk reaches the end of its known tokens (both schedulers'
+            # rule); the executor runs the plan before update() frees finished requests' blocks.
+            known = state.prompt_len[rows] + state.num_output[rows]
+            num_sampled = int(np.count_nonzero(plan.num_computed_tokens + plan.num_new_tokens >= known))
+            dt = executor.step_s(plan, num_sampled)
             out = scheduler.update(plan)
             sampled = rows[out.sampled]
-            dt = executor.step_s(plan, len(sampled))
+            if len(sampled) != num_sampled:
+                raise AssertionError(f"step {step + 1}: executor costed {num_sampled} sampled rows, "
+                                     f"scheduler sampled {len(sampled)}")
             end = t + dt
             i0 = steps.reserve(1)
             cols = steps.data
