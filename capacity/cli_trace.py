@@ -1,4 +1,159 @@
-"""`kvcap trace ...` commands (placeholder until the trace issue lands)."""
+"""`kvcap trace ...`: inspect (`info`), synthesise (`synth`) and convert (`convert`) traces.
+
+Bad input prints one line `kvcap: error: <message>` on stderr and exits with code 2; output files
+are written to a temp file beside the target and renamed, so a failure leaves no file behind.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from traces.loaders import LoadReport, load_trace_with_report, write_trace
+from traces.schema import TraceError
+from traces.stats import trace_info
+from traces.synth import DEFAULT_SCENARIO, SCENARIOS, make_params, synthesize
 
 app = typer.Typer(no_args_is_help=True, help="Inspect, synthesise and convert traces.")
+
+EXIT_BAD_INPUT = 2
+
+FormatOpt = typer.Option(None, "--format", help="azure|mooncake|burstgpt|vidur|kvcap|csv|jsonl|parquet "
+                         "(detected from the header / keys when omitted)")
+MapOpt = typer.Option(None, "--map", help="COLUMN=FIELD (repeat): map a source column to arrival_s, "
+                      "prompt_tokens, output_tokens, request_id, priority, tenant or prefix_hashes")
+UnitOpt = typer.Option(None, "--time-unit", help="unit of numeric times: s, ms, us")
+TsFmtOpt = typer.Option(None, "--timestamp-format", help="strftime-style format of text times, or 'auto'")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"kvcap: error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _mapping(pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    out = {}
+    for pair in pairs:
+        column, sep, field = pair.rpartition("=")
+        if not sep or not column or not field:
+            _fail(f"--map {pair!r}: expected COLUMN=FIELD, e.g. --map ts=arrival_s")
+        out[column] = field
+    return out
+
+
+def _load(file: Path, format, map_, time_unit, timestamp_format):
+    try:
+        return load_trace_with_report(file, format=format, mapping=_mapping(map_), time_unit=time_unit,
+                                      timestamp_format=timestamp_format)
+    except TraceError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def info(file: Path = typer.Argument(..., help="trace file (CSV, JSONL or Parquet)"),
+         format: Optional[str] = FormatOpt, map_: Optional[list[str]] = MapOpt,
+         time_unit: Optional[str] = UnitOpt, timestamp_format: Optional[str] = TsFmtOpt,
+         json_: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Requests, duration, rates, peaks, length percentiles and prefix reuse of a trace."""
+    df, report = _load(file, format, map_, time_unit, timestamp_format)
+    stats = trace_info(df)
+    stats.update(format=report.format, file=report.path, rows_read=report.rows_read,
+                 failed_requests=report.failed_requests, rows_reordered=report.rows_reordered,
+                 time_origin=report.time_origin)
+    if json_:
+        typer.echo(json.dumps(stats))
+    else:
+        Console().print(_table(stats, report))
+
+
+def _table(s: dict, report: LoadReport) -> Table:
+    t = Table(title=f"{Path(report.path).name} ({report.format})", show_header=False,
+              caption="token lengths: mean / p50 / p90 / p99 / max / min (nearest rank)")
+    t.add_column("statistic")
+    t.add_column("value", justify="right")
+    t.add_row("requests", f"{s['requests']:,}")
+    if report.failed_requests:
+        t.add_row("failed requests (excluded)", f"{report.failed_requests:,}")
+    if report.rows_reordered:
+        t.add_row("rows reordered by time", f"{report.rows_reordered:,}")
+    t.add_row("first request at", report.time_origin)
+    t.add_row("duration (s)", f"{s['duration_s']:,.1f}")
+    t.add_row("mean req/s | req/min", f"{s['mean_rps'] or 0:,.2f} | {s['mean_rpm']:,.1f}")
+    t.add_row("peak req/min (bins)", f"{s['peak_rpm']:,} (minute {s['peak_rpm_minute']})")
+    t.add_row("peak req in sliding 60 s", f"{s['peak_60s']:,}")
+    t.add_row("peak req/s", f"{s['peak_rps']:,}")
+    t.add_row("peak prompt+output tokens / min", f"{s['peak_tokens_per_min']:,} (minute {s['peak_tokens_minute']})")
+    for name in ("prompt_tokens", "output_tokens"):
+        d = s[name]
+        t.add_row(name.replace("_", " "),
+                  f"{d['mean']:,.1f} / {d['p50']:,} / {d['p90']:,} / {d['p99']:,} / {d['max']:,} / {d['min']:,}")
+    if len(s["priorities"]) > 1 or s["tenants"]:
+        t.add_row("priorities", ", ".join(f"{k}: {v:,}" for k, v in s["priorities"].items()))
+        t.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in s["tenants"].items()) or "-")
+    p = s["prefix"]
+    if p:
+        t.add_row("block refs / unique blocks", f"{p['block_refs']:,} / {p['unique_blocks']:,}")
+        t.add_row("block refs seen earlier", f"{p['refs_seen_pct']:.1f} %")
+        t.add_row("prompt tokens in a seen leading prefix", f"{p['prefix_covered_pct']:.1f} %")
+    return t
+
+
+@app.command()
+def synth(scenario: str = typer.Argument(DEFAULT_SCENARIO, help=f"one of: {', '.join(SCENARIOS)}"),
+          output: Path = typer.Option(..., "-o", "--output", help="output Parquet file"),
+          seed: Optional[int] = typer.Option(None, "--seed"),
+          duration_s: Optional[float] = typer.Option(None, "--duration-s"),
+          rate: Optional[float] = typer.Option(None, "--rate", help="base / mean request rate (req/s)"),
+          lengths: Optional[str] = typer.Option(None, "--lengths",
+                                                help="lognormal | azure-conv | azure-code | mooncake"),
+          param: Optional[list[str]] = typer.Option(None, "--param", help="KEY=VALUE (repeat): any "
+                                                    "scenario parameter, e.g. --param cv=4"),
+          json_: bool = typer.Option(False, "--json")) -> None:
+    """Write a seeded synthetic scenario as a canonical Parquet trace."""
+    overrides: dict[str, object] = {}
+    for pair in param or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            _fail(f"--param {pair!r}: expected KEY=VALUE")
+        overrides[key] = value
+    for key, value in (("seed", seed), ("duration_s", duration_s), ("rate_rps", rate), ("lengths", lengths)):
+        if value is not None:
+            overrides[key] = value
+    try:
+        params = make_params(scenario, **overrides)
+        df = synthesize(scenario, params)
+        write_trace(df, output)
+    except TraceError as exc:
+        _fail(str(exc))
+    if json_:
+        typer.echo(json.dumps({"output": str(output), "scenario": scenario, "requests": len(df),
+                               "params": {k: getattr(params, k) for k in params.__dataclass_fields__}}))
+    else:
+        typer.echo(f"wrote {len(df):,} requests ({scenario}) to {output}")
+
+
+@app.command()
+def convert(file: Path = typer.Argument(..., help="trace file to convert"),
+            output: Path = typer.Option(..., "-o", "--output", help="output Parquet file"),
+            format: Optional[str] = FormatOpt, map_: Optional[list[str]] = MapOpt,
+            time_unit: Optional[str] = UnitOpt, timestamp_format: Optional[str] = TsFmtOpt,
+            json_: bool = typer.Option(False, "--json")) -> None:
+    """Write a trace in kvcap's canonical Parquet form."""
+    df, report = _load(file, format, map_, time_unit, timestamp_format)
+    try:
+        write_trace(df, output)
+    except (TraceError, OSError) as exc:
+        _fail(str(exc))
+    result = {"output": str(output), "format": report.format, "requests": report.requests,
+              "failed_requests": report.failed_requests, "rows_reordered": report.rows_reordered}
+    if json_:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"wrote {report.requests:,} requests ({report.format}) to {output}", file=sys.stdout)

@@ -59,6 +59,9 @@ STEP_COLUMNS = {
     "num_waiting": np.int32, "num_swapped": np.int32, "num_prefill_tokens": np.int64,
     "num_decode_tokens": np.int64, "gpu_blocks_used": np.int64, "cpu_blocks_used": np.int64,
     "swap_out_blocks": np.int32, "swap_in_blocks": np.int32, "num_preempted": np.int32,
+    # Requests preempted in swap mode and not yet resumed, and their KV blocks (per GPU): the
+    # concurrently evicted KV the host tier must hold (size-swap's demand series).
+    "evicted_requests": np.int32, "evicted_blocks": np.int64,
 }
 
 
@@ -119,6 +122,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     idle_spins = 0
     # An executor that must see every step (the torch stub) turns the fast path off.
     steady_ok = getattr(executor, "supports_steady", True)
+    evicted = np.zeros(n, np.int64)      # blocks of each swap-preempted request not yet resumed
+    evicted_total = evicted_count = 0
 
     def event(kind: str, row: int, blocks: int) -> None:
         ev["t_s"].append(t); ev["step"].append(step); ev["row"].append(row)
@@ -161,6 +166,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             cols["swap_out_blocks"][sl] = 0
             cols["swap_in_blocks"][sl] = 0
             cols["num_preempted"][sl] = 0
+            cols["evicted_requests"][sl] = evicted_count
+            cols["evicted_blocks"][sl] = evicted_total
             first_end = ends[1]
             gap = first_end - last_tok[rows]
             tbt_vals.append(gap); tbt_wts.append(np.ones(b, np.int64))
@@ -199,6 +206,14 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             for row, blocks in _swapped_in_blocks(plan):
                 event("swap_in", row, blocks)
             rows = plan.rows
+            # Resumed (scheduled again, swapped in or dropped): no longer evicted.
+            back = [r for r in (*rows.tolist(), *(x.row for x in plan.rejected)) if evicted[r]]
+            for r in back:
+                evicted_total -= int(evicted[r]); evicted_count -= 1; evicted[r] = 0
+            for p in plan.preempted:
+                if p.mode == "swap" and not evicted[p.row]:
+                    evicted[p.row] = max(p.num_blocks, 1)
+                    evicted_total += int(evicted[p.row]); evicted_count += 1
             fresh = rows[np.isnan(first_sched[rows])]
             first_sched[fresh] = t
             num_prefill = int(plan.num_new_tokens[plan.is_prefill].sum())
@@ -227,6 +242,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             cols["swap_out_blocks"][i0] = len(plan.swap_out)
             cols["swap_in_blocks"][i0] = len(plan.swap_in)
             cols["num_preempted"][i0] = len(plan.preempted)
+            cols["evicted_requests"][i0] = evicted_count
+            cols["evicted_blocks"][i0] = evicted_total
             if len(sampled):
                 first = np.isnan(first_tok[sampled])
                 first_tok[sampled[first]] = end

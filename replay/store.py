@@ -35,7 +35,7 @@ SCHEMA = {
         num_running INTEGER, num_waiting INTEGER, num_swapped INTEGER,
         num_prefill_tokens BIGINT, num_decode_tokens BIGINT, gpu_blocks_used BIGINT,
         cpu_blocks_used BIGINT, swap_out_blocks INTEGER, swap_in_blocks INTEGER,
-        num_preempted INTEGER""",
+        num_preempted INTEGER, evicted_requests INTEGER, evicted_blocks BIGINT""",
     "events": """run_id VARCHAR, t_s DOUBLE, step BIGINT, request_id BIGINT, kind VARCHAR,
         blocks BIGINT, bytes BIGINT""",
     "stalls": """run_id VARCHAR, request_id BIGINT, preempted_s DOUBLE, resumed_s DOUBLE,

@@ -12,7 +12,8 @@ import polars as pl
 
 from traces.sources import Source
 
-TIME_UNITS_S: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+# Units per second; dividing (not multiplying by 1e-3) keeps e.g. 3536999 ms -> 3536.999 s exact.
+TIME_UNITS_S: dict[str, float] = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 # Tried in order on the first value when the format is "auto".
 AUTO_TIMESTAMP_FORMATS: tuple[str, ...] = (
@@ -29,8 +30,7 @@ def relative_seconds(src: Source, df: pl.DataFrame, column: str, *, time_unit: s
     values = df[column]
     if values.dtype == pl.Datetime or timestamp_format is not None:
         ns, origin = _epoch_ns(src, df, column, timestamp_format or "auto")
-        first = ns.min()
-        return ((ns - first).cast(pl.Float64) / 1e9).alias("arrival_s"), origin
+        return _divide(ns - ns.min(), 1e9), origin
     if time_unit is None:
         raise src.error(None, column, "say how time is written: --time-unit s|ms|us for numbers "
                         "or --timestamp-format FMT (or auto) for text")
@@ -38,7 +38,13 @@ def relative_seconds(src: Source, df: pl.DataFrame, column: str, *, time_unit: s
         raise src.error(None, column, f"unknown time unit {time_unit!r}; use one of {sorted(TIME_UNITS_S)}")
     _check_finite(src, df, column)
     first = values.min()
-    return ((values - first) * TIME_UNITS_S[time_unit]).alias("arrival_s"), f"{first} {time_unit}"
+    return _divide(values - first, TIME_UNITS_S[time_unit]), f"{first} {time_unit}"
+
+
+def _divide(values: pl.Series, per_s: float) -> pl.Series:
+    # numpy's true division is correctly rounded (100 ns -> 1e-07 exactly as written); polars
+    # multiplies by the reciprocal, which is off by one ulp for many values.
+    return pl.Series("arrival_s", values.cast(pl.Float64).to_numpy() / per_s, dtype=pl.Float64)
 
 
 def _check_finite(src: Source, df: pl.DataFrame, column: str) -> None:

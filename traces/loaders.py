@@ -1,0 +1,156 @@
+"""`load_trace`: any supported file -> the canonical trace, plus a `LoadReport` of what happened.
+
+Owns the pipeline: open the file, pick the format (given, mapped, or detected), read only the needed
+columns with explicit dtypes, turn times into seconds from the first request, check every value
+(traces.validate) and assemble the canonical columns; and `write_trace`, which writes kvcap's
+Parquet atomically (temp file in the same directory, then rename).
+
+BurstGPT: a row whose `Response tokens` is 0 or whose `Log Type` mentions a failure is a failed
+request. Failed requests produced no output, so they do not enter the canonical trace (output_tokens
+must be > 0); they are counted in `LoadReport.failed_requests`, which `kvcap trace info` prints.
+Their source rows stay identifiable: `request_id` is the 0-based data row of the source file for
+every format without its own id. The tenant of a BurstGPT row is its `Model`.
+Must not import replay/ or capacity/.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from traces import formats, validate
+from traces.schema import SCHEMA, TraceError
+from traces.sources import Source, open_source, read_columns
+from traces.timeparse import relative_seconds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadReport:
+    path: str
+    format: str
+    rows_read: int            # data rows in the file
+    requests: int             # rows in the canonical trace
+    failed_requests: int = 0  # BurstGPT failures, excluded (see module docstring)
+    rows_reordered: int = 0   # rows moved by the stable sort of an unsorted generic file
+    time_origin: str = ""     # the first request's timestamp as written in the file
+
+
+def load_trace(path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None,
+               time_unit: str | None = None, timestamp_format: str | None = None) -> pl.DataFrame:
+    """The canonical trace of `path`. `mapping` is `{source column: canonical field}`."""
+    return load_trace_with_report(path, format=format, mapping=mapping, time_unit=time_unit,
+                                  timestamp_format=timestamp_format)[0]
+
+
+def load_trace_with_report(path: str | Path, format: str | None = None,
+                           mapping: Mapping[str, str] | None = None, time_unit: str | None = None,
+                           timestamp_format: str | None = None) -> tuple[pl.DataFrame, LoadReport]:
+    src = open_source(Path(path))
+    spec = _spec(src, format, mapping, time_unit, timestamp_format)
+    present = spec.present(src)
+    df = read_columns(src, _dtypes(src, spec, present))
+    rows_read = len(df)
+    if rows_read == 0:
+        raise TraceError(f"{src.path}, line 2: file is empty (a header but no requests)")
+    failed = 0
+    if spec.name == "burstgpt":
+        df, failed = _drop_burstgpt_failures(src, df, present)
+    for field in ("prompt_tokens", "output_tokens"):
+        validate.check_whole_numbers(src, df, present[field], positive=True)
+    if "priority" in present:
+        validate.check_whole_numbers(src, df, present["priority"], positive=False)
+    if "request_id" in present:
+        validate.check_unique_ids(src, df, present["request_id"])
+    if "prefix_hashes" in present:
+        validate.check_hashes(src, df, present["prefix_hashes"])
+    time_col = present["arrival_s"]
+    if spec.rebase:
+        arrival, origin = relative_seconds(src, df, time_col, time_unit=spec.time_unit,
+                                           timestamp_format=spec.timestamp_format)
+    else:  # kvcap Parquet: already seconds from the first request; keep them bit for bit
+        arrival, origin = _exact_seconds(src, df, time_col)
+    order = validate.check_order(src, arrival, df, time_col, sorted_input=spec.sorted_input)
+    out = validate.assemble(df, arrival, present)
+    moved = 0
+    if order is not None:
+        moved = int((order != pl.int_range(len(order), eager=True, dtype=order.dtype)).sum())
+        out = out[order]
+    report = LoadReport(path=str(src.path), format=spec.name, rows_read=rows_read, requests=len(out),
+                        failed_requests=failed, rows_reordered=moved, time_origin=origin)
+    return out, report
+
+
+def _spec(src: Source, format: str | None, mapping: Mapping[str, str] | None,
+          time_unit: str | None, timestamp_format: str | None) -> formats.FormatSpec:
+    if format is not None and format not in formats.FORMAT_NAMES:
+        raise TraceError(f"unknown format {format!r}; formats: {', '.join(formats.FORMAT_NAMES)}")
+    if mapping:
+        if format in formats.KNOWN:
+            raise TraceError(f"--format {format} has a fixed layout; drop --map (or use a generic format)")
+        return formats.generic(mapping, src=src, time_unit=time_unit, timestamp_format=timestamp_format)
+    if format in formats.KNOWN:
+        return formats.KNOWN[format]
+    spec = formats.detect(src)
+    if spec.name == "generic" and (time_unit or timestamp_format):
+        return formats.generic({c: f for f, c in spec.fields.items()}, src=src, time_unit=time_unit,
+                               timestamp_format=timestamp_format)
+    return spec
+
+
+def _dtypes(src: Source, spec: formats.FormatSpec, present: dict[str, str]) -> dict[str, pl.DataType | None]:
+    """Read dtypes per source column. Lengths and priorities as Float64, so that '12.0' is read and
+    '12.5', NaN or a missing value is reported rather than failing inside the CSV parser."""
+    text_time = spec.timestamp_format is not None
+    if src.kind == "parquet" and spec.rebase and not text_time:
+        time_dtype = None  # keep native Datetime / numbers
+    else:
+        time_dtype = pl.Utf8() if text_time else pl.Float64()
+    dtypes: dict[str, pl.DataType | None] = {present["arrival_s"]: time_dtype}
+    for field in ("prompt_tokens", "output_tokens", "priority"):
+        if field in present:
+            dtypes[present[field]] = pl.Float64()
+    for field in ("request_id", "tenant", "prefix_hashes"):
+        if field in present:
+            dtypes[present[field]] = SCHEMA[field]
+    if spec.name == "burstgpt" and "Log Type" in src.columns:
+        dtypes["Log Type"] = pl.Utf8()
+    return dtypes
+
+
+def _drop_burstgpt_failures(src: Source, df: pl.DataFrame, present: dict[str, str]) -> tuple[pl.DataFrame, int]:
+    failed = (pl.col(present["output_tokens"]) == 0).fill_null(False)
+    if "Log Type" in df.columns:
+        failed = failed | pl.col("Log Type").str.to_lowercase().str.contains("fail").fill_null(False)
+    kept = df.filter(~failed)
+    if len(kept) == 0:
+        raise TraceError(f"{src.path}: all {len(df)} requests failed (Response tokens 0); nothing to replay")
+    return kept, len(df) - len(kept)
+
+
+def _exact_seconds(src: Source, df: pl.DataFrame, column: str) -> tuple[pl.Series, str]:
+    col = df[column].cast(pl.Float64)
+    for mask, what in ((col.is_null(), "missing value"), (col.is_nan(), "value is NaN"),
+                       (col.is_infinite(), "value is infinite")):
+        if mask.any():
+            raise src.error(int(df["_row"][int(mask.arg_max())]), column, what)
+    return col.alias("arrival_s"), f"{col[0]} s"
+
+
+def write_trace(df: pl.DataFrame, path: str | Path) -> None:
+    """Write the canonical trace as Parquet; a failure leaves no file (temp file + rename)."""
+    path = Path(path)
+    missing = [c for c in SCHEMA if c not in df.columns]
+    if missing:
+        raise TraceError(f"cannot write {path}: not a canonical trace (missing {', '.join(missing)})")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        df.select(list(SCHEMA)).cast(SCHEMA).write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
