@@ -31,27 +31,38 @@ class Executor(Protocol):
     def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray: ...
 
 
-class _Columns:
-    """Growable numpy columns (amortised doubling) for the per-step table."""
+class _StepLog:
+    """The per-step table, recorded cheaply: event steps as Python scalars, steady runs as one
+    segment each (constants + three arrays), expanded into numpy columns once at the end."""
 
-    def __init__(self, spec: dict[str, type]) -> None:
-        self._n, self._cap = 0, 1024
-        self.data = {k: np.zeros(self._cap, dtype=t) for k, t in spec.items()}
+    def __init__(self) -> None:
+        self.ev_rows: list[tuple] = []              # (step index, *STEP_COLUMNS values)
+        self.segs: list[tuple] = []                 # (first step index, k, b, waiting, swapped,
+                                                    #  cpu_used, evicted_requests, evicted_blocks)
+        self.seg_start: list[np.ndarray] = []
+        self.seg_dur: list[np.ndarray] = []
+        self.seg_gpu: list[np.ndarray] = []
 
-    def reserve(self, extra: int) -> int:
-        need = self._n + extra
-        if need > self._cap:
-            while self._cap < need:
-                self._cap *= 2
-            for k, v in self.data.items():
-                grown = np.zeros(self._cap, dtype=v.dtype)
-                grown[:self._n] = v[:self._n]
-                self.data[k] = grown
-        start, self._n = self._n, need
-        return start
-
-    def frozen(self) -> dict[str, np.ndarray]:
-        return {k: v[:self._n].copy() for k, v in self.data.items()}
+    def frozen(self, num_steps: int) -> dict[str, np.ndarray]:
+        cols = {k: np.zeros(num_steps, dtype=t) for k, t in STEP_COLUMNS.items()}
+        if self.ev_rows:
+            ev = list(zip(*self.ev_rows))
+            idx = np.asarray(ev[0], dtype=np.int64)
+            for j, k in enumerate(STEP_COLUMNS, start=1):
+                cols[k][idx] = np.asarray(ev[j], dtype=cols[k].dtype)
+        if self.segs:
+            seg = np.asarray(self.segs, dtype=np.int64)
+            i0, k = seg[:, 0], seg[:, 1]
+            offs = np.cumsum(k) - k
+            pos = np.repeat(i0 - offs, k) + np.arange(int(k.sum()))
+            cols["start_s"][pos] = np.concatenate(self.seg_start)
+            cols["duration_s"][pos] = np.concatenate(self.seg_dur)
+            cols["gpu_blocks_used"][pos] = np.concatenate(self.seg_gpu)
+            for j, name in ((2, "num_running"), (2, "num_decode_tokens"), (3, "num_waiting"),
+                            (4, "num_swapped"), (5, "cpu_blocks_used"), (6, "evicted_requests"),
+                            (7, "evicted_blocks")):
+                cols[name][pos] = np.repeat(seg[:, j], k)
+        return cols
 
 
 STEP_COLUMNS = {
@@ -108,11 +119,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     max_tbt = np.zeros(n)
     preempted_at = nan.copy()            # time of the last preemption since the last token
     preempt_mode = np.zeros(n, np.int8)  # 1 recompute, 2 swap
-    steps = _Columns(STEP_COLUMNS)
+    log = _StepLog()
     ev = {k: [] for k in ("t_s", "step", "row", "kind", "blocks", "bytes")}
     stalls = {k: [] for k in ("row", "preempted_s", "resumed_s", "stall_s", "mode")}
     tbt_vals: list[np.ndarray] = []
-    tbt_wts: list[np.ndarray] = []
+    tbt_wts: list[int] = []              # one weight per chunk of tbt_vals
     raw = RawRun(state=state, steps={}, first_scheduled_s=first_sched, first_token_s=first_tok,
                  finish_s=finish, max_tbt_s=max_tbt, events=ev, stalls=stalls)
 
@@ -144,37 +155,30 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         k_max = 0 if step_by_step or not steady_ok else scheduler.max_steady_steps()
         if k_max > 0:
             rows = scheduler.running_rows()
-            durations = executor.steady_step_s(state.num_computed[rows], k_max)
+            ctx = state.num_computed[rows]
+            if cursor < n:
+                # Durations grow with context, so steps before the next arrival are at most
+                # (gap / first duration) + 1: evaluate no more of them than that.
+                d0 = float(executor.steady_step_s(ctx, 1)[0])
+                k_max = min(k_max, int((float(arrival[cursor]) - t) / d0) + 2)
+            durations = executor.steady_step_s(ctx, k_max)
             ends = np.cumsum(np.concatenate(([t], durations)))   # sequential, like t += d
-            starts = ends[:-1]
-            k = k_max if cursor >= n else int(np.searchsorted(starts, arrival[cursor], "left"))
+            k = k_max if cursor >= n else int(np.searchsorted(ends[:-1], arrival[cursor], "left"))
             k = max(1, min(k, k_max))
             run_ = scheduler.advance_steady(k)
-            i0 = steps.reserve(k)
-            cols = steps.data
-            sl = slice(i0, i0 + k)
-            cols["start_s"][sl] = starts[:k]
-            cols["duration_s"][sl] = durations[:k]
             b = len(rows)
-            cols["num_running"][sl] = b
-            cols["num_waiting"][sl] = scheduler.num_waiting
-            cols["num_swapped"][sl] = scheduler.num_swapped
-            cols["num_prefill_tokens"][sl] = 0
-            cols["num_decode_tokens"][sl] = b
-            cols["gpu_blocks_used"][sl] = run_.gpu_blocks_used
-            cols["cpu_blocks_used"][sl] = scheduler.cpu_blocks_used()
-            cols["swap_out_blocks"][sl] = 0
-            cols["swap_in_blocks"][sl] = 0
-            cols["num_preempted"][sl] = 0
-            cols["evicted_requests"][sl] = evicted_count
-            cols["evicted_blocks"][sl] = evicted_total
-            first_end = ends[1]
-            gap = first_end - last_tok[rows]
-            tbt_vals.append(gap); tbt_wts.append(np.ones(b, np.int64))
+            log.segs.append((step, k, b, scheduler.num_waiting, scheduler.num_swapped,
+                             scheduler.cpu_blocks_used(), evicted_count, evicted_total))
+            log.seg_start.append(ends[:k]); log.seg_dur.append(durations[:k])
+            log.seg_gpu.append(run_.gpu_blocks_used)
+            gap = ends[1] - last_tok[rows]
+            tbt_vals.append(gap); tbt_wts.append(1)
             later_max = 0.0
             if k > 1:
-                tbt_vals.append(durations[1:k]); tbt_wts.append(np.full(k - 1, b, np.int64))
-                later_max = float(durations[1:k].max())
+                # end - previous end, exactly as the one-step path computes each sample.
+                later = ends[2:k + 1] - ends[1:k]
+                tbt_vals.append(later); tbt_wts.append(b)
+                later_max = float(later.max())
             max_tbt[rows] = np.maximum(max_tbt[rows], np.maximum(gap, later_max))
             t = float(ends[k])
             last_tok[rows] = t
@@ -230,27 +234,17 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                 raise AssertionError(f"step {step + 1}: executor costed {num_sampled} sampled rows, "
                                      f"scheduler sampled {len(sampled)}")
             end = t + dt
-            i0 = steps.reserve(1)
-            cols = steps.data
-            cols["start_s"][i0] = t
-            cols["duration_s"][i0] = dt
-            cols["num_running"][i0], cols["num_waiting"][i0], cols["num_swapped"][i0] = queues
-            cols["num_prefill_tokens"][i0] = num_prefill
-            cols["num_decode_tokens"][i0] = num_decode
-            cols["gpu_blocks_used"][i0] = scheduler.gpu_blocks_used()
-            cols["cpu_blocks_used"][i0] = scheduler.cpu_blocks_used()
-            cols["swap_out_blocks"][i0] = len(plan.swap_out)
-            cols["swap_in_blocks"][i0] = len(plan.swap_in)
-            cols["num_preempted"][i0] = len(plan.preempted)
-            cols["evicted_requests"][i0] = evicted_count
-            cols["evicted_blocks"][i0] = evicted_total
+            log.ev_rows.append((step, t, dt, *queues, num_prefill, num_decode,
+                                scheduler.gpu_blocks_used(), scheduler.cpu_blocks_used(),
+                                len(plan.swap_out), len(plan.swap_in), len(plan.preempted),
+                                evicted_count, evicted_total))
             if len(sampled):
                 first = np.isnan(first_tok[sampled])
                 first_tok[sampled[first]] = end
                 cont = sampled[~first]
                 if len(cont):
                     gap = end - last_tok[cont]
-                    tbt_vals.append(gap); tbt_wts.append(np.ones(len(cont), np.int64))
+                    tbt_vals.append(gap); tbt_wts.append(1)
                     max_tbt[cont] = np.maximum(max_tbt[cont], gap)
                     stalled = cont[~np.isnan(preempted_at[cont])]
                     for row in stalled.tolist():
@@ -274,11 +268,12 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                     break
         if on_progress is not None and step // progress_every_steps != (step - 1) // progress_every_steps:
             on_progress(t, cursor)
-    raw.steps = steps.frozen()
+    raw.steps = log.frozen(step)
     raw.num_steps = step
     raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
     raw.tbt_values = np.concatenate(tbt_vals) if tbt_vals else np.zeros(0)
-    raw.tbt_weights = np.concatenate(tbt_wts) if tbt_wts else np.zeros(0, np.int64)
+    raw.tbt_weights = (np.repeat(np.asarray(tbt_wts, np.int64), [len(v) for v in tbt_vals])
+                       if tbt_vals else np.zeros(0, np.int64))
     return raw
 
 
