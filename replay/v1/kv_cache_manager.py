@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from replay.prefix import BlockKeys
+import numpy as np
+
+from replay.prefix import BlockKeys, TraceBlockKeys, UniqueBlockKeys, unique_key
 from replay.v1.block_pool import BlockPool
 
 
@@ -31,9 +33,10 @@ class Admission:
 
 
 class KVCacheManager:
-    __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "num_cached", "_keys")
+    __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "held", "num_cached",
+                 "_keys")
 
-    def __init__(self, *, num_blocks: int, block_size: int, max_model_len: int,
+    def __init__(self, *, num_rows: int, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, keys: BlockKeys) -> None:
         self.pool = BlockPool(num_blocks=num_blocks, enable_caching=enable_caching)
         self.block_size = block_size
@@ -41,20 +44,33 @@ class KVCacheManager:
         self.keys = keys
         # row -> block ids in token order (only rows that hold blocks).
         self.tables: dict[int, list[int]] = {}
-        # row -> how many leading blocks of its table are registered in the cache.
-        self.num_cached: dict[int, int] = {}
+        # Per row (numpy, so the scheduler can read them for a whole batch): blocks held (the
+        # table's length) and how many leading blocks of the table are registered in the cache.
+        self.held = np.zeros(num_rows, np.int64)
+        self.num_cached = np.zeros(num_rows, np.int64)
         # row -> its block keys computed so far (keys never change, so they survive preemption).
         self._keys: dict[int, list[int]] = {}
 
     # ---------------------------------------------------------------- keys
     def block_keys(self, row: int, n: int) -> list[int]:
-        """Keys of blocks 0..n-1 of `row` (all full and known)."""
+        """Keys of blocks 0..n-1 of `row` (all full and known); the list may be longer."""
         ks = self._keys.get(row)
         if ks is None:
             ks = self._keys[row] = []
-        if len(ks) < n:
-            key = self.keys.key
-            ks.extend(key(row, k) for k in range(len(ks), n))
+        start = len(ks)
+        if start < n:
+            keys = self.keys
+            # Blocks unique to the request have keys unique_key(row, k) = -(row << 24) - k - 1:
+            # a C-level range instead of one call per block.
+            shared = (0 if isinstance(keys, UniqueBlockKeys) else
+                      keys.num_shared_blocks(row) if isinstance(keys, TraceBlockKeys) else n)
+            stop = min(max(shared, start), n)
+            if start < stop:
+                key = keys.key
+                ks.extend(key(row, k) for k in range(start, stop))
+            if stop < n:
+                base = -unique_key(row, 0) - 1
+                ks.extend(range(-base - stop - 1, -base - n - 1, -1))
         return ks
 
     def forget(self, row: int) -> None:
@@ -96,7 +112,7 @@ class KVCacheManager:
         free = len(pool.free_queue)
         if adm is None:
             # Running request: no hits, no gate, no watermark.
-            held = len(self.tables.get(row, ()))
+            held = int(self.held[row])
             slots = min(num_computed + num_new_tokens, self.max_model_len)
             need = max(self._cdiv(slots) - held, 0)
             return need if need <= free else None
@@ -131,21 +147,50 @@ class KVCacheManager:
                 pool.touch(hits)
             table = self.tables[row] = list(hits)
             self.num_cached[row] = len(hits)
+            self.held[row] = len(hits)
             computed = (len(hits) + adm.num_loaded_blocks) * self.block_size
         slots = min(computed + num_new_tokens, self.max_model_len)
         n_new = self._cdiv(slots) - len(table)
         new = pool.pop_new(n_new) if n_new > 0 else []
         if new:
             table.extend(new)
+            self.held[row] += len(new)
         self.cache_blocks(row, min(computed + num_new_tokens, num_tokens))
         return new
+
+    def allocate_batch(self, rows: list[int], num_slots: np.ndarray,
+                       num_tokens_to_cache: np.ndarray) -> int:
+        """`allocate_slots` for running requests in order, in bulk: each row i needs slots for
+        `num_slots[i]` tokens; stops before the first row that does not fit and returns how many
+        rows succeeded. Blocks are popped in row order, as one call per row would."""
+        idx = np.fromiter(rows, np.int64, len(rows))
+        need = np.maximum(-(-num_slots // self.block_size) - self.held[idx], 0)
+        cneed = np.cumsum(need)
+        ok = int(np.searchsorted(cneed, len(self.pool.free_queue), "right"))
+        total = int(cneed[ok - 1]) if ok else 0
+        if total:
+            blocks = self.pool.pop_new(total)
+            grow = np.flatnonzero(need[:ok])
+            tables, pos = self.tables, 0
+            for j, k in zip(grow.tolist(), need[grow].tolist()):
+                tables[rows[j]].extend(blocks[pos:pos + k])
+                pos += k
+            self.held[idx[grow]] += need[grow]
+        if self.pool.enable_caching and ok:
+            n_full = num_tokens_to_cache[:ok] // self.block_size
+            for j in np.flatnonzero(n_full > self.num_cached[idx[:ok]]).tolist():
+                self.register_full(rows[j], int(n_full[j]))
+        return ok
 
     def cache_blocks(self, row: int, num_tokens: int) -> None:
         """Register the full blocks covered by `num_tokens` (done when scheduled, not computed)."""
         if not self.pool.enable_caching:
             return
-        n_full = num_tokens // self.block_size
-        nc = self.num_cached.get(row, 0)
+        self.register_full(row, num_tokens // self.block_size)
+
+    def register_full(self, row: int, n_full: int) -> None:
+        """Register blocks [num_cached, n_full) of `row`."""
+        nc = int(self.num_cached[row])
         if nc >= n_full:
             return
         ks = self.block_keys(row, n_full)
@@ -155,10 +200,11 @@ class KVCacheManager:
     def free(self, row: int) -> list[int]:
         """Release a request's blocks, tail first. Returns its table."""
         table = self.tables.pop(row, [])
-        self.num_cached.pop(row, None)
+        self.num_cached[row] = 0
+        self.held[row] = 0
         if table:
             self.pool.free(table)
         return table
 
     def registered_blocks(self, row: int) -> Sequence[int]:
-        return self.tables.get(row, [])[: self.num_cached.get(row, 0)]
+        return self.tables.get(row, [])[: int(self.num_cached[row])]

@@ -1,0 +1,163 @@
+"""Swap-space sizing from peak concurrent evictions (issue: size-swap).
+
+The host tier must hold, at every moment, the KV of all requests that are swapped out at that
+moment. kvcap measures that demand by replaying in swap mode with a host pool too big to fill,
+reads the `evicted_blocks` series of the steps table (KV blocks of swap-preempted requests not yet
+resumed, per GPU), recommends peak x (1 + headroom) rounded up, and verifies the recommendation (and
+a what-if size below the peak) by replaying with those sizes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from capacity.metrics import GIB, nearest_rank, summary
+from replay.config import EngineConfig, resolve
+from replay.memory import swap_host_ram_verdict
+from replay.run import replay
+
+# Rounding step of a recommendation (GiB): vLLM takes any float, people configure halves.
+ROUND_GIB = 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verification:
+    swap_space_gib: float
+    num_cpu_blocks: int
+    on_swap_full: str
+    status: str                  # "completed" | "aborted"
+    abort_s: float | None
+    swap_full_events: int
+    swap_full_fallbacks: int
+    preemptions_swap: int
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwapSizing:
+    scheduler: str
+    tensor_parallel_size: int
+    kv_bytes_per_block: int
+    headroom: float
+    peak_swapped_blocks: int
+    peak_swapped_gib: float
+    peak_swapped_requests: int
+    peak_at_s: float | None
+    per_second_p99_gib: float
+    per_second_p999_gib: float
+    preemptions_swap: int
+    recommended_swap_space_gib: float            # V0 --swap-space, per GPU
+    recommended_kv_offloading_size_gib: float    # V1 --kv-offloading-size, all TP ranks
+    host_ram_gib: float                          # what the recommendation pins on the host
+    host_ram_verdict: str | None                 # "ok" | "warn" (>40%) | "error" (>70%) | None
+    demand_run_id: str
+    verify: Verification | None
+    what_if: list[Verification] = field(default_factory=list)
+    sweep: list[Verification] = field(default_factory=list)
+    demand: pl.DataFrame | None = None           # per-second peak demand (t_s, gib, requests)
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("demand", "verify", "what_if", "sweep")}
+        out["verify"] = dataclasses.asdict(self.verify) if self.verify else None
+        out["what_if"] = [dataclasses.asdict(v) for v in self.what_if]
+        out["sweep"] = [dataclasses.asdict(v) for v in self.sweep]
+        return out
+
+
+def round_up_gib(x: float, step: float = ROUND_GIB) -> float:
+    return max(step, math.ceil(x / step - 1e-9) * step)
+
+
+def unbounded_cpu_blocks(trace: pl.DataFrame, block_size: int) -> int:
+    """A host pool no run can fill: every request's whole sequence at once (+1 block each for
+    V0's swap-out check, reference G/D3)."""
+    total = ((trace["prompt_tokens"].cast(pl.Int64) + trace["output_tokens"].cast(pl.Int64)
+              + block_size - 1) // block_size + 1).sum()
+    return int(total)
+
+
+def demand_series(steps: pl.DataFrame, kv_bytes_per_block: int) -> pl.DataFrame:
+    """Per simulated second: the peak concurrently evicted KV (GiB) and request count."""
+    if steps.height == 0:
+        return pl.DataFrame({"t_s": [], "gib": [], "requests": []})
+    per_s = (steps.with_columns(second=pl.col("start_s").floor().cast(pl.Int64))
+             .group_by("second").agg(blocks=pl.col("evicted_blocks").max(),
+                                     requests=pl.col("evicted_requests").max()))
+    lo, hi = int(per_s["second"].min()), int(per_s["second"].max())
+    full = pl.DataFrame({"second": np.arange(lo, hi + 1, dtype=np.int64)})
+    return (full.join(per_s, on="second", how="left").fill_null(0).sort("second")
+            .select(t_s=pl.col("second").cast(pl.Float64),
+                    gib=pl.col("blocks") * kv_bytes_per_block / GIB,
+                    requests=pl.col("requests")))
+
+
+def _verify(trace, config: EngineConfig, swap_gib: float, on_swap_full: str, kv_bpb: int,
+            label: str, keep_runs: list | None) -> Verification:
+    blocks = int(swap_gib * GIB // kv_bpb)
+    cfg = dataclasses.replace(config, preemption_mode="swap", on_swap_full=on_swap_full,
+                              swap_space=swap_gib, num_cpu_blocks_override=blocks)
+    res = replay(trace, cfg, label=label)
+    if keep_runs is not None:
+        keep_runs.append(res)
+    s = summary(res.tables())
+    return Verification(swap_space_gib=swap_gib, num_cpu_blocks=blocks, on_swap_full=on_swap_full,
+                        status=s["status"], abort_s=s["abort_s"],
+                        swap_full_events=s["swap_full_events"],
+                        swap_full_fallbacks=s["swap_full_fallbacks"],
+                        preemptions_swap=s["preemptions_swap"], run_id=res.run_id)
+
+
+def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.2,
+              what_if_fraction: float = 0.75, sweep_fractions: tuple[float, ...] = (),
+              host_ram_gib: float | None = None, keep_runs: list | None = None) -> SwapSizing:
+    """Measure the swap demand of `trace` under `config` and recommend and verify a size.
+
+    `keep_runs`, when a list, receives every RunResult made (to store them)."""
+    if headroom < 0:
+        raise ValueError(f"headroom: must be >= 0, got {headroom}")
+    eng = resolve(config)
+    bpb = eng.kv_bytes_per_block
+    demand_cfg = dataclasses.replace(
+        config, preemption_mode="swap", on_swap_full="recompute",
+        num_cpu_blocks_override=unbounded_cpu_blocks(trace, eng.spec.block_size))
+    demand = replay(trace, demand_cfg, label="size-swap demand")
+    if keep_runs is not None:
+        keep_runs.append(demand)
+    steps = demand.steps
+    peak_blocks = int(steps["evicted_blocks"].max() or 0) if steps.height else 0
+    peak_reqs = int(steps["evicted_requests"].max() or 0) if steps.height else 0
+    peak_at = None
+    if peak_blocks:
+        peak_at = float(steps.filter(pl.col("evicted_blocks") == peak_blocks)["start_s"][0])
+    series = demand_series(steps, bpb)
+    peak_gib = peak_blocks * bpb / GIB
+    tp = config.tensor_parallel_size
+    # +1 block per swap-out beyond the occupancy: V0's check asks for it (G/D3).
+    rec = round_up_gib((peak_blocks + 1) * bpb / GIB * (1 + headroom)) if peak_blocks else 0.0
+    host_ram = rec * tp
+    verdict = (swap_host_ram_verdict(rec, tp, int(host_ram_gib * GIB))
+               if host_ram_gib is not None else None)
+    sizing = dict(
+        scheduler=config.scheduler, tensor_parallel_size=tp, kv_bytes_per_block=bpb,
+        headroom=headroom, peak_swapped_blocks=peak_blocks, peak_swapped_gib=peak_gib,
+        peak_swapped_requests=peak_reqs, peak_at_s=peak_at,
+        per_second_p99_gib=nearest_rank(series["gib"].to_numpy(), 0.99) or 0.0,
+        per_second_p999_gib=nearest_rank(series["gib"].to_numpy(), 0.999) or 0.0,
+        preemptions_swap=int(summary(demand.tables())["preemptions_swap"]),
+        recommended_swap_space_gib=rec, recommended_kv_offloading_size_gib=rec * tp,
+        host_ram_gib=host_ram, host_ram_verdict=verdict, demand_run_id=demand.run_id,
+        demand=series)
+    if not peak_blocks:
+        return SwapSizing(verify=None, **sizing)
+    verify = _verify(trace, config, rec, "abort", bpb, "size-swap verify", keep_runs)
+    what_if_gib = peak_gib * what_if_fraction
+    what_if = [_verify(trace, config, what_if_gib, mode, bpb, f"size-swap what-if {mode}", keep_runs)
+               for mode in ("abort", "recompute")]
+    sweep = [_verify(trace, config, peak_gib * f, "recompute", bpb, f"size-swap sweep {f:g}",
+                     keep_runs) for f in sweep_fractions]
+    return SwapSizing(verify=verify, what_if=what_if, sweep=sweep, **sizing)

@@ -1,0 +1,400 @@
+"""kvcap's model of the vLLM V1 scheduler (0.33.0 `vllm/v1/core/sched/scheduler.py`, synchronous
+loop), reference B1-B9 with the corrections of section G.
+
+One `schedule()` is a running phase (walk `running` in order under one token budget; a request
+that cannot get blocks preempts the newest, or under priority the worst (priority, arrival),
+until it fits or preempted itself) then, only if nothing was preempted, a waiting phase (admit the
+head while it fits; head-of-line blocking). `update()` plays the model output back as
+`../shared/oracle/oracle.py` does. kvcap additions, by `spec.preemption_mode`: "swap" stores a
+victim's full blocks in a host offload tier (reference B8) and loads them back on resume; "none"
+admits only what can run to completion beside what running requests were promised, so nothing
+is ever preempted. Requests that can never run are rejected instead of hanging.
+
+Owns the queues and block tables; writes the request counters in `RequestState`. The fast path
+lives in `replay.v1.steady`. Must not import traces/, capacity/ or torch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from replay.plan import Preemption, Rejection, StepOutput, StepPlan, SteadyRun
+from replay.prefix import BlockKeys
+from replay.spec import SchedulerSpec
+from replay.state import RequestState, Status
+from replay.v1 import steady
+from replay.v1.host_tier import HostTier
+from replay.v1.kv_cache_manager import Admission, KVCacheManager
+from replay.v1.queues import FcfsQueue, PriorityQueue
+
+_I64 = np.int64
+
+
+class V1Scheduler:
+    def __init__(self, spec: SchedulerSpec, state: RequestState, keys: BlockKeys) -> None:
+        self.spec = spec
+        self.state = state
+        self.block_size = spec.block_size
+        self.kv = KVCacheManager(num_rows=state.n, num_blocks=spec.num_gpu_blocks, block_size=spec.block_size,
+                                 max_model_len=spec.max_model_len,
+                                 enable_caching=spec.enable_prefix_caching, keys=keys)
+        self.running: list[int] = []
+        self.waiting = (PriorityQueue(priority=state.priority, arrival_s=state.arrival_s)
+                        if spec.policy == "priority" else FcfsQueue())
+        self.mode = spec.preemption_mode
+        self.host = HostTier(num_blocks=spec.num_cpu_blocks) if self.mode == "swap" else None
+        self.max_active = (spec.max_num_active_seqs if spec.max_num_active_seqs is not None
+                           else spec.max_num_seqs)
+        # vLLM: int(watermark * num_blocks), null block included.
+        self.watermark_blocks = int(spec.watermark * spec.num_gpu_blocks)
+        # Python copies of constant per-row numbers for the scalar paths (numpy scalar reads are
+        # slow); the mutable counters live only in `state`.
+        self._prompt = state.prompt_len.tolist()
+        self._out_len = state.output_len.tolist()
+        self._prio = state.priority.tolist()
+        self._arrival = state.arrival_s.tolist()
+        self._arrived: list[int] = []          # added since the last schedule (rejection check)
+        # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
+        self.prefilling = np.zeros(state.n, dtype=bool)
+        self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
+        self._last_rows = np.zeros(0, _I64)
+        # Vectorized running phase; tests turn it off to compare with the per-request loop.
+        self.bulk = True
+        # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
+        self._promised: dict[int, int] = {}
+        self._promised_total = 0
+
+    # ---------------------------------------------------------------- queue API
+    def add_request(self, row: int) -> None:
+        self.state.status[row] = Status.WAITING
+        self.waiting.add(row)
+        self._arrived.append(row)
+
+    def abort_request(self, row: int) -> None:
+        """Client abort (test hook): leave whichever queue, free the blocks."""
+        st = int(self.state.status[row])
+        if st == Status.RUNNING:
+            self.running.remove(row)
+            self._release(row)
+        elif st == Status.WAITING:
+            self.waiting.remove(row)
+            if row in self._arrived:
+                self._arrived.remove(row)
+            self._swapped.discard(row)
+        else:
+            return
+        self.state.status[row] = Status.ABORTED
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self._swapped)
+
+    def running_rows(self) -> np.ndarray:
+        """Running requests in batch order (the replay loop prices a steady run with them)."""
+        return np.fromiter(self.running, _I64, len(self.running))
+
+    def gpu_blocks_used(self) -> int:
+        return self.kv.pool.num_used
+
+    def cpu_blocks_used(self) -> int:
+        return 0 if self.host is None else self.host.num_used
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def snapshot(self) -> dict:
+        pool = self.kv.pool
+        return {"waiting": self.waiting.rows(), "running": list(self.running),
+                "swapped": [], "free_gpu": pool.num_free,
+                "free_cpu": None if self.host is None else self.host.num_blocks - self.host.num_used,
+                "blocks": {r: list(self.kv.tables.get(r, [])) for r in self.running},
+                "computed": {r: int(self.state.num_computed[r]) for r in self._last_rows.tolist()},
+                "kv_usage": pool.usage(), "free_queue": pool.free_order()}
+
+    # ---------------------------------------------------------------- helpers
+    def _cdiv(self, n: int) -> int:
+        return -(-n // self.block_size)
+
+    def _never_runs(self, row: int) -> str | None:
+        spec = self.spec
+        p, o, L = self._prompt[row], self._out_len[row], spec.max_model_len
+        if p >= L:
+            # vLLM 0.33 input processor: the prompt plus at least one output token must fit.
+            return f"prompt {p} + 1 output token > max_model_len {L}"
+        if not spec.enable_chunked_prefill and p > spec.max_num_batched_tokens:
+            return f"prompt {p} > max_num_batched_tokens {spec.max_num_batched_tokens} " \
+                   "with chunked prefill off"
+        if self.mode == "none":
+            need = self._cdiv(min(p + o, L))
+        else:
+            # Most KV slots it ever holds: the last step computes token p+o-2 (0-based).
+            need = self._cdiv(min(p + o - 1, L - 1))
+        usable = spec.num_gpu_blocks - 1
+        if need > usable:
+            return f"needs {need} blocks > {usable} usable GPU blocks"
+        return None
+
+    def _release(self, row: int) -> list[int]:
+        if self._promised:
+            self._promised_total -= self._promised.pop(row, 0)
+        return self.kv.free(row)
+
+    def _none_reserved(self) -> int:
+        """Blocks running requests were promised and do not hold yet ("none" mode)."""
+        tables = self.kv.tables
+        return self._promised_total - sum(len(tables.get(r, ())) for r in self.running)
+
+    def _admission(self, row: int, budget: int, thr: int):
+        """The waiting-phase checks for the head `row` without side effects on the pool:
+        (num_new_tokens, Admission, host keys to load) or None when it cannot be admitted now."""
+        spec, kv, bs = self.spec, self.kv, self.block_size
+        nt = self._prompt[row] + int(self.state.num_output[row])
+        hits = kv.get_computed_blocks(row, nt)
+        load_keys: list[int] = []
+        if self.host is not None and self.host.num_used:
+            # The offload tier continues the GPU hit (connector: longer external match).
+            max_blocks = (nt - 1) // bs
+            if len(hits) < max_blocks:
+                ks = kv.block_keys(row, max_blocks)
+                lookup = self.host.lookup
+                for k in range(len(hits), max_blocks):
+                    if lookup(ks[k]) is None:
+                        break
+                    load_keys.append(ks[k])
+        n = nt - (len(hits) + len(load_keys)) * bs
+        if 0 < thr < n:
+            n = thr
+        if not spec.enable_chunked_prefill and n > budget:
+            return None
+        n = min(n, budget)
+        adm = Admission(hit_blocks=tuple(hits), num_tokens=nt,
+                        full_sequence_must_fit=spec.scheduler_reserve_full_isl,
+                        watermark_blocks=self.watermark_blocks if self.running else 0,
+                        num_loaded_blocks=len(load_keys))
+        if kv.num_blocks_needed(row, n, 0, adm) is None:
+            return None
+        if self.mode == "none":
+            whole = self._cdiv(min(self._prompt[row] + self._out_len[row], spec.max_model_len))
+            need = max(whole - len(hits), 0) + kv.pool.num_evictable(hits)
+            if need + self._none_reserved() > kv.pool.num_free:
+                return None
+        return n, adm, load_keys
+
+    def _preempt(self, row: int, preempted: list, swap_out: list) -> None:
+        st, kv = self.state, self.kv
+        c = int(st.num_computed[row])
+        st.computed_at_preemption[row] = c
+        mode = "recompute"
+        fallback = False
+        if self.host is not None:
+            n_full = c // self.block_size
+            table = kv.tables.get(row, [])
+            if n_full and self.host.num_blocks:
+                swap_out.extend(self.host.store(table[:n_full],
+                                                     kv.block_keys(row, n_full)[:n_full]))
+                mode = "swap"
+                self._swapped.add(row)
+            else:
+                fallback = self.host.num_blocks == 0
+        table = self._release(row)
+        st.num_computed[row] = 0
+        st.status[row] = Status.WAITING
+        st.num_preemptions[row] += 1
+        if mode == "swap":
+            st.num_swaps[row] += 1
+        else:
+            st.num_recomputes[row] += 1
+        self.prefilling[row] = False
+        self.waiting.prepend(row)
+        preempted.append(Preemption(row=row, mode=mode, num_blocks=len(table),
+                                    swap_full_fallback=fallback))
+
+    # ---------------------------------------------------------------- one step
+    def schedule(self) -> StepPlan:
+        spec, st = self.spec, self.state
+        rejected: list[Rejection] = []
+        if self._arrived:
+            for r in self._arrived:
+                reason = self._never_runs(r)
+                if reason is not None:
+                    self.waiting.remove(r)
+                    st.status[r] = Status.REJECTED
+                    rejected.append(Rejection(row=r, reason=reason))
+            self._arrived.clear()
+        budget = spec.max_num_batched_tokens
+        # 0.33: the long-prefill cap is skipped when only one request exists.
+        thr = (spec.long_prefill_token_threshold
+               if len(self.running) + len(self.waiting) > 1 else 0)
+        # Batch in order: row -> new tokens (running requests first, then admissions).
+        sched: dict[int, int] = {}
+        preempted: list[Preemption] = []
+        swap_out: list[tuple[int, int]] = []
+        i = 0
+        if self.bulk and self.running:
+            i, budget = self._running_bulk(sched, budget, thr)
+        budget = self._running_loop(i, sched, budget, thr, preempted, swap_out)
+        swap_in: list[tuple[int, int]] = []
+        swapped_in: list[int] = []
+        if not preempted:
+            budget = self._waiting_phase(sched, budget, thr, rejected, swap_in, swapped_in)
+
+        rows = np.fromiter(sched, _I64, len(sched))
+        nnew = np.fromiter(sched.values(), _I64, len(sched))
+        # Admissions already hold their hit as computed; _update_after_schedule comes next.
+        before = st.num_computed[rows]
+        st.num_computed[rows] = before + nnew
+        self._last_rows = rows
+        return StepPlan(
+            rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
+            is_prefill=self.prefilling[rows],
+            swap_out=np.array(swap_out, dtype=_I64).reshape(-1, 2),
+            swap_in=np.array(swap_in, dtype=_I64).reshape(-1, 2),
+            preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected))
+
+    def _running_bulk(self, sched: dict[int, int], budget: int, thr: int) -> tuple[int, int]:
+        """The running phase for the leading requests whose allocations all succeed, in numpy.
+        Returns (index of the first request left to the per-request loop, budget left)."""
+        st, L, running = self.state, self.spec.max_model_len, self.running
+        idx = np.fromiter(running, _I64, len(running))
+        c = st.num_computed[idx]
+        nt = st.prompt_len[idx] + st.num_output[idx]
+        raw = nt - c
+        if thr > 0:
+            raw = np.minimum(raw, thr)
+        raw = np.maximum(np.minimum(raw, L - c - 1), 0)
+        prev = np.cumsum(raw) - raw
+        # The loop visits request j while budget > 0, i.e. while the tokens before it < budget.
+        m = int(np.searchsorted(prev, budget, "left"))
+        n = np.minimum(raw[:m], budget - prev[:m])
+        c = c[:m]
+        ok = self.kv.allocate_batch(running[:m], np.minimum(c + n, L), np.minimum(c + n, nt[:m]))
+        n = n[:ok]
+        keep = n > 0
+        sched.update(zip(idx[:ok][keep].tolist(), n[keep].tolist()))
+        return ok, budget - int(n.sum())
+
+    def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
+                      preempted: list, swap_out: list) -> int:
+        """vLLM's running loop from request i on: allocate, preempting until it fits."""
+        st, kv, L = self.state, self.kv, self.spec.max_model_len
+        running = self.running
+        priority = self.spec.policy == "priority"
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = int(st.num_computed[r])
+            nt = self._prompt[r] + int(st.num_output[r])
+            n = nt - c
+            if 0 < thr < n:
+                n = thr
+            n = min(n, budget, L - c - 1)
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                new = kv.allocate_slots(r, n, c, nt)
+                if new is not None:
+                    break
+                if self.mode == "none":
+                    raise AssertionError("preemption_mode none: a running request ran out of "
+                                         "blocks despite its reservation")
+                if priority:
+                    prio, arr = self._prio, self._arrival
+                    victim = max(running, key=lambda x: (prio[x], arr[x]))
+                    vi = running.index(victim)
+                    del running[vi]
+                    if vi < i:
+                        i -= 1
+                    if victim in sched:
+                        budget += sched.pop(victim)   # un-schedule and refund (0.33)
+                else:
+                    victim = running.pop()
+                self._preempt(victim, preempted, swap_out)
+                if victim == r:
+                    break
+            if new is None:
+                if priority and st.status[r] == Status.WAITING:
+                    continue   # it preempted itself; higher-priority requests after it may fit
+                break
+            sched[r] = n
+            budget -= n
+            i += 1
+        return budget
+
+    def _waiting_phase(self, sched: dict[int, int], budget: int, thr: int, rejected: list,
+                       swap_in: list, swapped_in: list) -> int:
+        st, kv, L = self.state, self.kv, self.spec.max_model_len
+        running, waiting = self.running, self.waiting
+        while budget > 0 and len(waiting) and len(running) < self.max_active:
+            r = waiting.peek()
+            got = self._admission(r, budget, thr)
+            if got is None:
+                if running or sched:
+                    break
+                # Nothing runs and the head still does not fit: it never will (vLLM hangs).
+                waiting.pop()
+                st.status[r] = Status.REJECTED
+                self._swapped.discard(r)
+                rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
+                                          "GPU pool free"))
+                continue
+            n, adm, load_keys = got
+            new = kv.allocate_slots(r, n, 0, adm.num_tokens, adm)
+            assert new is not None
+            waiting.pop()
+            running.append(r)
+            hit = (len(adm.hit_blocks) + len(load_keys)) * self.block_size
+            if load_keys:
+                hosts = self.host.load(load_keys)
+                swap_in.extend(zip(hosts, new[: len(load_keys)]))
+                swapped_in.append(r)
+            self._swapped.discard(r)
+            if self.mode == "none":
+                whole = self._cdiv(min(self._prompt[r] + self._out_len[r], L))
+                self._promised[r] = whole
+                self._promised_total += whole
+            if st.num_preemptions[r] > 0:
+                st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
+            else:
+                st.cached_prompt_tokens[r] = hit
+            st.status[r] = Status.RUNNING
+            st.num_computed[r] = hit
+            self.prefilling[r] = True
+            sched[r] = n
+            budget -= n
+        return budget
+
+    def update(self, plan: StepPlan) -> StepOutput:
+        """One sampled token for every scheduled request whose chunk reached the end of its known
+        tokens; finish at output_len or max_model_len; free finished requests in batch order."""
+        st = self.state
+        rows = plan.rows
+        sampled = st.num_computed[rows] >= st.prompt_len[rows] + st.num_output[rows]
+        got = rows[sampled]
+        st.num_output[got] += 1
+        self.prefilling[got] = False
+        out = st.num_output[got]
+        done = (out >= st.output_len[got]) | (st.prompt_len[got] + out >= self.spec.max_model_len)
+        finished = got[done]
+        if finished.size:
+            fin = finished.tolist()
+            for r in fin:
+                self._release(r)
+                self.kv.forget(r)
+            st.status[finished] = Status.FINISHED
+            gone = set(fin)
+            self.running = [r for r in self.running if r not in gone]
+        return StepOutput(sampled=sampled, finished=finished)
+
+    # ---------------------------------------------------------------- fast path
+    def max_steady_steps(self) -> int:
+        return steady.max_steady_steps(self)
+
+    def advance_steady(self, num_steps: int) -> SteadyRun:
+        return steady.advance_steady(self, num_steps)
