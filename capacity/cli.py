@@ -17,6 +17,10 @@ def _register() -> None:
     app.add_typer(cli_trace.app, name="trace")
     app.command("replay")(cli_replay.replay_cmd)
     app.command("runs")(cli_replay.runs_cmd)
+    from capacity import cli_capacity
+    app.command("size-swap")(cli_capacity.size_swap_cmd)
+    app.command("compare-modes")(cli_capacity.compare_modes_cmd)
+    app.command("report")(cli_capacity.report_cmd)
 
 
 _register()

@@ -1,0 +1,189 @@
+"""`kvcap size-swap`, `kvcap compare-modes` and `kvcap report` (the main job)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from capacity.cli_common import emit_json, engine_flags, guarded, load_trace_file
+
+err = Console(stderr=True)
+
+
+def _trace(file: Optional[Path], trace_format: Optional[str], rate_scale: float):
+    if file is None:
+        from traces.synth import DEFAULT_SCENARIO, default_trace
+        trace, name = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}"
+    else:
+        trace, name = load_trace_file(file, trace_format=trace_format), file.name
+    if rate_scale != 1.0:
+        from traces.transforms import scale_rate
+        trace = scale_rate(trace, rate_scale)
+    return trace, name
+
+
+def _store(db: Optional[Path], runs: list) -> None:
+    if db is None:
+        return
+    from replay.store import write_run
+    for r in runs:
+        write_run(db, r.tables())
+
+
+def sizing_table(s) -> Table:
+    t = Table(title="swap-space sizing (per GPU)", show_header=False)
+    at = "-" if s.peak_at_s is None else f"{s.peak_at_s:,.1f} s"
+    t.add_row("peak concurrently swapped", f"{s.peak_swapped_gib:.2f} GiB "
+              f"({s.peak_swapped_requests} requests) at {at}")
+    t.add_row("per-second peak p99 / p99.9", f"{s.per_second_p99_gib:.2f} / {s.per_second_p999_gib:.2f} GiB")
+    t.add_row("recommended --swap-space (V0)", f"{s.recommended_swap_space_gib:g} GiB")
+    t.add_row("recommended --kv-offloading-size (V1)", f"{s.recommended_kv_offloading_size_gib:g} GiB")
+    t.add_row("host RAM pinned", f"{s.host_ram_gib:g} GiB" + (f" ({s.host_ram_verdict})" if s.host_ram_verdict else ""))
+    for v in ([s.verify] if s.verify else []) + list(s.what_if) + list(s.sweep):
+        outcome = (f"aborted at {v.abort_s:,.1f} s" if v.status == "aborted"
+                   else f"{v.swap_full_fallbacks} fallbacks to recompute" if v.swap_full_fallbacks
+                   else "no swap-full events")
+        t.add_row(f"replay with {v.swap_space_gib:.2f} GiB ({v.on_swap_full})", outcome)
+    return t
+
+
+@guarded
+@engine_flags
+def size_swap_cmd(
+    file: Path = typer.Argument(..., help="Trace file."),
+    headroom: float = typer.Option(0.2, "--headroom", help="Fraction added to the measured peak."),
+    what_if: float = typer.Option(0.75, "--what-if", help="What-if size as a fraction of the peak."),
+    sweep: str = typer.Option("", "--sweep", help="Host sizes to sweep, fractions of the peak: 0.25,0.5,1"),
+    host_ram_gib: Optional[float] = typer.Option(None, "--host-ram-gib", help="Host RAM, for vLLM's 40%/70% checks."),
+    rate_scale: float = typer.Option(1.0, "--rate-scale"),
+    trace_format: Optional[str] = typer.Option(None, "--format"),
+    db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
+    as_json: bool = typer.Option(False, "--json"),
+    engine=None,
+) -> None:
+    """Measure peak concurrently swapped KV and recommend --swap-space / --kv-offloading-size."""
+    from capacity.swap_sizing import size_swap
+    trace, _ = _trace(file, trace_format, rate_scale)
+    fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
+    runs: list = []
+    with err.status("size-swap: replaying (demand, verify, what-if)…"):
+        s = size_swap(trace, engine, headroom=headroom, what_if_fraction=what_if,
+                      sweep_fractions=fractions, host_ram_gib=host_ram_gib, keep_runs=runs)
+    _store(db, runs)
+    if as_json:
+        emit_json(s.as_dict())
+        return
+    Console().print(sizing_table(s))
+    if s.host_ram_verdict in ("warn", "error"):
+        err.print(f"[yellow]warning: {s.host_ram_gib:g} GiB of pinned host RAM is past vLLM's "
+                  f"{'70% (vLLM refuses to start)' if s.host_ram_verdict == 'error' else '40% warning'} threshold")
+
+
+@guarded
+@engine_flags
+def compare_modes_cmd(
+    file: Path = typer.Argument(..., help="Trace file."),
+    rate_scale: float = typer.Option(1.0, "--rate-scale"),
+    trace_format: Optional[str] = typer.Option(None, "--format"),
+    db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
+    as_json: bool = typer.Option(False, "--json"),
+    engine=None,
+) -> None:
+    """Swap vs. recompute (prefix caching on/off) vs. queue-only on the same trace."""
+    from capacity.compare_modes import compare_modes
+    trace, _ = _trace(file, trace_format, rate_scale)
+    runs: list = []
+    with err.status("compare-modes: replaying 4 variants…"):
+        cmp = compare_modes(trace, engine, keep_runs=runs)
+    _store(db, runs)
+    if as_json:
+        emit_json(cmp.as_dict())
+        return
+    t = Table(title="preemption modes")
+    cols = ["variant", "preemptions", "recomputed_share", "swapped_gib", "host_link_s",
+            "ttft_p99_s", "tbt_p99_s", "max_tbt_p99_preempted_s", "high_priority_ttft_p99_s",
+            "throughput_rps"]
+    for c in cols:
+        t.add_column(c)
+    for r in cmp.results:
+        d = r.__getattribute__
+        t.add_row(*[("-" if d(c) is None else f"{d(c):.3f}" if isinstance(d(c), float) else str(d(c)))
+                    for c in cols])
+    Console().print(t)
+    Console().print(f"[bold]recommendation:[/bold] {cmp.recommended} — {cmp.reason}")
+
+
+def deploy_flags(engine, sizing, modes) -> list[str]:
+    """The vLLM flags the report recommends."""
+    flags = []
+    if engine.scheduler == "v0":
+        mode = modes.recommended if modes else "recompute"
+        if mode == "swap" and sizing and sizing.recommended_swap_space_gib:
+            flags += ["--preemption-mode swap", f"--swap-space {sizing.recommended_swap_space_gib:g}"]
+    elif modes and modes.recommended == "swap" and sizing and sizing.recommended_kv_offloading_size_gib:
+        flags += [f"--kv-offloading-size {sizing.recommended_kv_offloading_size_gib:g}",
+                  "--kv-offloading-backend native"]
+    from replay.config import resolve
+    spec = resolve(engine).spec
+    flags += [f"--max-num-seqs {spec.max_num_seqs}",
+              f"--max-num-batched-tokens {spec.max_num_batched_tokens}"]
+    return flags
+
+
+@guarded
+@engine_flags
+def report_cmd(
+    file: Optional[Path] = typer.Argument(None, help="Trace file; none = the built-in default scenario."),
+    out: Path = typer.Option(Path("report"), "-o", "--out", help="Output directory."),
+    rate_scale: float = typer.Option(1.0, "--rate-scale"),
+    trace_format: Optional[str] = typer.Option(None, "--format"),
+    db: Path = typer.Option(None, "--db", help="DuckDB file for the runs (default: OUT/kvcap.duckdb)."),
+    as_json: bool = typer.Option(False, "--json"),
+    engine=None,
+) -> None:
+    """The capacity report: baseline replay, swap sizing, mode comparison -> OUT/index.html."""
+    import time
+
+    from capacity.compare_modes import compare_modes
+    from capacity.metrics import summary
+    from capacity.report import write_report
+    from capacity.swap_sizing import size_swap
+    from replay.run import replay
+    from traces.stats import trace_info
+    wall0 = time.perf_counter()
+    trace, name = _trace(file, trace_format, rate_scale)
+    out.mkdir(parents=True, exist_ok=True)
+    db = db or out / "kvcap.duckdb"
+    runs: list = []
+    with err.status("report: baseline replay…"):
+        base = replay(trace, engine, label="report baseline", trace_name=name)
+    runs.append(base)
+    with err.status("report: swap sizing…"):
+        sizing = size_swap(trace, engine, keep_runs=runs)
+    with err.status("report: comparing preemption modes…"):
+        modes = compare_modes(trace, engine, keep_runs=runs)
+    _store(db, runs)
+    flags = deploy_flags(engine, sizing, modes)
+    info = trace_info(trace)
+    index = write_report(out, title=f"kvcap capacity report — {name}", trace_summary=info,
+                         run=base, sizing=sizing, modes=modes, flags=flags)
+    s = summary(base.tables())
+    result = {"report": str(index), "db": str(db), "trace": name, "flags": flags,
+              "recommended_mode": modes.recommended, "reason": modes.reason,
+              "recommended_swap_space_gib": sizing.recommended_swap_space_gib,
+              "recommended_kv_offloading_size_gib": sizing.recommended_kv_offloading_size_gib,
+              "peak_swapped_gib": sizing.peak_swapped_gib, "baseline": s,
+              "wall_seconds": time.perf_counter() - wall0}
+    if as_json:
+        emit_json(result)
+        return
+    c = Console()
+    c.print(f"[bold]report:[/bold] {index}")
+    c.print(f"[bold]preemption mode:[/bold] {modes.recommended} — {modes.reason}")
+    c.print(f"[bold]swap tier:[/bold] peak {sizing.peak_swapped_gib:.2f} GiB concurrently swapped -> "
+            f"--swap-space {sizing.recommended_swap_space_gib:g} (V0) / --kv-offloading-size "
+            f"{sizing.recommended_kv_offloading_size_gib:g} (V1)")
+    c.print("[bold]vLLM flags:[/bold] vllm serve MODEL " + " ".join(flags))

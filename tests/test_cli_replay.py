@@ -1,0 +1,100 @@
+"""`kvcap replay` / `kvcap runs` from the command line: JSON keys (DESIGN §7), one-line errors,
+the DuckDB file's tables (DESIGN §6)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KVCAP = str(Path(sys.executable).with_name("kvcap"))
+CONV = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+
+REPLAY_KEYS = {"run_id", "db", "status", "requests_finished", "requests_rejected",
+               "preemptions_recompute", "preemptions_swap", "swap_full_events",
+               "peak_swapped_gib", "ttft_p99_s", "tbt_p99_s", "wall_seconds"}
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    """The first 300 requests of the Azure conv trace, as kvcap Parquet."""
+    from traces.loaders import load_trace, write_trace
+    path = tmp_path_factory.mktemp("t") / "conv300.parquet"
+    write_trace(load_trace(CONV).head(300), path)
+    return path
+
+
+def kvcap(*args, check=True):
+    res = subprocess.run([KVCAP, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+    if check:
+        assert res.returncode == 0, res.stderr
+    return res
+
+
+def test_replay_json_has_the_contract_keys_and_writes_the_db(small_trace, tmp_path):
+    db = tmp_path / "k.duckdb"
+    res = kvcap("replay", small_trace, "--db", db, "--json", "--num-gpu-blocks-override", "600")
+    out = json.loads(res.stdout)
+    assert REPLAY_KEYS <= out.keys()
+    assert out["requests_finished"] == 300 and out["status"] == "completed"
+    assert out["preemptions_recompute"] > 0          # 600 blocks of 16 tokens is tight
+    con = duckdb.connect(str(db), read_only=True)
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert {"runs", "requests", "steps", "events"} <= tables
+    (n,), = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [out["run_id"]]).fetchall()
+    assert n == 300
+    cols = {r[0] for r in con.execute("DESCRIBE requests").fetchall()}
+    assert {"request_id", "arrival_s", "first_token_s", "finish_s", "status", "num_preemptions",
+            "num_swaps", "num_recomputes", "recomputed_tokens", "cached_prompt_tokens",
+            "max_tbt_s"} <= cols
+    con.close()
+    listed = json.loads(kvcap("runs", "--db", db, "--json").stdout)
+    assert [r["run_id"] for r in listed["runs"]] == [out["run_id"]]
+
+
+def test_same_inputs_give_identical_tables(small_trace, tmp_path):
+    a, b = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+    ra = json.loads(kvcap("replay", small_trace, "--db", a, "--json",
+                          "--num-gpu-blocks-override", "600").stdout)
+    rb = json.loads(kvcap("replay", small_trace, "--db", b, "--json",
+                          "--num-gpu-blocks-override", "600").stdout)
+    assert ra["run_id"] == rb["run_id"]
+    for table, order in (("requests", "request_id"), ("steps", "step"), ("events", "t_s, request_id")):
+        qa = duckdb.connect(str(a), read_only=True).sql(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
+        qb = duckdb.connect(str(b), read_only=True).sql(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
+        assert qa == qb, table
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+    (["--preemption-mode", "bogus"], "preemption_mode"),
+    (["--model", "no-such-model"], "model"),
+    (["--scheduler", "v0", "--scheduling-policy", "priority", "--preemption-mode", "swap"], "priority"),
+])
+def test_bad_flags_give_one_line_errors(small_trace, tmp_path, args, needle):
+    res = kvcap("replay", small_trace, "--db", tmp_path / "x.duckdb", *args, check=False)
+    assert res.returncode == 2
+    lines = [x for x in res.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvcap: error:") and needle in lines[0], res.stderr
+    assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_missing_file_is_a_one_line_error(tmp_path):
+    res = kvcap("replay", tmp_path / "nope.csv", check=False)
+    assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_locked_database_is_reported_not_a_traceback(small_trace, tmp_path):
+    db = tmp_path / "k.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               f"import duckdb,time; c=duckdb.connect({str(db)!r}); print('ok', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        res = kvcap("replay", small_trace, "--db", db, "--json", check=False)
+        assert res.returncode == 2 and "locked by another process" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        holder.kill(); holder.wait()
