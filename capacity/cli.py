@@ -21,6 +21,8 @@ def _register() -> None:
     app.command("size-swap")(cli_capacity.size_swap_cmd)
     app.command("compare-modes")(cli_capacity.compare_modes_cmd)
     app.command("report")(cli_capacity.report_cmd)
+    from capacity import cli_tune
+    app.command("tune")(cli_tune.tune_cmd)
 
 
 _register()

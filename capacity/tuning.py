@@ -1,0 +1,171 @@
+"""`--max-num-seqs` (and `--max-num-batched-tokens`) tuning against SLOs and a preemption budget.
+
+Each grid point is one replay. Per candidate: throughput, goodput (requests meeting every SLO per
+second, docs/metrics.md), P99 TTFT and TBT, preemptions per minute, the share of minutes with any
+preemption, and the recomputed-token share of prefill work. The recommendation is the feasible
+candidate (SLOs met, preemption within budget) with the highest goodput; among candidates whose
+goodput is within `TIE_TOLERANCE` of it, the smallest (the conservative side) is chosen and the
+tie is said. The candidate next above the choice is reported with what it breaks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import polars as pl
+
+from capacity.metrics import preemptions_per_minute, summary
+from capacity.sweep import run_many
+from replay.config import EngineConfig, resolve
+
+TIE_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """Preemption allowed: in at most `max_minutes_share` of the minutes (peaks only), and at
+    most `max_per_minute` preemptions in any minute (None = no limit)."""
+    max_minutes_share: float = 0.1
+    max_per_minute: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    run_id: str
+    status: str
+    throughput_rps: float
+    goodput_rps: float
+    ttft_p99_s: float | None
+    tbt_p99_s: float | None
+    preemptions: int
+    preemptions_per_min: float
+    peak_preemptions_per_min: int
+    preempted_minutes_share: float
+    recomputed_share: float
+    meets_slo: bool
+    within_budget: bool
+    breaks: str          # "" or what it breaks, e.g. "TTFT p99 1.9 s > 1.0 s"
+
+    @property
+    def feasible(self) -> bool:
+        return self.meets_slo and self.within_budget and self.status == "completed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tuning:
+    candidates: tuple[Candidate, ...]
+    recommended: Candidate | None
+    explanation: str
+    flags: tuple[str, ...]
+    slo_ttft_p99_s: float
+    slo_tbt_p99_s: float
+    budget: Budget
+
+    def as_dict(self) -> dict:
+        rec = self.recommended
+        return {"recommended_max_num_seqs": rec.max_num_seqs if rec else None,
+                "recommended_max_num_batched_tokens": rec.max_num_batched_tokens if rec else None,
+                "explanation": self.explanation, "flags": list(self.flags),
+                "slo_ttft_p99_s": self.slo_ttft_p99_s, "slo_tbt_p99_s": self.slo_tbt_p99_s,
+                "budget": dataclasses.asdict(self.budget),
+                "candidates": [dict(dataclasses.asdict(c), feasible=c.feasible)
+                               for c in self.candidates]}
+
+    def table(self) -> pl.DataFrame:
+        return pl.DataFrame([dict(dataclasses.asdict(c), feasible=c.feasible)
+                             for c in self.candidates])
+
+
+def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: float,
+             budget: Budget) -> Candidate:
+    run = tables["runs"].row(0, named=True)
+    s = summary(tables, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s)
+    sim = s["sim_seconds"] or 0.0
+    per_min = preemptions_per_minute(tables["events"], sim)
+    total = per_min["recompute"] + per_min["swap"]
+    minutes = max(per_min.height, 1)
+    share = float((total > 0).sum()) / minutes
+    peak = int(total.max() or 0)
+    prefill = int(tables["steps"]["num_prefill_tokens"].sum() or 0)
+    recomputed = int(tables["requests"]["recomputed_tokens"].sum() or 0)
+    breaks = []
+    if s["ttft_p99_s"] is None or s["ttft_p99_s"] > slo_ttft_s:
+        breaks.append(f"TTFT p99 {s['ttft_p99_s'] or float('nan'):.3g} s > {slo_ttft_s:g} s")
+    if s["tbt_p99_s"] is None or s["tbt_p99_s"] > slo_tbt_s:
+        breaks.append(f"TBT p99 {s['tbt_p99_s'] or float('nan'):.3g} s > {slo_tbt_s:g} s")
+    meets = not breaks
+    within = share <= budget.max_minutes_share and (
+        budget.max_per_minute is None or peak <= budget.max_per_minute)
+    if share > budget.max_minutes_share:
+        breaks.append(f"preemption in {share:.0%} of minutes > {budget.max_minutes_share:.0%}")
+    if budget.max_per_minute is not None and peak > budget.max_per_minute:
+        breaks.append(f"{peak} preemptions in one minute > {budget.max_per_minute:g}")
+    if s["status"] != "completed":
+        breaks.append("engine aborted")
+    npre = s["preemptions_recompute"] + s["preemptions_swap"]
+    return Candidate(
+        max_num_seqs=run["max_num_seqs"], max_num_batched_tokens=run["max_num_batched_tokens"],
+        run_id=run["run_id"], status=s["status"], throughput_rps=s["throughput_rps"],
+        goodput_rps=s["goodput_rps"], ttft_p99_s=s["ttft_p99_s"], tbt_p99_s=s["tbt_p99_s"],
+        preemptions=npre, preemptions_per_min=npre / (sim / 60) if sim else 0.0,
+        peak_preemptions_per_min=peak, preempted_minutes_share=share,
+        recomputed_share=recomputed / prefill if prefill else 0.0, meets_slo=meets,
+        within_budget=within, breaks="; ".join(breaks))
+
+
+def choose(cands: list[Candidate]) -> tuple[Candidate | None, str]:
+    order = sorted(cands, key=lambda c: (c.max_num_batched_tokens, c.max_num_seqs))
+    feasible = [c for c in order if c.feasible]
+    if not feasible:
+        best = max(order, key=lambda c: c.goodput_rps)
+        return None, (f"no candidate meets the SLOs and the preemption budget; the highest goodput "
+                      f"is max_num_seqs={best.max_num_seqs} ({best.breaks}) — the load needs more "
+                      f"GPUs or rate limiting")
+    top = max(c.goodput_rps for c in feasible)
+    tied = [c for c in feasible if c.goodput_rps >= top * (1 - TIE_TOLERANCE)]
+    pick = min(tied, key=lambda c: (c.max_num_seqs, c.max_num_batched_tokens))
+    words = [f"max_num_seqs={pick.max_num_seqs} meets the SLOs with goodput "
+             f"{pick.goodput_rps:.2f} req/s and preemption in {pick.preempted_minutes_share:.0%} "
+             f"of minutes"]
+    if len(tied) > 1:
+        words.append(f"larger values ({', '.join(str(c.max_num_seqs) for c in tied if c is not pick)}) "
+                     f"are tied within {TIE_TOLERANCE:.0%} of goodput, so the conservative one is chosen")
+    above = [c for c in order if c.max_num_batched_tokens == pick.max_num_batched_tokens
+             and c.max_num_seqs > pick.max_num_seqs]
+    if above:
+        nxt = above[0]
+        if not nxt.feasible:
+            words.append(f"the next larger value {nxt.max_num_seqs} breaks it ({nxt.breaks}), so "
+                         f"this is the edge: keep the conservative side")
+        elif nxt not in tied:
+            words.append(f"the next larger value {nxt.max_num_seqs} is feasible but has lower goodput")
+    return pick, "; ".join(words)
+
+
+def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[int],
+         max_num_batched_tokens_grid: list[int] | None = None, slo_ttft_p99_s: float,
+         slo_tbt_p99_s: float, budget: Budget = Budget(), workers: int | None = None,
+         keep_runs: list | None = None, on_done=None, trace_name: str = "") -> Tuning:
+    if not max_num_seqs_grid:
+        raise ValueError("max_num_seqs_grid: give at least one value, e.g. 64,128,256")
+    tokens = max_num_batched_tokens_grid or [config.max_num_batched_tokens]
+    configs, labels = [], []
+    for mbt in tokens:
+        for seqs in sorted(set(max_num_seqs_grid)):
+            cfg = dataclasses.replace(config, max_num_seqs=seqs, max_num_batched_tokens=mbt)
+            configs.append(cfg)
+            labels.append(f"tune max_num_seqs={seqs} max_num_batched_tokens={mbt}")
+    runs = run_many(trace, configs, labels, workers=workers, on_done=on_done, trace_name=trace_name)
+    if keep_runs is not None:
+        keep_runs.extend(runs)
+    cands = [evaluate(r.tables(), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
+             for r in runs]
+    pick, why = choose(cands)
+    flags: tuple[str, ...] = ()
+    if pick is not None:
+        flags = (f"--max-num-seqs {pick.max_num_seqs}",
+                 f"--max-num-batched-tokens {pick.max_num_batched_tokens}")
+    return Tuning(candidates=tuple(cands), recommended=pick, explanation=why, flags=flags,
+                  slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
