@@ -14,15 +14,19 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 def _register() -> None:
     from capacity import cli_trace
     from capacity import cli_replay
+    from capacity import cli_calibrate
     app.add_typer(cli_trace.app, name="trace")
     app.command("replay")(cli_replay.replay_cmd)
     app.command("runs")(cli_replay.runs_cmd)
+    app.command("calibrate")(cli_calibrate.calibrate_cmd)
     from capacity import cli_capacity
     app.command("size-swap")(cli_capacity.size_swap_cmd)
     app.command("compare-modes")(cli_capacity.compare_modes_cmd)
     app.command("report")(cli_capacity.report_cmd)
     from capacity import cli_tune
     app.command("tune")(cli_tune.tune_cmd)
+    app.command("headroom")(cli_tune.headroom_cmd)
+    app.command("alerts")(cli_tune.alerts_cmd)
 
 
 _register()

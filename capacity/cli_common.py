@@ -103,7 +103,7 @@ def engine_flags(fn):
 
 
 def load_trace_file(path: Path, *, trace_format: str | None = None):
-    from traces import load_trace
+    from traces.loaders import load_trace
     if not Path(path).exists():
         raise CliError(f"{path}: no such file")
     return load_trace(path, format=trace_format)

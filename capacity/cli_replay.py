@@ -70,6 +70,8 @@ def replay_cmd(
     label: Optional[str] = typer.Option(None, "--label"),
     trace_format: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
     step_by_step: bool = typer.Option(False, "--step-by-step", help="Disable the fast path."),
+    stub_shape: Optional[str] = typer.Option(None, "--stub-shape", help="Stub model: full | tiny (default: full on CUDA, tiny on CPU)."),
+    timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     engine=None,
 ) -> None:
@@ -82,12 +84,14 @@ def replay_cmd(
     wall0 = time.perf_counter()
     trace = load_trace_file(file, trace_format=trace_format)
     if rate_scale != 1.0:
-        from traces.transforms import rate_scale as scale
-        trace = scale(trace, rate_scale)
+        from traces.transforms import scale_rate
+        trace = scale_rate(trace, rate_scale)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
+    stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None
     result = replay_with_progress(trace, engine, executor=executor, step_by_step=step_by_step,
-                                  label=label, trace_name=file.name, quiet=as_json)
+                                  label=label, trace_name=file.name, quiet=as_json,
+                                  stub_options=stub_options)
     tables = result.tables()
     write_run(db, tables)
     s = summary(tables)

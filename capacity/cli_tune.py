@@ -83,3 +83,86 @@ def tune_cmd(
     c.print(f"[bold]recommendation:[/bold] {tn.explanation}")
     if tn.flags:
         c.print("[bold]vLLM flags:[/bold] " + " ".join(tn.flags))
+
+
+@guarded
+@engine_flags
+def headroom_cmd(
+    file: Path = typer.Argument(..., help="Trace file."),
+    slo_ttft_p99: float = typer.Option(..., "--slo-ttft-p99", help="Seconds."),
+    slo_tbt_p99: float = typer.Option(..., "--slo-tbt-p99", help="Seconds."),
+    scales: str = typer.Option("1,1.25,1.5,2,2.5,3", "--scales", help="Rate-scale factors to try."),
+    target_peak: Optional[float] = typer.Option(None, "--target-peak", help="Peak to plan for, x today's traffic."),
+    workers: Optional[int] = typer.Option(None, "--workers"),
+    trace_format: Optional[str] = typer.Option(None, "--format"),
+    db: Optional[Path] = typer.Option(None, "--db"),
+    as_json: bool = typer.Option(False, "--json"),
+    engine=None,
+) -> None:
+    """How much more traffic fits before preemption becomes structural (and replicas needed)."""
+    from capacity.cli_capacity import _store, _trace
+    from capacity.headroom import headroom
+    try:
+        factors = tuple(float(x) for x in scales.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--scales: expected numbers like 1,1.5,2, got {scales!r}") from None
+    trace, _ = _trace(file, trace_format, 1.0)
+    runs: list = []
+    with Progress(console=err, transient=True, disable=as_json) as prog:
+        task = prog.add_task("headroom: replaying load levels", total=len(factors) + 1)
+        h = headroom(trace, engine, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
+                     scales=factors, target_peak_scale=target_peak, workers=workers,
+                     keep_runs=runs, on_done=lambda i, r: prog.advance(task))
+    _store(db, runs)
+    if as_json:
+        emit_json(h.as_dict())
+        return
+    t = Table(title="surge headroom")
+    for c in ("load", "requests", "preempt/min", "TTFT p99 s", "TBT p99 s", "preemption", "SLO", "ok"):
+        t.add_column(c)
+    for p in h.points:
+        f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        t.add_row(p.label.removeprefix("headroom "), str(p.requests), f"{p.preemptions_per_min:.2f}",
+                  f(p.ttft_p99_s), f(p.tbt_p99_s), p.verdict, "met" if p.meets_slo else "broken",
+                  "yes" if p.ok else "no")
+    Console().print(t)
+    Console().print(f"[bold]headroom:[/bold] {h.explanation}")
+
+
+@guarded
+@engine_flags
+def alerts_cmd(
+    file: Path = typer.Argument(..., help="Trace of normal traffic."),
+    out: Path = typer.Option(Path("kvcap-preemption-rules.yml"), "-o", "--out"),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="model_name label to match."),
+    window_s: float = typer.Option(60.0, "--window-s"),
+    trace_format: Optional[str] = typer.Option(None, "--format"),
+    as_json: bool = typer.Option(False, "--json"),
+    engine=None,
+) -> None:
+    """Classify the preemption of normal traffic and write Prometheus alerting rules."""
+    import os
+    import tempfile
+
+    from capacity.classify import alert_rule, classify
+    from capacity.cli_capacity import _trace
+    from replay.run import replay
+    trace, name = _trace(file, trace_format, 1.0)
+    with err.status("alerts: replaying normal traffic…"):
+        res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
+    tables = res.tables()
+    c = classify(tables, window_s=window_s)
+    rule = alert_rule(tables, model_name=model_name)
+    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(rule.yaml)
+    os.replace(tmp, out)
+    result = {"verdict": c.verdict, "evidence": c.evidence, "threshold": rule.threshold,
+              "normal_max_5m": rule.normal_max_5m, "rules": str(out), "run_id": res.run_id}
+    if as_json:
+        emit_json(result)
+        return
+    Console().print(f"[bold]preemption:[/bold] {c.verdict} — {c.evidence}")
+    Console().print(f"[bold]alert:[/bold] increase(vllm:num_preemptions_total[5m]) > "
+                    f"{rule.threshold} for {rule.for_duration} (normal traffic peaks at "
+                    f"{rule.normal_max_5m}); rules written to {out}")

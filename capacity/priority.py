@@ -1,0 +1,73 @@
+"""Priority interference: interactive and batch traffic sharing one instance.
+
+On a trace with priorities (e.g. the `priority-mix` scenario) under `--scheduling-policy priority`:
+who is preempted, by class; high-priority TTFT with preemption vs. queue-only; how much the batch
+traffic slows the interactive traffic (the same interactive requests replayed alone); preemption
+counts as the interference measure. Lower priority value = more important (vLLM convention).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import polars as pl
+
+from capacity.metrics import nearest_rank, request_latencies
+from capacity.sweep import Job, run_jobs
+from replay.config import EngineConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interference:
+    by_class: pl.DataFrame          # per (variant, priority): requests, preempted, TTFT, max TBT
+    high_priority: int
+    summary: str
+
+    def as_dict(self) -> dict:
+        return {"high_priority": self.high_priority, "summary": self.summary,
+                "by_class": self.by_class.to_dicts()}
+
+
+def per_class(tables: dict[str, pl.DataFrame], variant: str) -> pl.DataFrame:
+    lat = request_latencies(tables["requests"])
+    rows = []
+    for prio, grp in sorted(lat.group_by("priority"), key=lambda kv: kv[0][0]):
+        rows.append({"variant": variant, "priority": int(prio[0]),
+                     "tenant": grp["tenant"].drop_nulls().mode().to_list()[0]
+                     if grp["tenant"].drop_nulls().len() else None,
+                     "requests": grp.height,
+                     "preempted_requests": int((grp["num_preemptions"] > 0).sum()),
+                     "preemptions": int(grp["num_preemptions"].sum()),
+                     "ttft_p50_s": nearest_rank(grp["ttft_s"].to_numpy(), 0.5),
+                     "ttft_p99_s": nearest_rank(grp["ttft_s"].to_numpy(), 0.99),
+                     "max_tbt_p99_s": nearest_rank(grp["max_tbt_s"].to_numpy(), 0.99)})
+    return pl.DataFrame(rows)
+
+
+def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | None = None,
+                 keep_runs: list | None = None) -> Interference:
+    if trace["priority"].n_unique() < 2:
+        raise ValueError("priority: the trace has one priority class; use the priority-mix "
+                         "scenario or map priorities (traces.transforms)")
+    cfg = dataclasses.replace(config, scheduling_policy="priority")
+    high = int(trace["priority"].min())
+    alone = trace.filter(pl.col("priority") == high)
+    jobs = [Job(trace=trace, config=cfg, label="priority shared"),
+            Job(trace=trace, config=dataclasses.replace(cfg, preemption_mode="none"),
+                label="priority shared queue-only"),
+            Job(trace=alone, config=cfg, label="priority interactive alone")]
+    runs = run_jobs(jobs, workers=workers)
+    if keep_runs is not None:
+        keep_runs.extend(runs)
+    names = ("shared (preemption)", "shared (queue-only)", "interactive alone")
+    table = pl.concat([per_class(r.tables(), n) for r, n in zip(runs, names)])
+    hp = table.filter(pl.col("priority") == high)
+    get = lambda v, col: hp.filter(pl.col("variant") == v)[col][0]  # noqa: E731
+    low = table.filter((pl.col("variant") == names[0]) & (pl.col("priority") != high))
+    f = lambda x: "-" if x is None else f"{x * 1000:.0f} ms"  # noqa: E731
+    text = (f"interactive TTFT p99: {f(get(names[2], 'ttft_p99_s'))} alone, "
+            f"{f(get(names[0], 'ttft_p99_s'))} sharing with batch under preemption, "
+            f"{f(get(names[1], 'ttft_p99_s'))} queue-only; preemptions fall on batch "
+            f"{int(low['preemptions'].sum() or 0)} times and on interactive "
+            f"{get(names[0], 'preemptions')} times")
+    return Interference(by_class=table, high_priority=high, summary=text)

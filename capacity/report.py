@@ -1,0 +1,408 @@
+"""The self-contained HTML capacity report: `write_report(out_dir, ...) -> out_dir/index.html`.
+
+Owns the report's layout (sections, tables, the flags block), its rendering (charts through
+vl-convert: SVG embedded as data URIs in the HTML, one PNG per chart beside it) and
+`summary.json`. The page loads nothing from the network: no scripts, no external CSS or fonts.
+Later analyses add `Section`s through `extra_sections`; the body helpers (`text`, `table`,
+`code_block`, `bullets`) escape what they are given. Charts come from `capacity.charts`; this
+module and that one are the only importers of altair. Must not replay anything, nor import duckdb
+or torch.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import altair as alt
+import vl_convert as vlc
+
+from capacity import charts
+from capacity.compare_modes import ModeComparison
+from capacity.metrics import summary as run_summary
+from capacity.swap_sizing import SwapSizing
+from replay.results import RunResult
+
+PNG_SCALE = 2
+SVG_ZOOM = 1.25     # charts are drawn for ~900 px; the page is ~1150 px wide
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    name: str            # file stem: out_dir/<name>.png; unique within a report
+    chart: object        # a top-level Altair chart
+    caption: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Section:
+    title: str
+    body: str = ""       # HTML, built with the helpers below (they escape their text)
+    charts: tuple[Figure, ...] = ()
+    anchor: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.anchor or re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
+
+
+# ---- body helpers (escape everything they are given) ----------------------------------------
+
+def inline(s: str) -> str:
+    """Escaped text; `backticks` become <code>."""
+    parts = html.escape(s).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def text(s: str) -> str:
+    """One paragraph (see `inline`)."""
+    return f"<p>{inline(s)}</p>"
+
+
+def bullets(items: Iterable[str]) -> str:
+    items = list(items)
+    return ("<ul>" + "".join(f"<li>{inline(i)}</li>" for i in items) + "</ul>") if items else ""
+
+
+def code_block(s: str) -> str:
+    return f'<pre class="code"><code>{html.escape(s)}</code></pre>'
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str] | None = None) -> str:
+    """A plain table; cells are formatted with `fmt` and escaped."""
+    head = ("<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            + "</tr></thead>") if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(c))}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return f"<table>{head}<tbody>{body}</tbody></table>"
+
+
+def fmt(v: object) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        a = abs(v)
+        return (f"{v:,.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1
+                else "0" if a == 0 else f"{v:.3g}")
+    return str(v)
+
+
+def seconds(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v * 1000:.1f} ms" if v < 1 else f"{v:,.2f} s"
+
+
+def pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1%}"
+
+
+def gib(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.2f} GiB"
+
+
+# ---- sections -------------------------------------------------------------------------------
+
+def recommendations_section(flags: Sequence[str], notes: Sequence[str], sizing: SwapSizing | None,
+                            modes: ModeComparison | None) -> Section:
+    block = (code_block(" \\\n".join(flags)) if flags
+             else text("No flag changes: vLLM's defaults suit this workload."))
+    lines = []
+    if modes is not None:
+        lines.append(f"Preemption mode: {modes.recommended} — {modes.reason}.")
+    if sizing is not None and sizing.verify is not None:
+        v = sizing.verify
+        lines.append(
+            f"Swap space: peak concurrent evictions {sizing.peak_swapped_gib:.2f} GiB per GPU "
+            f"({sizing.peak_swapped_requests} requests); recommended `--swap-space "
+            f"{sizing.recommended_swap_space_gib:g}` (V0, per GPU) / `--kv-offloading-size "
+            f"{sizing.recommended_kv_offloading_size_gib:g}` (V1, in total) with "
+            f"{sizing.headroom:.0%} headroom; verified: {v.status}, "
+            f"{v.swap_full_events} swap-full events.")
+    elif sizing is not None:
+        lines.append("Swap space: no request was swapped out in this workload; no host swap "
+                     "tier is needed.")
+    body = (text("Append these flags to your `vllm serve` command:") + block
+            + bullets(lines) + (("<h3>Notes</h3>" + bullets(notes)) if notes else ""))
+    return Section(title="Recommendations", body=body, anchor="recommendations")
+
+
+def _stat_rows(d: dict) -> tuple[list[list], list[list]]:
+    scalars, stats = [], []
+    for k, v in d.items():
+        if isinstance(v, dict) and {"mean", "p50", "p99"} <= set(v):
+            stats.append([k] + [v.get(q) for q in ("mean", "p50", "p90", "p99", "max")])
+        elif isinstance(v, dict):
+            if v:
+                scalars.append([k, ", ".join(f"{a}: {fmt(b)}" for a, b in v.items())])
+        elif v is not None:
+            scalars.append([k, v])
+    return scalars, stats
+
+
+def workload_section(trace_summary: dict) -> Section:
+    scalars, stats = _stat_rows(trace_summary)
+    body = table(scalars, ["quantity", "value"])
+    if stats:
+        body += table(stats, ["tokens per request", "mean", "p50", "p90", "p99", "max"])
+    return Section(title="Workload", body=body, anchor="workload")
+
+
+CONFIG_KEYS = ("scheduler", "model", "gpu", "tp", "block_size", "num_gpu_blocks",
+               "num_cpu_blocks", "max_num_seqs", "max_num_batched_tokens", "preemption_mode",
+               "swap_space_gib", "on_swap_full", "executor")
+
+
+def baseline_metric_rows(s: dict) -> list[list]:
+    return [
+        ["status", s["status"] + (f" (aborted at {seconds(s['abort_s'])})" if s["abort_s"] else "")],
+        ["requests finished / rejected / aborted / unfinished",
+         f"{s['requests_finished']:,} / {s['requests_rejected']:,} / "
+         f"{s['requests_aborted']:,} / {s['requests_unfinished']:,}"],
+        ["simulated duration", seconds(s["sim_seconds"])],
+        ["throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} tok/s"],
+        ["TTFT p50 / p99", f"{seconds(s['ttft_p50_s'])} / {seconds(s['ttft_p99_s'])}"],
+        ["TBT p50 / p99 (fleet)", f"{seconds(s['tbt_p50_s'])} / {seconds(s['tbt_p99_s'])}"],
+        ["TPOT p50", seconds(s["tpot_p50_s"])],
+        ["E2E p50", seconds(s["e2e_p50_s"])],
+        ["preemptions recompute / swap", f"{s['preemptions_recompute']:,} / "
+                                         f"{s['preemptions_swap']:,}"],
+        ["preempted requests", s["preempted_requests"]],
+        ["swap-full events (fallbacks)", f"{s['swap_full_events']:,} "
+                                         f"({s['swap_full_fallbacks']:,})"],
+        ["peak swapped KV (per GPU)", gib(s["peak_swapped_gib"])],
+        ["peak GPU KV usage", pct(s["peak_gpu_kv_usage"])],
+    ]
+
+
+def baseline_section(run: RunResult, s: dict) -> Section:
+    r = run.run
+    cfg = [[k, r.get(k)] for k in CONFIG_KEYS if k in r]
+    body = (text(f"Run `{run.run_id}`{' — ' + r['label'] if r.get('label') else ''}: the trace "
+                 f"replayed once under the configuration below.")
+            + '<div class="cols">' + table(cfg, ["engine", "value"])
+            + table(baseline_metric_rows(s), ["metric", "value"]) + "</div>")
+    sim = r["sim_seconds"]
+    figs = (Figure("load_and_queues", charts.load_and_queues(run.requests, run.steps, sim)),
+            Figure("kv_usage", charts.kv_usage(run.steps, r)),
+            Figure("preemptions_per_minute", charts.preemptions(run.events, sim)))
+    return Section(title="Baseline run", body=body, charts=figs, anchor="baseline")
+
+
+def verification_rows(sizing: SwapSizing) -> list[list]:
+    roles = ([("verify", sizing.verify)] if sizing.verify else []) \
+        + [("what-if", v) for v in sizing.what_if] + [("sweep", v) for v in sizing.sweep]
+    return [[role, gib(v.swap_space_gib), v.num_cpu_blocks, v.on_swap_full, v.status,
+             seconds(v.abort_s), v.swap_full_events, v.swap_full_fallbacks, v.preemptions_swap]
+            for role, v in roles]
+
+
+def swap_section(sizing: SwapSizing | None) -> Section:
+    if sizing is None:
+        return Section(title="Swap sizing", anchor="swap-sizing",
+                       body=text("Not measured for this report (run `kvcap size-swap`)."))
+    z = sizing
+    nums = [["peak concurrently swapped-out KV (per GPU)", gib(z.peak_swapped_gib)],
+            ["peak concurrently swapped-out requests", z.peak_swapped_requests],
+            ["peak at", seconds(z.peak_at_s)],
+            ["per-second peak p99 / p99.9", f"{gib(z.per_second_p99_gib)} / "
+                                            f"{gib(z.per_second_p999_gib)}"],
+            ["swap preemptions in the demand run", z.preemptions_swap],
+            ["headroom", pct(z.headroom)],
+            ["recommended --swap-space (V0, per GPU)", gib(z.recommended_swap_space_gib)],
+            ["recommended --kv-offloading-size (V1, total)",
+             gib(z.recommended_kv_offloading_size_gib)],
+            ["host RAM pinned (× TP)", gib(z.host_ram_gib)],
+            ["host RAM verdict", z.host_ram_verdict]]
+    body = (text("Demand: the trace replayed in swap mode with a host pool too large to fill; "
+                 "the peak of the KV bytes of all requests swapped out at the same moment sets "
+                 "the size. Each size below was then replayed to check it.")
+            + table(nums, ["quantity", "value"]))
+    rows = verification_rows(z)
+    if rows:
+        body += table(rows, ["replay", "host size", "CPU blocks", "on swap full", "status",
+                             "abort at", "swap-full events", "fallbacks", "swap preemptions"])
+    figs = []
+    if z.demand is not None and z.demand.height:
+        figs.append(Figure("swapped_gib", charts.swapped_gib(
+            z.demand, recommended_gib=z.recommended_swap_space_gib,
+            peak_gib=z.peak_swapped_gib, peak_at_s=z.peak_at_s)))
+    if z.sweep:
+        figs.append(Figure("host_size_sweep", charts.host_size_sweep(
+            [*z.sweep, *z.what_if], recommended_gib=z.recommended_swap_space_gib,
+            peak_gib=z.peak_swapped_gib)))
+    return Section(title="Swap sizing", body=body, charts=tuple(figs), anchor="swap-sizing")
+
+
+def mode_rows(modes: ModeComparison) -> list[list]:
+    return [[m.variant, m.status, m.preemptions, m.preempted_requests, pct(m.recomputed_share),
+             gib(m.swapped_gib), seconds(m.host_link_s), seconds(m.ttft_p99_s),
+             seconds(m.tbt_p99_s), seconds(m.max_tbt_p99_preempted_s),
+             seconds(m.high_priority_ttft_p99_s), f"{m.throughput_rps:.2f}"]
+            for m in modes.results]
+
+
+def modes_section(modes: ModeComparison | None) -> Section:
+    if modes is None:
+        return Section(title="Preemption modes", anchor="modes",
+                       body=text("Not compared for this report (run `kvcap compare-modes`)."))
+    body = (text(f"Recommended: {modes.recommended} — {modes.reason}.")
+            + table(mode_rows(modes), ["variant", "status", "preemptions", "preempted requests",
+                                       "recomputed prefill", "swapped", "host-link time",
+                                       "TTFT p99", "TBT p99", "preempted max TBT p99",
+                                       "high-priority TTFT p99", "throughput (req/s)"]))
+    fig = Figure("mode_comparison", charts.mode_comparison(modes.table(), modes.recommended))
+    return Section(title="Preemption modes", body=body, charts=(fig,), anchor="modes")
+
+
+def latency_section(run: RunResult, s: dict) -> Section:
+    body = text("TTFT over finished requests; TBT over every output token of the run (the "
+                "fleet distribution a Grafana panel of inter-token latency shows). "
+                "Percentiles are nearest-rank.")
+    figs = (Figure("ttft_cdf", charts.ttft_cdf(run.requests, s["ttft_p99_s"])),
+            Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"])))
+    return Section(title="Latency", body=body, charts=figs, anchor="latency")
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+def _vl_version() -> str | None:
+    v = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    return v if v in vlc.get_vegalite_versions() else None
+
+
+def render_chart(chart) -> tuple[str, bytes]:
+    """(SVG text, PNG bytes) of a chart, offline through vl-convert."""
+    spec, vl = chart.to_dict(), _vl_version()
+    return (vlc.vegalite_to_svg(spec, vl_version=vl),
+            vlc.vegalite_to_png(spec, vl_version=vl, scale=PNG_SCALE))
+
+
+def _svg_width(svg: str) -> float | None:
+    m = re.search(r'<svg[^>]*\bwidth="([0-9.]+)', svg)
+    return float(m.group(1)) if m else None
+
+
+def _figure_html(fig: Figure, svg: str) -> str:
+    data = base64.b64encode(svg.encode()).decode()
+    w = _svg_width(svg)
+    size = f' style="width:{w * SVG_ZOOM:.0f}px"' if w else ""
+    cap = f"<figcaption>{html.escape(fig.caption)}</figcaption>" if fig.caption else ""
+    return (f'<figure id="fig-{html.escape(fig.name)}"><img alt="{html.escape(fig.name)}"{size} '
+            f'src="data:image/svg+xml;base64,{data}">{cap}</figure>')
+
+
+def _section_html(sec: Section, svgs: dict[str, str]) -> str:
+    figs = "".join(_figure_html(f, svgs[f.name]) for f in sec.charts)
+    return (f'<section id="{html.escape(sec.id)}"><h2>{html.escape(sec.title)}</h2>'
+            f'{sec.body}<div class="figs">{figs}</div></section>')
+
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#222;
+ max-width:1200px;margin:0 auto;padding:16px 24px;line-height:1.4;background:#fff}
+h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:2px solid #4c78a8;padding-bottom:2px;
+ margin-top:1.8em}.sub{color:#555;margin-top:2px}
+nav a{margin-right:14px;color:#4c78a8}
+table{border-collapse:collapse;margin:8px 16px 12px 0;font-size:.9em}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#eef2f7}tbody tr:nth-child(even){background:#f8f8f8}
+pre.code{background:#1e2430;color:#e8e8e8;padding:12px 16px;border-radius:4px;font-size:1em;
+ overflow-x:auto}code{font-family:ui-monospace,Menlo,Consolas,monospace}
+.cols{display:flex;flex-wrap:wrap;align-items:flex-start}
+.figs{display:flex;flex-wrap:wrap;gap:8px}figure{margin:8px 0}figure img{max-width:100%}
+footer{color:#777;font-size:.8em;margin-top:3em}
+"""
+
+
+def render_html(title: str, subtitle: str, sections: Sequence[Section], svgs: dict[str, str],
+                footer: str) -> str:
+    nav = "".join(f'<a href="#{html.escape(s.id)}">{html.escape(s.title)}</a>' for s in sections)
+    body = "".join(_section_html(s, svgs) for s in sections)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+            f'<h1>{html.escape(title)}</h1><p class="sub">{html.escape(subtitle)}</p>'
+            f"<nav>{nav}</nav>{body}<footer>{html.escape(footer)}</footer></body></html>\n")
+
+
+def json_safe(v: object) -> object:
+    """JSON-ready copy: NaN/inf -> null, datetimes -> ISO text, numpy scalars -> Python."""
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    if isinstance(v, (datetime, date)):
+        return v.isoformat()
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
+def summary_dict(*, title: str, trace_summary: dict, run: RunResult, run_sum: dict,
+                 sizing: SwapSizing | None, modes: ModeComparison | None, flags: Sequence[str],
+                 notes: Sequence[str], sections: Sequence[Section]) -> dict:
+    engine = {k: run.run.get(k) for k in CONFIG_KEYS if k in run.run}
+    return json_safe({
+        "title": title, "trace": trace_summary, "run": run_sum | {"engine": engine},
+        "sizing": sizing.as_dict() if sizing else None,
+        "modes": modes.as_dict() if modes else None,
+        "flags": list(flags), "notes": list(notes),
+        "sections": [s.title for s in sections],
+        "charts": [f"{f.name}.png" for s in sections for f in s.charts],
+    })
+
+
+def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
+                   sizing: SwapSizing | None, modes: ModeComparison | None, flags: Sequence[str],
+                   notes: Sequence[str], extra_sections: Sequence[Section]) -> list[Section]:
+    secs = [recommendations_section(flags, notes, sizing, modes), workload_section(trace_summary),
+            baseline_section(run, run_sum), swap_section(sizing), modes_section(modes),
+            latency_section(run, run_sum), *extra_sections]
+    names = [f.name for s in secs for f in s.charts]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"extra_sections: chart names must be unique, repeated: {dup}")
+    return secs
+
+
+def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: RunResult,
+                 sizing: SwapSizing | None, modes: ModeComparison | None, flags: list[str],
+                 notes: Sequence[str] = (), extra_sections: Sequence[Section] = ()) -> Path:
+    """Write `out_dir/index.html`, `out_dir/<chart>.png` and `out_dir/summary.json`; return the
+    path of index.html."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_sum = run_summary(run.tables())
+    sections = build_sections(trace_summary=trace_summary, run=run, run_sum=run_sum,
+                              sizing=sizing, modes=modes, flags=flags, notes=notes,
+                              extra_sections=extra_sections)
+    svgs = {}
+    for fig in (f for s in sections for f in s.charts):
+        svgs[fig.name], png = render_chart(fig.chart)
+        (out / f"{fig.name}.png").write_bytes(png)
+    r = run.run
+    subtitle = (f"{r.get('model')} on {r.get('gpu')} × {r.get('tp', 1)}, scheduler "
+                f"{r.get('scheduler')}; {run_sum['requests']:,} requests over "
+                f"{seconds(run_sum['sim_seconds'])} simulated")
+    footer = f"kvcap {r.get('kvcap_version', '')} · run {run.run_id} · offline report"
+    index = out / "index.html"
+    index.write_text(render_html(title, subtitle, sections, svgs, footer), encoding="utf-8")
+    doc = summary_dict(title=title, trace_summary=trace_summary, run=run, run_sum=run_sum,
+                       sizing=sizing, modes=modes, flags=flags, notes=notes, sections=sections)
+    (out / "summary.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    return index
