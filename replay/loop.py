@@ -166,6 +166,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             k = k_max if cursor >= n else int(np.searchsorted(ends[:-1], arrival[cursor], "left"))
             k = max(1, min(k, k_max))
             run_ = scheduler.advance_steady(k)
+            k = run_.num_steps          # a scheduler may stop a run early (it says how far it got)
             b = len(rows)
             log.segs.append((step, k, b, scheduler.num_waiting, scheduler.num_swapped,
                              scheduler.cpu_blocks_used(), evicted_count, evicted_total))
