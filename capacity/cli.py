@@ -23,6 +23,10 @@ def _register() -> None:
     app.command("size-swap")(cli_capacity.size_swap_cmd)
     app.command("compare-modes")(cli_capacity.compare_modes_cmd)
     app.command("report")(cli_capacity.report_cmd)
+    from capacity import cli_evidence
+    app.command("logs")(cli_evidence.logs_cmd)
+    app.command("attribute")(cli_evidence.attribute_cmd)
+    app.command("validate")(cli_evidence.validate_cmd)
     from capacity import cli_tune
     app.command("tune")(cli_tune.tune_cmd)
     app.command("headroom")(cli_tune.headroom_cmd)

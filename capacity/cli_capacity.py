@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli_common import emit_json, engine_flags, guarded, load_trace_file
+from capacity.cli_common import CliError, emit_json, engine_flags, guarded, load_trace_file
 
 err = Console(stderr=True)
 
@@ -53,8 +53,10 @@ def sizing_table(s) -> Table:
 @guarded
 @engine_flags
 def size_swap_cmd(
-    file: Path = typer.Argument(..., help="Trace file."),
+    file: Optional[Path] = typer.Argument(None, help="Trace file (not with --from-logs)."),
     headroom: float = typer.Option(0.2, "--headroom", help="Fraction added to the measured peak."),
+    from_logs: bool = typer.Option(False, "--from-logs", help="Size from the logged peak of swapped requests in --db."),
+    context_tokens: Optional[int] = typer.Option(None, "--context-tokens", help="--from-logs: KV tokens per swapped request."),
     what_if: float = typer.Option(0.75, "--what-if", help="What-if size as a fraction of the peak."),
     sweep: str = typer.Option("", "--sweep", help="Host sizes to sweep, fractions of the peak: 0.25,0.5,1"),
     host_ram_gib: Optional[float] = typer.Option(None, "--host-ram-gib", help="Host RAM, for vLLM's 40%/70% checks."),
@@ -65,6 +67,12 @@ def size_swap_cmd(
     engine=None,
 ) -> None:
     """Measure peak concurrently swapped KV and recommend --swap-space / --kv-offloading-size."""
+    if from_logs:
+        from capacity.cli_evidence import size_swap_from_logs_cli
+        return size_swap_from_logs_cli(db, engine, context_tokens=context_tokens, headroom=headroom,
+                                       as_json=as_json)
+    if file is None:
+        raise CliError("size-swap needs a trace FILE (or --from-logs --db PATH)")
     from capacity.swap_sizing import size_swap
     trace, _ = _trace(file, trace_format, rate_scale)
     fractions = tuple(float(x) for x in sweep.split(",") if x.strip())

@@ -229,9 +229,9 @@ def cumulative_at(t: np.ndarray, warn_t: np.ndarray, warn_cum: np.ndarray) -> np
     """Estimated cumulative preemption count at times `t` from the logged warnings.
 
     The counter is exact at each warning; between two warnings of one process it is interpolated
-    linearly (the 49 silent preemptions are spread evenly); before the first warning it is 0 when
-    that warning is the process's first preemption (counter 1). After the last warning, or across
-    a restart (the counter drops), it is unknown (NaN)."""
+    linearly (the 49 silent preemptions are spread evenly); before the log's first warning it is 0
+    when that warning is the process's first preemption (counter 1). After the last warning of a
+    process (the counter drops at a restart) it is unknown (NaN)."""
     out = np.full(len(t), np.nan)
     wc = np.asarray(warn_cum, dtype=np.float64)
     ok = ~np.isnan(wc)
@@ -246,9 +246,9 @@ def cumulative_at(t: np.ndarray, warn_t: np.ndarray, warn_cum: np.ndarray) -> np
         seg_t, seg_c = wt[a:b], wc[a:b]
         inside = (t >= seg_t[0]) & (t <= seg_t[-1])
         out[inside] = np.interp(t[inside], seg_t, seg_c)
-        if seg_c[0] == 1:
-            lo = wt[ends[k - 1] - 1] if k else -np.inf
-            out[(t < seg_t[0]) & (t > lo)] = 0.0
+        # Before a restart's first warning the old process may still have been preempting: unknown.
+        if k == 0 and seg_c[0] == 1:
+            out[t < seg_t[0]] = 0.0
     return out
 
 

@@ -80,7 +80,7 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str] | None = None)
             + "</tr></thead>") if header else ""
     body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(c))}</td>" for c in r) + "</tr>"
                    for r in rows)
-    return f"<table>{head}<tbody>{body}</tbody></table>"
+    return f'<div class="tbl"><table>{head}<tbody>{body}</tbody></table></div>'
 
 
 def fmt(v: object) -> str:
@@ -100,7 +100,7 @@ def fmt(v: object) -> str:
 def seconds(v: float | None) -> str:
     if v is None:
         return "—"
-    return f"{v * 1000:.1f} ms" if v < 1 else f"{v:,.2f} s"
+    return f"{v * 1000:.1f}\u00a0ms" if v < 1 else f"{v:,.2f}\u00a0s"   # no break before the unit
 
 
 def pct(v: float | None) -> str:
@@ -108,7 +108,7 @@ def pct(v: float | None) -> str:
 
 
 def gib(v: float | None) -> str:
-    return "—" if v is None else f"{v:,.2f} GiB"
+    return "—" if v is None else f"{v:,.2f}\u00a0GiB"
 
 
 # ---- sections -------------------------------------------------------------------------------
@@ -283,9 +283,8 @@ def _vl_version() -> str | None:
 
 def render_chart(chart) -> tuple[str, bytes]:
     """(SVG text, PNG bytes) of a chart, offline through vl-convert."""
-    spec, vl = chart.to_dict(), _vl_version()
-    return (vlc.vegalite_to_svg(spec, vl_version=vl),
-            vlc.vegalite_to_png(spec, vl_version=vl, scale=PNG_SCALE))
+    svg = vlc.vegalite_to_svg(chart.to_dict(), vl_version=_vl_version())
+    return svg, vlc.svg_to_png(svg, scale=PNG_SCALE)     # same pixels, no second Vega run
 
 
 def _svg_width(svg: str) -> float | None:
@@ -316,7 +315,7 @@ h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:2px solid #4c78a8;padding-bo
 nav a{margin-right:14px;color:#4c78a8}
 table{border-collapse:collapse;margin:8px 16px 12px 0;font-size:.9em}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#eef2f7}tbody tr:nth-child(even){background:#f8f8f8}
+th{background:#eef2f7}.tbl{overflow-x:auto}tbody tr:nth-child(even){background:#f8f8f8}
 pre.code{background:#1e2430;color:#e8e8e8;padding:12px 16px;border-radius:4px;font-size:1em;
  overflow-x:auto}code{font-family:ui-monospace,Menlo,Consolas,monospace}
 .cols{display:flex;flex-wrap:wrap;align-items:flex-start}

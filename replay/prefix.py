@@ -1,7 +1,8 @@
 """Content keys of KV blocks, chained like vLLM's block hashes (reference B5, A8).
 
 A block's key stands for (all tokens before it, its own tokens): two requests share a cached block
-only when their keys are equal. Keys are Python ints. Two sources:
+only when their keys are equal. Keys are Python ints that fit in an int64 (the V1 block pool keeps
+them in numpy). `keys(row, start, stop)` gives a run of them in one call. Two sources:
 
 - `TraceBlockKeys`: from a trace's `prefix_hashes` (one hash per `hash_block_tokens` prompt tokens,
   e.g. Mooncake's 512). Engine block k of a prompt is shared when every trace block it touches is
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+import numpy as np
+
 _K_BITS = 24  # engine blocks per request < 2**24 (268M tokens at block_size 16)
 
 
@@ -23,6 +26,10 @@ class BlockKeys(Protocol):
     def key(self, row: int, k: int) -> int:
         """Key of block k (0-based) of request `row`; only asked for blocks whose tokens are all
         known (prompt + output produced so far)."""
+        ...
+
+    def keys(self, row: int, start: int, stop: int) -> list[int]:
+        """Keys of blocks start..stop-1 of `row` (same rule as `key`), in one call."""
         ...
 
 
@@ -36,6 +43,15 @@ class UniqueBlockKeys:
 
     def key(self, row: int, k: int) -> int:
         return -((row << _K_BITS) | k) - 1
+
+    def keys(self, row: int, start: int, stop: int) -> list[int]:
+        return _unique_keys(row, start, stop)
+
+
+def _unique_keys(row: int, start: int, stop: int) -> list[int]:
+    """unique_key(row, k) for k in start..stop-1: a C-level range."""
+    base = -(row << _K_BITS) - 1
+    return list(range(base - start, base - stop, -1))
 
 
 class TraceBlockKeys:
@@ -74,6 +90,17 @@ class TraceBlockKeys:
             return (ids[j] << _K_BITS) | k
         return -((row << _K_BITS) | k) - 1
 
+    def keys(self, row: int, start: int, stop: int) -> list[int]:
+        n_shared = self.num_shared_blocks(row)
+        mid = min(max(n_shared, start), stop)
+        out = _unique_keys(row, mid, stop)
+        if start < mid:
+            ids = np.asarray(self._chain[row], np.int64)
+            k = np.arange(start, mid, dtype=np.int64)
+            shared = (ids[((k + 1) * self.block_size - 1) // self.hash_block_tokens] << _K_BITS) | k
+            out[:0] = shared.tolist()
+        return out
+
 
 class TokenBlockKeys:
     """Keys from explicit token ids: tokens(row) returns the request's known tokens so far."""
@@ -93,3 +120,6 @@ class TokenBlockKeys:
         got = hash((parent, toks)) & ((1 << 62) - 1)
         self._memo[(row, k)] = got
         return got
+
+    def keys(self, row: int, start: int, stop: int) -> list[int]:
+        return [self.key(row, k) for k in range(start, stop)]

@@ -79,7 +79,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         ex = cost_model_for(eng, calibration=config.calibration)
     elif executor == "stub":
         from replay.stub import StubExecutor
-        ex = StubExecutor.for_engine(eng, state=state, scheduler=scheduler, **(stub_options or {}))
+        ex = StubExecutor.for_engine(eng, state=state, scheduler=scheduler, keys=keys,
+                                     **(stub_options or {}))
     else:
         raise ValueError(f"executor {executor!r}: use 'model' or 'stub'")
     raw = run_loop(state, scheduler, ex, kv_bytes_per_block=eng.kv_bytes_per_block,

@@ -6,38 +6,53 @@ a freed request's blocks come back tail first, unhashed ones prepended (reused f
 hashed ones appended (LRU); a cached block stays in the free queue with its key until it is popped
 for reuse (lazy eviction); touching a free hit block takes it out of the middle of the queue.
 
-The free queue is an `OrderedDict` used as an O(1) doubly linked list. Owns no request state.
-Must not import traces/, capacity/ or torch.
+Every operation works on whole runs of blocks at C speed (a replay moves millions of blocks):
+reference counts and block keys are numpy arrays, and the free queue is a numpy ring buffer
+`_buf[_head:_tail]` in queue order, where a block taken out of the middle (a prefix hit) leaves a
+hole (0: the null block is never free) that pops skip. The key -> block map is a dict updated and
+pruned in bulk. Owns no request state. Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 NULL_BLOCK = 0
+_HOLE = NULL_BLOCK  # the null block is never free, so its id marks a hole in the ring
+_I64 = np.int64
 
 
 class BlockPool:
-    __slots__ = ("num_blocks", "enable_caching", "ref", "free_queue", "key_of", "cached", "dups")
+    __slots__ = ("num_blocks", "enable_caching", "_ref", "_key", "_hashed", "cached", "dups",
+                 "_buf", "_pos", "_head", "_tail", "_holes", "_num_free")
 
     def __init__(self, *, num_blocks: int, enable_caching: bool) -> None:
         # vLLM's own count, null block included.
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.ref = [0] * num_blocks
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
-        # block -> its key, for hashed (registered) blocks only.
-        self.key_of: dict[int, int] = {}
+        self._ref = np.zeros(num_blocks, _I64)
+        # Per block: its key, valid where `_hashed` (registered and not yet evicted).
+        self._key = np.zeros(num_blocks, _I64)
+        self._hashed = np.zeros(num_blocks, bool)
         # key -> the block a lookup returns (the first registered with that key).
         self.cached: dict[int, int] = {}
         # key -> further blocks with the same content, in registration order. Two requests that
         # compute the same block in one step keep two copies (vLLM does not de-duplicate).
         self.dups: dict[int, list[int]] = {}
+        # The ring has room for a whole pool's worth of pushes on either side before it recentres.
+        self._buf = np.zeros(4 * num_blocks + 4, _I64)
+        self._pos = np.zeros(num_blocks, _I64)         # index in _buf of each free block
+        self._head = self._tail = 0
+        self._holes = 0
+        self._num_free = 0
+        self._recentre(np.arange(1, num_blocks, dtype=_I64))
 
     # ---------------------------------------------------------------- gauges
     @property
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return self._num_free
 
     @property
     def num_usable(self) -> int:
@@ -46,12 +61,33 @@ class BlockPool:
     @property
     def num_used(self) -> int:
         """Referenced blocks (cached but unreferenced blocks count as free, as in vLLM)."""
-        return self.num_blocks - 1 - len(self.free_queue)
+        return self.num_blocks - 1 - self._num_free
 
     def usage(self) -> float:
         """vLLM 0.33 `get_usage`: the null block is not in the denominator."""
         usable = self.num_blocks - 1
-        return 0.0 if usable == 0 else 1.0 - len(self.free_queue) / usable
+        return 0.0 if usable == 0 else 1.0 - self._num_free / usable
+
+    # ---------------------------------------------------------------- views (tests, snapshots)
+    @property
+    def free_queue(self) -> list[int]:
+        """The free queue, head first (a copy)."""
+        return self.free_order()
+
+    @property
+    def ref(self) -> list[int]:
+        """Reference count of every block (a copy)."""
+        return self._ref.tolist()
+
+    @property
+    def key_of(self) -> dict[int, int]:
+        """block -> its key, for hashed (registered) blocks only (a copy)."""
+        blocks = np.flatnonzero(self._hashed)
+        return dict(zip(blocks.tolist(), self._key[blocks].tolist()))
+
+    def free_order(self) -> list[int]:
+        live = self._buf[self._head:self._tail]
+        return live[live != _HOLE].tolist()
 
     # ---------------------------------------------------------------- cache map
     def lookup(self, key: int) -> int | None:
@@ -63,87 +99,136 @@ class BlockPool:
         if cached.keys().isdisjoint(keys):
             # Common case: fresh content; one C-level update instead of a loop.
             cached.update(zip(keys, blocks))
-            self.key_of.update(zip(blocks, keys))
+            idx = np.asarray(blocks, _I64)
+            self._key[idx] = keys
+            self._hashed[idx] = True
             return
+        dups, key, hashed = self.dups, self._key, self._hashed
         for b, k in zip(blocks, keys):
             first = cached.get(k)
             if first is None:
                 cached[k] = b
-            elif first != b and b not in self.dups.get(k, ()):
-                self.dups.setdefault(k, []).append(b)
-            self.key_of[b] = k
+            elif first != b and b not in dups.get(k, ()):
+                dups.setdefault(k, []).append(b)
+            key[b] = k
+            hashed[b] = True
 
-    def _evict(self, block: int) -> None:
-        """Drop a reused block's key from the cache (`_maybe_evict_cached_block`)."""
-        k = self.key_of.pop(block, None)
-        if k is None:
+    def _evict(self, blocks: np.ndarray) -> None:
+        """Drop reused blocks' keys from the cache, in pop order (`_maybe_evict_cached_block`)."""
+        hit = blocks[self._hashed[blocks]]
+        if not len(hit):
             return
-        more = self.dups.get(k)
-        if self.cached.get(k) == block:
-            if more:
-                self.cached[k] = more.pop(0)
+        self._hashed[hit] = False
+        keys = self._key[hit].tolist()
+        dups = self.dups
+        if not dups or dups.keys().isdisjoint(keys):
+            # No copies: each key's cached block is this very block.
+            deque(map(self.cached.__delitem__, keys), maxlen=0)
+            return
+        cached = self.cached
+        for b, k in zip(hit.tolist(), keys):
+            more = dups.get(k)
+            if cached.get(k) == b:
+                if more:
+                    cached[k] = more.pop(0)
+                    if not more:
+                        del dups[k]
+                else:
+                    del cached[k]
+            elif more is not None and b in more:
+                more.remove(b)
                 if not more:
-                    del self.dups[k]
-            else:
-                del self.cached[k]
-        elif more is not None and block in more:
-            more.remove(block)
-            if not more:
-                del self.dups[k]
+                    del dups[k]
 
     # ---------------------------------------------------------------- allocation
     def pop_new(self, n: int) -> list[int]:
         """Pop n blocks from the free-queue head (`get_new_blocks`); caller checked the count."""
         if n <= 0:
             return []
-        popitem = self.free_queue.popitem
-        out = [popitem(last=False)[0] for _ in range(n)]
-        ref = self.ref
-        if self.key_of:
-            evict, key_of = self._evict, self.key_of
-            for b in out:
-                ref[b] = 1
-                if b in key_of:
-                    evict(b)
+        buf, h = self._buf, self._head
+        if self._holes:
+            window = buf[h:h + n + self._holes]
+            live = np.flatnonzero(window)[:n]
+            out = window[live]
+            used = int(live[-1]) + 1
+            self._holes -= used - n
         else:
-            for b in out:
-                ref[b] = 1
-        return out
+            out = buf[h:h + n].copy()
+            used = n
+        self._head = h + used
+        self._num_free -= n
+        self._ref[out] = 1
+        if self.cached:
+            self._evict(out)
+        return out.tolist()
 
     def touch(self, blocks: Iterable[int]) -> None:
         """A prefix hit takes a reference; a hit sitting in the free queue leaves it."""
-        ref, fq = self.ref, self.free_queue
-        for b in blocks:
-            if ref[b] == 0:
-                del fq[b]
-            ref[b] += 1
+        idx = np.fromiter(blocks, _I64)
+        ref = self._ref
+        free = idx[ref[idx] == 0]
+        if len(free):
+            self._buf[self._pos[free]] = _HOLE
+            self._holes += len(free)
+            self._num_free -= len(free)
+            if self._holes > max(self._num_free, 1024):
+                self._recentre()     # keep pops' scans short (amortised: holes >= free blocks)
+        ref[idx] += 1
 
     def num_evictable(self, blocks: Iterable[int]) -> int:
         """Hit blocks that are currently free: touching them consumes free capacity."""
-        ref = self.ref
-        return sum(1 for b in blocks if ref[b] == 0)
+        idx = np.fromiter(blocks, _I64)
+        return int(np.count_nonzero(self._ref[idx] == 0))
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release one request's blocks (`free_blocks(reversed(req_blocks))`)."""
-        ref, key_of, caching = self.ref, self.key_of, self.enable_caching
-        first: list[int] = []   # no key: reused first (prepended, LIFO)
-        last: list[int] = []    # key: kept for prefix hits as long as possible (appended, LRU)
-        for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                if caching and b in key_of:
-                    last.append(b)
-                else:
-                    first.append(b)
-        fq = self.free_queue
-        if first:
-            move = fq.move_to_end
-            for b in reversed(first):
-                fq[b] = None
-                move(b, last=False)
-        if last:
-            fq.update(dict.fromkeys(last))
+        idx = np.asarray(blocks, _I64)[::-1]
+        r = self._ref[idx] - 1
+        self._ref[idx] = r
+        zero = idx[r == 0]
+        if not len(zero):
+            return
+        # With caching off nothing is ever registered, so every block is unhashed.
+        hashed = self._hashed[zero]
+        self._prepend(zero[~hashed])       # no key: reused first (LIFO)
+        self._append(zero[hashed])         # key: kept for prefix hits as long as possible (LRU)
 
-    def free_order(self) -> list[int]:
-        return list(self.free_queue)
+    # ---------------------------------------------------------------- the ring
+    def _prepend(self, blocks: np.ndarray) -> None:
+        """Put `blocks` at the head, in this order (blocks[0] becomes the head)."""
+        k = len(blocks)
+        if not k:
+            return
+        if self._head < k:
+            self._recentre()
+        h = self._head - k
+        self._buf[h:self._head] = blocks
+        self._pos[blocks] = np.arange(h, self._head)
+        self._head = h
+        self._num_free += k
+
+    def _append(self, blocks: np.ndarray) -> None:
+        k = len(blocks)
+        if not k:
+            return
+        if self._tail + k > len(self._buf):
+            self._recentre()
+        t = self._tail
+        self._buf[t:t + k] = blocks
+        self._pos[blocks] = np.arange(t, t + k)
+        self._tail = t + k
+        self._num_free += k
+
+    def _recentre(self, live: np.ndarray | None = None) -> None:
+        """Move the free blocks (holes dropped) to the middle of the ring."""
+        if live is None:
+            seg = self._buf[self._head:self._tail]
+            live = seg[seg != _HOLE]
+        n = len(live)
+        h = (len(self._buf) - n) // 2
+        self._buf[:] = _HOLE
+        self._buf[h:h + n] = live
+        self._pos[live] = np.arange(h, h + n)
+        self._head, self._tail = h, h + n
+        self._holes = 0
+        self._num_free = n

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.prefix import BlockKeys, TraceBlockKeys, UniqueBlockKeys, unique_key
+from replay.prefix import BlockKeys
 from replay.v1.block_pool import BlockPool
 
 
@@ -33,8 +33,7 @@ class Admission:
 
 
 class KVCacheManager:
-    __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "held", "num_cached",
-                 "_keys")
+    __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "held", "num_cached")
 
     def __init__(self, *, num_rows: int, num_blocks: int, block_size: int, max_model_len: int,
                  enable_caching: bool, keys: BlockKeys) -> None:
@@ -48,34 +47,12 @@ class KVCacheManager:
         # table's length) and how many leading blocks of the table are registered in the cache.
         self.held = np.zeros(num_rows, np.int64)
         self.num_cached = np.zeros(num_rows, np.int64)
-        # row -> its block keys computed so far (keys never change, so they survive preemption).
-        self._keys: dict[int, list[int]] = {}
 
     # ---------------------------------------------------------------- keys
-    def block_keys(self, row: int, n: int) -> list[int]:
-        """Keys of blocks 0..n-1 of `row` (all full and known); the list may be longer."""
-        ks = self._keys.get(row)
-        if ks is None:
-            ks = self._keys[row] = []
-        start = len(ks)
-        if start < n:
-            keys = self.keys
-            # Blocks unique to the request have keys unique_key(row, k) = -(row << 24) - k - 1:
-            # a C-level range instead of one call per block.
-            shared = (0 if isinstance(keys, UniqueBlockKeys) else
-                      keys.num_shared_blocks(row) if isinstance(keys, TraceBlockKeys) else n)
-            stop = min(max(shared, start), n)
-            if start < stop:
-                key = keys.key
-                ks.extend(key(row, k) for k in range(start, stop))
-            if stop < n:
-                base = -unique_key(row, 0) - 1
-                ks.extend(range(-base - stop - 1, -base - n - 1, -1))
-        return ks
-
-    def forget(self, row: int) -> None:
-        """Drop a finished request's cached keys (its blocks keep theirs in the pool)."""
-        self._keys.pop(row, None)
+    def block_keys(self, row: int, start: int, stop: int) -> list[int]:
+        """Keys of blocks start..stop-1 of `row` (all full and known). Not memoised: a run of
+        keys is one C-level range or numpy expression, cheaper than keeping them per row."""
+        return self.keys.keys(row, start, stop)
 
     # ---------------------------------------------------------------- lookup
     def get_computed_blocks(self, row: int, num_tokens: int) -> list[int]:
@@ -87,18 +64,18 @@ class KVCacheManager:
         if max_blocks <= 0:
             return []
         cached = self.pool.cached
-        ks = self._keys.get(row)
-        if ks is None:
-            ks = self._keys[row] = []
-        key = self.keys.key
+        # Scan in growing chunks: hits usually end long before max_blocks, and a chunk is a
+        # C-level map over the dict.
         hits: list[int] = []
-        for k in range(max_blocks):
-            if k == len(ks):
-                ks.append(key(row, k))
-            b = cached.get(ks[k])
-            if b is None:
+        start, step = 0, 16
+        while start < max_blocks:
+            stop = min(start + step, max_blocks)
+            chunk = list(map(cached.get, self.block_keys(row, start, stop)))
+            if None in chunk:
+                hits += chunk[:chunk.index(None)]
                 break
-            hits.append(b)
+            hits += chunk
+            start, step = stop, step * 4
         return hits
 
     # ---------------------------------------------------------------- allocation
@@ -109,7 +86,7 @@ class KVCacheManager:
                           adm: Admission | None = None) -> int | None:
         """Blocks `allocate_slots` would take (None when it would fail)."""
         pool = self.pool
-        free = len(pool.free_queue)
+        free = pool.num_free
         if adm is None:
             # Running request: no hits, no gate, no watermark.
             held = int(self.held[row])
@@ -166,7 +143,7 @@ class KVCacheManager:
         idx = np.fromiter(rows, np.int64, len(rows))
         need = np.maximum(-(-num_slots // self.block_size) - self.held[idx], 0)
         cneed = np.cumsum(need)
-        ok = int(np.searchsorted(cneed, len(self.pool.free_queue), "right"))
+        ok = int(np.searchsorted(cneed, self.pool.num_free, "right"))
         total = int(cneed[ok - 1]) if ok else 0
         if total:
             blocks = self.pool.pop_new(total)
@@ -177,9 +154,7 @@ class KVCacheManager:
                 pos += k
             self.held[idx[grow]] += need[grow]
         if self.pool.enable_caching and ok:
-            n_full = num_tokens_to_cache[:ok] // self.block_size
-            for j in np.flatnonzero(n_full > self.num_cached[idx[:ok]]).tolist():
-                self.register_full(rows[j], int(n_full[j]))
+            self.register_rows(idx[:ok], num_tokens_to_cache[:ok] // self.block_size)
         return ok
 
     def cache_blocks(self, row: int, num_tokens: int) -> None:
@@ -193,9 +168,30 @@ class KVCacheManager:
         nc = int(self.num_cached[row])
         if nc >= n_full:
             return
-        ks = self.block_keys(row, n_full)
-        self.pool.register(self.tables[row][nc:n_full], ks[nc:n_full])
+        self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
         self.num_cached[row] = n_full
+
+    def register_rows(self, rows: np.ndarray, n_full: np.ndarray) -> None:
+        """`register_full(rows[i], n_full[i])` for every i, in order, with one pool call."""
+        nc = self.num_cached[rows]
+        grow = np.flatnonzero(n_full > nc)
+        if not len(grow):
+            return
+        rows, nc, nf = rows[grow].tolist(), nc[grow].tolist(), n_full[grow].tolist()
+        tables, keys_of = self.tables, self.keys.keys
+        blocks: list[int] = []
+        keys: list[int] = []
+        for r, a, b in zip(rows, nc, nf):
+            blocks += tables[r][a:b]
+            keys += keys_of(r, a, b)
+        if len(rows) > 1 and len(set(keys)) < len(keys):
+            # Two rows computed the same content: registration order decides which copy a
+            # lookup returns, so keep it row by row.
+            for r, a, b in zip(rows, nc, nf):
+                self.pool.register(tables[r][a:b], keys_of(r, a, b))
+        else:
+            self.pool.register(blocks, keys)
+        self.num_cached[rows] = nf
 
     def free(self, row: int) -> list[int]:
         """Release a request's blocks, tail first. Returns its table."""

@@ -162,12 +162,11 @@ class V1Scheduler:
             # The offload tier continues the GPU hit (connector: longer external match).
             max_blocks = (nt - 1) // bs
             if len(hits) < max_blocks:
-                ks = kv.block_keys(row, max_blocks)
                 lookup = self.host.lookup
-                for k in range(len(hits), max_blocks):
-                    if lookup(ks[k]) is None:
+                for key in kv.block_keys(row, len(hits), max_blocks):
+                    if lookup(key) is None:
                         break
-                    load_keys.append(ks[k])
+                    load_keys.append(key)
         n = nt - (len(hits) + len(load_keys)) * bs
         if 0 < thr < n:
             n = thr
@@ -198,7 +197,7 @@ class V1Scheduler:
             table = kv.tables.get(row, [])
             if n_full and self.host.num_blocks:
                 swap_out.extend(self.host.store(table[:n_full],
-                                                     kv.block_keys(row, n_full)[:n_full]))
+                                                     kv.block_keys(row, 0, n_full)))
                 mode = "swap"
                 self._swapped.add(row)
             else:
@@ -386,7 +385,6 @@ class V1Scheduler:
             fin = finished.tolist()
             for r in fin:
                 self._release(r)
-                self.kv.forget(r)
             st.status[finished] = Status.FINISHED
             gone = set(fin)
             self.running = [r for r in self.running if r not in gone]

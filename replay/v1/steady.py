@@ -90,9 +90,14 @@ def advance_steady(s: V1Scheduler, k: int) -> SteadyRun:
         ev_step = (held[ev_row] + m - 1) * bs - c0[ev_row] + 1
         order = np.lexsort((ev_row, ev_step))
         ev_row, ev_step = ev_row[order], ev_step[order]
-        blocks = kv.pool.pop_new(total)
-        for i, b in zip(ev_row.tolist(), blocks):
-            tables[running[i]].append(b)
+        blocks = np.asarray(kv.pool.pop_new(total), _I64)
+        # Each row's blocks in step order (a stable sort by row keeps it): one extend per row.
+        by_row = blocks[np.argsort(ev_row, kind="stable")].tolist()
+        grow = np.flatnonzero(n_new)
+        pos = 0
+        for i, n in zip(grow.tolist(), n_new[grow].tolist()):
+            tables[running[i]].extend(by_row[pos:pos + n])
+            pos += n
         kv.held[idx] += n_new
         per_step = np.bincount(ev_step - 1, minlength=k)[:k]
 
@@ -101,9 +106,7 @@ def advance_steady(s: V1Scheduler, k: int) -> SteadyRun:
     st.num_output[idx] += k
     s._last_rows = idx
     if kv.pool.enable_caching:
-        n_full = st.num_computed[idx] // bs
-        for j in np.flatnonzero(n_full > kv.num_cached[idx]).tolist():
-            kv.register_full(running[j], int(n_full[j]))
+        kv.register_rows(idx, st.num_computed[idx] // bs)
 
     nt = st.prompt_len[idx] + st.num_output[idx]
     done = (st.num_output[idx] >= st.output_len[idx]) | (nt >= s.spec.max_model_len)
@@ -112,7 +115,6 @@ def advance_steady(s: V1Scheduler, k: int) -> SteadyRun:
     if finished.size:
         for r in finished.tolist():
             s._release(r)
-            kv.forget(r)
         st.status[finished] = Status.FINISHED
         gone = set(finished.tolist())
         s.running = [r for r in s.running if r not in gone]
