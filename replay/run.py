@@ -54,6 +54,21 @@ def block_keys(trace: pl.DataFrame, block_size: int,
                           hash_block_tokens=hash_block_tokens)
 
 
+def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
+    """Add `log_line`: the WARNING vLLM V0 would log for each preemption (1 in 50, reference A5),
+    so a replay can be lined up with production logs."""
+    from replay.v0.logline import preemption_warning
+    pre = events["kind"].str.starts_with("preempt_").to_list()
+    lines, cum = [], 0
+    for is_pre, rid, kind in zip(pre, events["request_id"].to_list(), events["kind"].to_list()):
+        if not is_pre:
+            lines.append(None)
+            continue
+        cum += 1
+        lines.append(preemption_warning(str(rid), kind.removeprefix("preempt_"), cum))
+    return events.with_columns(log_line=pl.Series(lines, dtype=pl.Utf8))
+
+
 def make_scheduler(name: str, spec, state, keys):
     if name == "v0":
         from replay.v0.scheduler import V0Scheduler
@@ -89,6 +104,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     cfg_json = config.config_json()
     run_id = hashlib.sha256(f"{sha}|{cfg_json}|{executor}".encode()).hexdigest()[:16]
     tables = build_tables(raw, trace, run_id)
+    if config.scheduler == "v0":
+        tables["events"] = with_v0_warnings(tables["events"])
     spec = eng.spec
     run = {
         "run_id": run_id, "created_at": datetime.now(timezone.utc).replace(tzinfo=None),

@@ -37,7 +37,7 @@ SCHEMA = {
         cpu_blocks_used BIGINT, swap_out_blocks INTEGER, swap_in_blocks INTEGER,
         num_preempted INTEGER, evicted_requests INTEGER, evicted_blocks BIGINT""",
     "events": """run_id VARCHAR, t_s DOUBLE, step BIGINT, request_id BIGINT, kind VARCHAR,
-        blocks BIGINT, bytes BIGINT""",
+        blocks BIGINT, bytes BIGINT, log_line VARCHAR""",
     "stalls": """run_id VARCHAR, request_id BIGINT, preempted_s DOUBLE, resumed_s DOUBLE,
         stall_s DOUBLE, mode VARCHAR""",
     "tbt": "run_id VARCHAR, tbt_s DOUBLE, weight BIGINT",
