@@ -113,7 +113,8 @@ def load_and_queues(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: fl
     """Arrivals per second over time, above running / waiting / swapped requests over time."""
     arr, q, bin_s = load_frames(requests, steps, sim_seconds)
     dur = _run_seconds(steps, sim_seconds)
-    top = alt.Chart(arr).mark_area(color=COLORS["arrivals"], opacity=0.8, interpolate="step-after") \
+    top = alt.Chart(arr).mark_area(color=COLORS["arrivals"], opacity=0.8,
+                                   interpolate="step-after") \
         .encode(x=_time_x(dur), y=alt.Y("rps:Q", title="arrivals (req/s)")) \
         .properties(width=WIDTH, height=HEIGHT * 0.6,
                     title=alt.Title("Arrivals and queues",

@@ -165,7 +165,8 @@ CONFIG_KEYS = ("scheduler", "model", "gpu", "tp", "block_size", "num_gpu_blocks"
 
 def baseline_metric_rows(s: dict) -> list[list]:
     return [
-        ["status", s["status"] + (f" (aborted at {seconds(s['abort_s'])})" if s["abort_s"] else "")],
+        ["status", s["status"] + (f" (aborted at {seconds(s['abort_s'])})"
+                                  if s["abort_s"] is not None else "")],
         ["requests finished / rejected / aborted / unfinished",
          f"{s['requests_finished']:,} / {s['requests_rejected']:,} / "
          f"{s['requests_aborted']:,} / {s['requests_unfinished']:,}"],
@@ -313,8 +314,8 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;c
 h1{font-size:1.6em;margin-bottom:0}h2{border-bottom:2px solid #4c78a8;padding-bottom:2px;
  margin-top:1.8em}.sub{color:#555;margin-top:2px}
 nav a{margin-right:14px;color:#4c78a8}
-table{border-collapse:collapse;margin:8px 16px 12px 0;font-size:.9em}
-th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:8px 16px 12px 0;font-size:.85em}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#eef2f7}.tbl{overflow-x:auto}tbody tr:nth-child(even){background:#f8f8f8}
 pre.code{background:#1e2430;color:#e8e8e8;padding:12px 16px;border-radius:4px;font-size:1em;
  overflow-x:auto}code{font-family:ui-monospace,Menlo,Consolas,monospace}

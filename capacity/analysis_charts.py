@@ -1,0 +1,102 @@
+"""Charts of the tuning / preemption-budget / headroom / stall / priority analyses (Altair).
+
+Pure functions: analysis result -> chart, each from a small aggregated frame (never raw steps).
+Shares the look of capacity/charts.py. Must not replay anything, nor import duckdb or torch.
+"""
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+from capacity.charts import COLORS, HEIGHT, WIDTH, _style
+
+MAX_POINTS = 4000
+
+
+def tuning_frontier(table: pl.DataFrame, recommended: int | None):
+    """Goodput and P99 TBT / TTFT against max_num_seqs; infeasible candidates marked."""
+    t = table.select("max_num_seqs", "max_num_batched_tokens", "goodput_rps", "tbt_p99_s",
+                     "ttft_p99_s", "feasible").with_columns(
+        choice=pl.when(pl.col("max_num_seqs") == recommended).then(pl.lit("recommended"))
+        .when(pl.col("feasible")).then(pl.lit("meets SLO + budget"))
+        .otherwise(pl.lit("breaks SLO or budget")))
+    base = alt.Chart(t).encode(x=alt.X("max_num_seqs:Q", scale=alt.Scale(type="log", base=2),
+                                       title="--max-num-seqs"))
+    dom = ["recommended", "meets SLO + budget", "breaks SLO or budget"]
+    rng = [COLORS["recommended"], "#4c78a8", "#e45756"]
+    good = (base.mark_line(color="#999") .encode(y=alt.Y("goodput_rps:Q", title="goodput (req/s)"))
+            + base.mark_point(size=90, filled=True).encode(
+                y="goodput_rps:Q", color=alt.Color("choice:N", scale=alt.Scale(domain=dom, range=rng),
+                                                   title=None),
+                tooltip=["max_num_seqs", "goodput_rps", "ttft_p99_s", "tbt_p99_s", "feasible"]))
+    tbt = (base.mark_line(point=True, color="#e45756")
+           .encode(y=alt.Y("tbt_p99_s:Q", title="P99 TBT (s)")))
+    return _style(alt.hconcat(good.properties(width=WIDTH // 2 - 40, height=HEIGHT,
+                                              title="Goodput by --max-num-seqs"),
+                              tbt.properties(width=WIDTH // 2 - 40, height=HEIGHT,
+                                             title="P99 TBT by --max-num-seqs")))
+
+
+def preemption_windows(per_window: pl.DataFrame, window_s: float, verdict: str):
+    """Arrivals and preemptions per window: are preemptions confined to the peaks?"""
+    t = per_window.select("t_s", "arrivals", "preemptions").with_columns(minute=pl.col("t_s") / 60)
+    if t.height > MAX_POINTS:
+        t = t.gather_every(t.height // MAX_POINTS + 1)
+    base = alt.Chart(t).encode(x=alt.X("minute:Q", title="time (min)"))
+    arr = base.mark_area(color="#4c78a8", opacity=0.35).encode(
+        y=alt.Y("arrivals:Q", title=f"arrivals per {window_s:g} s"))
+    pre = base.mark_bar(color=COLORS["peak"]).encode(
+        y=alt.Y("preemptions:Q", title=f"preemptions per {window_s:g} s"))
+    return _style(alt.layer(arr, pre).resolve_scale(y="independent").properties(
+        width=WIDTH, height=HEIGHT, title=alt.Title("Preemptions against load",
+                                                    subtitle=f"verdict: {verdict}")))
+
+
+def headroom_curve(table: pl.DataFrame):
+    """Preemption rate against P99 TBT as load grows (the flash-crowd point marked)."""
+    t = table.select("label", "rate_scale", "surge", "preemptions_per_min", "tbt_p99_s", "ok",
+                     "verdict").with_columns(
+        kind=pl.when(pl.col("surge")).then(pl.lit("flash crowd")).otherwise(pl.lit("rate scale")))
+    base = alt.Chart(t).encode(
+        x=alt.X("preemptions_per_min:Q", title="preemptions per minute"),
+        y=alt.Y("tbt_p99_s:Q", title="P99 TBT (s)"))
+    line = base.transform_filter("datum.kind == 'rate scale'").mark_line(color="#999")
+    pts = base.mark_point(size=100, filled=True).encode(
+        color=alt.Color("ok:N", scale=alt.Scale(domain=[True, False],
+                                                range=[COLORS["recommended"], COLORS["peak"]]),
+                        title="within SLO, peak-only"),
+        shape=alt.Shape("kind:N", title=None),
+        tooltip=["label", "preemptions_per_min", "tbt_p99_s", "verdict"])
+    labels = base.mark_text(dy=-12, fontSize=10).encode(text="label:N")
+    return _style((line + pts + labels).properties(width=WIDTH, height=HEIGHT,
+                                                   title="Load vs. preemption rate and P99 TBT"))
+
+
+def stall_timeline(stalls: pl.DataFrame, slow_steps: pl.DataFrame, threshold_s: float):
+    """TBT spikes over time: preemption stalls by mode, and slow steps without a preemption."""
+    a = stalls.select(t=pl.col("preempted_s") / 60, tbt_s=pl.col("stall_s"),
+                      cause=pl.concat_str(pl.lit("preemption ("), pl.col("mode"), pl.lit(")")))
+    b = slow_steps.select(t=pl.col("start_s") / 60, tbt_s=pl.col("duration_s"),
+                          cause=pl.lit("slow step, no preemption"))
+    t = pl.concat([a, b])
+    if t.height > MAX_POINTS:
+        t = t.sort("tbt_s", descending=True).head(MAX_POINTS)
+    dom = ["preemption (recompute)", "preemption (swap)", "slow step, no preemption"]
+    pts = alt.Chart(t).mark_point(filled=True, opacity=0.6).encode(
+        x=alt.X("t:Q", title="time (min)"),
+        y=alt.Y("tbt_s:Q", title="TBT sample (s)", scale=alt.Scale(type="log")),
+        color=alt.Color("cause:N", scale=alt.Scale(domain=dom, range=[
+            COLORS["recompute"], COLORS["swap"], "#9d9d9d"]), title=None))
+    rule = alt.Chart(pl.DataFrame({"y": [threshold_s]})).mark_rule(strokeDash=[4, 4]).encode(y="y:Q")
+    return _style((pts + rule).properties(width=WIDTH, height=HEIGHT,
+                                          title="TBT spikes: preemption stalls vs. slow steps"))
+
+
+def priority_classes(by_class: pl.DataFrame):
+    """TTFT p99 and preemptions per class and variant."""
+    t = by_class.with_columns(cls=pl.concat_str(pl.lit("priority "), pl.col("priority").cast(pl.Utf8),
+                                                pl.lit(" "), pl.col("tenant").fill_null("")))
+    bars = alt.Chart(t).mark_bar().encode(
+        x=alt.X("variant:N", title=None), y=alt.Y("ttft_p99_s:Q", title="TTFT p99 (s)"),
+        color=alt.Color("variant:N", title=None), column=alt.Column("cls:N", title=None))
+    return _style(bars.properties(width=220, height=HEIGHT, title="Who pays: TTFT p99 by class"))
