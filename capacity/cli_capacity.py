@@ -46,6 +46,8 @@ def sizing_table(s) -> Table:
         outcome = (f"aborted at {v.abort_s:,.1f} s" if v.status == "aborted"
                    else f"{v.swap_full_fallbacks} fallbacks to recompute" if v.swap_full_fallbacks
                    else "no swap-full events")
+        if v.recomputed_tokens and v.status != "aborted":
+            outcome += f", {v.recomputed_tokens:,} tokens recomputed"
         t.add_row(f"replay with {v.swap_space_gib:.2f} GiB ({v.on_swap_full})", outcome)
     return t
 

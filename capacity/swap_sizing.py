@@ -34,6 +34,9 @@ class Verification:
     swap_full_events: int
     swap_full_fallbacks: int
     preemptions_swap: int
+    # Extra prefill caused by resumes the host tier could not serve (V1's offload tier evicts
+    # instead of aborting, so a short tier shows up here).
+    recomputed_tokens: int
     run_id: str
 
 
@@ -109,7 +112,9 @@ def _verify(trace, config: EngineConfig, swap_gib: float, on_swap_full: str, kv_
                         status=s["status"], abort_s=s["abort_s"],
                         swap_full_events=s["swap_full_events"],
                         swap_full_fallbacks=s["swap_full_fallbacks"],
-                        preemptions_swap=s["preemptions_swap"], run_id=res.run_id)
+                        preemptions_swap=s["preemptions_swap"],
+                        recomputed_tokens=int(res.requests["recomputed_tokens"].sum() or 0),
+                        run_id=res.run_id)
 
 
 def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.2,
