@@ -1,0 +1,165 @@
+"""`kvcap logs`, `kvcap attribute`, `kvcap validate` and `size-swap --from-logs` (production evidence).
+
+Thin: parse options, call capacity.logs / attribute / logs_swap / validate, print a rich table or
+one JSON object (`--json`). Bad input -> one line `kvcap: error: ...`, exit 2 (cli_common.guarded).
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from capacity.cli_common import CliError, emit_json, guarded
+
+err = Console(stderr=True)
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _client_start(text: Optional[str]) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--client-start: {text!r} is not an ISO time (e.g. 2025-05-20T12:00:00)") from None
+
+
+@guarded
+def logs_cmd(
+    files: List[Path] = typer.Argument(..., help="vLLM server logs and/or client results (JSON, CSV, JSONL)."),
+    db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to write the evidence tables to."),
+    year: Optional[int] = typer.Option(None, "--year", help="Year of the log timestamps (vLLM prints none)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="server | client (default: detect from content)."),
+    client_start: Optional[str] = typer.Option(None, "--client-start",
+                                               help="Wall-clock time of the first client request (ISO)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Load vLLM server logs and client benchmark results into DuckDB (log_stats, log_preemptions,
+    log_unparsed, client_tokens)."""
+    from capacity.logs import ingest
+    results, used_year, year_source = ingest(list(files), db, year=year, kind=kind,
+                                             client_start=_client_start(client_start))
+    unparsed = sum(r.unparsed for r in results)
+    out = {"db": str(db), "year": used_year, "year_source": year_source,
+           "files": [r.as_dict() for r in results],
+           "stats_rows": sum(r.rows for r in results if r.kind == "server"),
+           "preemption_warnings": sum(r.preemption_warnings for r in results),
+           "client_tokens": sum(r.rows for r in results if r.kind == "client"),
+           "unparsed": unparsed}
+    if as_json:
+        emit_json(out)
+        return
+    t = Table(title=f"evidence in {db} (log year {used_year}: {year_source})")
+    for c in ("file", "kind", "era", "lines", "rows", "warnings", "unparsed lines"):
+        t.add_column(c)
+    for r in results:
+        bad = ", ".join(map(str, r.unparsed_lines[:10])) + (" …" if len(r.unparsed_lines) > 10 else "")
+        t.add_row(r.source_file, r.kind, r.era or "-", str(r.lines or "-"), str(r.rows),
+                  str(r.preemption_warnings), f"{r.unparsed}" + (f" ({bad})" if bad else ""))
+    Console().print(t)
+    if unparsed:
+        err.print(f"[yellow]{unparsed} candidate line(s) did not parse; see table log_unparsed")
+    for r in results:
+        if r.kind == "client" and not r.anchored:
+            err.print(f"[yellow]{r.source_file}: no wall-clock anchor; pass --client-start to line it up with logs")
+
+
+@guarded
+def attribute_cmd(
+    db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
+    threshold_s: Optional[float] = typer.Option(None, "--threshold-s",
+                                                help="ITL above this is a spike (default: 5 x median ITL)."),
+    window_s: float = typer.Option(2.0, "--window-s", help="Seconds added on both sides of a spike's gap."),
+    server: Optional[str] = typer.Option(None, "--server", help="Only this server log (file name)."),
+    client: Optional[str] = typer.Option(None, "--client", help="Only these client results (file name)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Line client TBT spikes up with logged preemptions: preemption (which mode) or not."""
+    from capacity.attribute import attribute
+    a = attribute(db, threshold_s=threshold_s, window_s=window_s, server=server, client=client)
+    if as_json:
+        emit_json(a.as_dict())
+        return
+    t = Table(title=f"TBT spikes > {a.threshold_s:.3f} s (window ±{a.window_s:g} s) — table attribution")
+    for c in ("time", "request", "token", "ITL s", "verdict", "mode", "evidence"):
+        t.add_column(c)
+    for r in a.table.head(200).iter_rows(named=True):
+        t.add_row(str(r["spike_time"])[:23], r["request_id"], str(r["token_index"]), f"{r['itl_s']:.3f}",
+                  r["verdict"], r["mode"] or "-", r["evidence"] or "-")
+    c = Console()
+    c.print(t)
+    c.print(" · ".join(f"{k}: {v}" for k, v in a.verdicts.items()))
+    if a.untimed_spikes:
+        err.print(f"[yellow]{a.untimed_spikes} spike(s) have no wall-clock time (load with --client-start)")
+
+
+@guarded
+def validate_cmd(
+    db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
+    run: str = typer.Option(..., "--run", help="Run id of the replay (see `kvcap runs`)."),
+    offset_s: float = typer.Option(0.0, "--offset-s", help="Replay t=0 is this many seconds after the first log line."),
+    source: Optional[str] = typer.Option(None, "--source", help="Server log file name (when several are loaded)."),
+    engine: int = typer.Option(0, "--engine", help="Engine index (V1 data parallel)."),
+    client: Optional[str] = typer.Option(None, "--client", help="Only these client results (file name)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Compare a replay with the logged time series and client latencies; error per metric."""
+    from capacity.validate import validate
+    v = validate(db, run, offset_s=offset_s, source=source, engine=engine, client=client)
+    if as_json:
+        emit_json(v.as_dict())
+        return
+    t = Table(title=f"replay {v.run_id} vs {v.source} ({v.intervals} intervals from {v.log_start})")
+    for c in ("metric", "n", "logged mean", "replay mean", "MAE", "relative error", "bias"):
+        t.add_column(c)
+    for name, m in v.metrics.items():
+        t.add_row(name, str(m.n), _fmt(m.log_mean), _fmt(m.replay_mean), _fmt(m.mae),
+                  "-" if m.relative_error is None else f"{100 * m.relative_error:.1f} %", _fmt(m.bias))
+    lt = Table(title="client vs replay latency")
+    for c in ("percentile", "client s", "replay s", "error s", "relative error"):
+        lt.add_column(c)
+    for name, m in v.latency.items():
+        lt.add_row(name, _fmt(m.client), _fmt(m.replay), _fmt(m.error),
+                   "-" if m.relative_error is None else f"{100 * m.relative_error:.1f} %")
+    c = Console()
+    c.print(t)
+    c.print(lt)
+
+
+def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optional[int],
+                            headroom: float, as_json: bool) -> None:
+    """`kvcap size-swap --from-logs` (called from cli_capacity.size_swap_cmd)."""
+    from capacity.logs_swap import size_swap_from_logs
+    if db is None:
+        raise CliError("--from-logs needs --db PATH (the DuckDB file `kvcap logs` wrote)")
+    s = size_swap_from_logs(db, engine, context_tokens=context_tokens, headroom=headroom)
+    if as_json:
+        emit_json(s.as_dict())
+        return
+    t = Table(title="swap-space sizing from production logs (per GPU)", show_header=False)
+    t.add_row("peak concurrently swapped (logged)",
+              f"{s.peak_swapped_requests} requests at {s.peak_at or '-'} ({s.peak_source_file or '-'})")
+    t.add_row("KV per swapped request", f"{s.context_tokens:,} tokens ({s.context_source}) x "
+              f"{s.kv_bytes_per_token:,} B/token ({s.model}, TP {s.tensor_parallel_size})")
+    t.add_row("peak swapped KV", f"{s.peak_swapped_gib:.2f} GiB")
+    if s.peak_cpu_kv_usage is not None:
+        t.add_row("logged CPU KV cache usage peak", f"{100 * s.peak_cpu_kv_usage:.1f} % "
+                  f"(= {s.peak_cpu_kv_gib_at_swap_space:.2f} GiB if production ran --swap-space {engine.swap_space:g})")
+    t.add_row("recommended --swap-space (V0)", f"{s.recommended_swap_space_gib:g} GiB")
+    t.add_row("recommended --kv-offloading-size (V1)", f"{s.recommended_kv_offloading_size_gib:g} GiB")
+    if s.replay is not None:
+        t.add_row("replay-based (run " + s.replay.run_id + ")",
+                  f"{s.replay.peak_swapped_requests} requests, {s.replay.peak_swapped_gib:.2f} GiB -> "
+                  f"--swap-space {s.replay.recommended_swap_space_gib:g} GiB")
+    c = Console()
+    c.print(t)
+    c.print(s.difference)

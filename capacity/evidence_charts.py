@@ -1,0 +1,62 @@
+"""Charts and the report section of production evidence (TBT spike attribution).
+
+Owns the Altair chart of attributed spikes and `attribution_section`, a `capacity.report.Section`.
+Series are aggregated before charting (at most MAX_ROWS marks). Altair lives here and in
+charts/report only; no SQL here (callers pass the `Attribution` from capacity.attribute).
+"""
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+from capacity.attribute import NOT_PREEMPTION, VERDICTS, Attribution
+
+MAX_ROWS = 5000
+_COLORS = {"preemption": "#d62728", "likely preemption": "#ff7f0e", NOT_PREEMPTION: "#1f77b4",
+           "no server log at this time": "#7f7f7f"}
+
+
+def spikes_for_chart(table: pl.DataFrame, max_rows: int = MAX_ROWS) -> pl.DataFrame:
+    """One row per spike, or per (second, verdict) with the largest ITL when there are too many."""
+    df = table.select("spike_time", "itl_s", "verdict", pl.col("mode").fill_null("-"))
+    if df.height <= max_rows:
+        return df
+    step = 1
+    while True:
+        agg = (df.with_columns(spike_time=pl.col("spike_time").dt.truncate(f"{step}s"))
+               .group_by("spike_time", "verdict")
+               .agg(pl.col("itl_s").max(), pl.col("mode").mode().first()))
+        if agg.height <= max_rows:
+            return agg.sort("spike_time")
+        step *= 2
+
+
+def attribution_chart(a: Attribution) -> alt.Chart:
+    df = spikes_for_chart(a.table)
+    scale = alt.Scale(domain=list(VERDICTS), range=[_COLORS[v] for v in VERDICTS])
+    points = alt.Chart(df).mark_point(filled=True, size=60).encode(
+        x=alt.X("spike_time:T", title="time of the stalled token"),
+        y=alt.Y("itl_s:Q", title="inter-token latency (s)"),
+        color=alt.Color("verdict:N", scale=scale, title=None, legend=alt.Legend(orient="bottom")),
+        shape=alt.Shape("mode:N", title="mode"),
+        tooltip=["spike_time:T", "itl_s:Q", "verdict:N", "mode:N"])
+    rule = alt.Chart(pl.DataFrame({"y": [a.threshold_s]})).mark_rule(strokeDash=[4, 4], color="#555").encode(y="y:Q")
+    return (points + rule).properties(width=820, height=260,
+                                      title=f"TBT spikes above {a.threshold_s:.3f} s and their cause")
+
+
+def attribution_section(a: Attribution):
+    """The report section (capacity.report.Section) for `kvcap attribute`'s result."""
+    from capacity.report import Figure, Section, table, text
+    n = a.spikes
+    pre = a.verdicts.get("preemption", 0) + a.verdicts.get("likely preemption", 0)
+    lead = (f"{n} client ITL samples exceeded {a.threshold_s:.3f} s; {pre} line up with a logged "
+            f"preemption (window ±{a.window_s:g} s) and {a.verdicts.get(NOT_PREEMPTION, 0)} do not — "
+            "for those, look at the network path and load, not at KV capacity.")
+    rows = [[v, a.verdicts.get(v, 0)] for v in VERDICTS]
+    modes = ", ".join(f"{k}: {v}" for k, v in sorted(a.modes.items())) or "none"
+    body = text(lead) + table(rows, header=["verdict", "spikes"]) + text(f"Preemption modes: {modes}.")
+    fig = Figure(name="evidence-attribution", chart=attribution_chart(a),
+                 caption="Each point is one stalled token; colour: the log evidence found around it.")
+    return Section(title="Production evidence: TBT spikes vs. preemptions", body=body, charts=(fig,),
+                   anchor="evidence-attribution")

@@ -1,0 +1,192 @@
+"""Production evidence in DuckDB: ingest server logs and client results (`kvcap logs`).
+
+Owns the evidence tables (below), their idempotent write (a re-ingested file replaces its own rows,
+in one transaction) and reading them back. Parsing lives in `logparse` (server) and `clientparse`
+(client); analyses (`attribute`, `logs_swap`, `validate`) read through `read_evidence`.
+Must not import altair or torch.
+
+Tables (times are naive UTC-or-as-logged datetimes plus `*epoch_s`, seconds on the same clock):
+- `log_sources(source_file, kind, era, lines, rows, unparsed, year, year_source, ingested_at)`
+- `log_stats`: one row per stats line (see `logparse.STATS_SCHEMA`; usages and hit rates 0..1)
+- `log_preemptions(source_file, line, time, epoch_s, request_id, mode, cum_count)`
+- `log_unparsed(source_file, line, reason, text)`
+- `client_tokens`: one row per streamed token (see `clientparse.CLIENT_SCHEMA`)
+- `attribution`: written whole by `capacity.attribute` (one row per TBT spike)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import polars as pl
+
+from capacity.clientparse import CLIENT_SCHEMA, ClientFormatError, looks_like_vllm_bench, parse_client_file
+from capacity.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
+                               VLLM_PREFIX, WARNING_MARK, parse_server_log, strip_ansi)
+from replay.store import connect
+
+_DUCK = {pl.Utf8: "VARCHAR", pl.Int64: "BIGINT", pl.Int32: "INTEGER", pl.Float64: "DOUBLE",
+         pl.Datetime("us"): "TIMESTAMP", pl.Boolean: "BOOLEAN"}
+SOURCES_SCHEMA = {"source_file": pl.Utf8, "kind": pl.Utf8, "era": pl.Utf8, "lines": pl.Int64,
+                  "rows": pl.Int64, "unparsed": pl.Int64, "year": pl.Int32, "year_source": pl.Utf8,
+                  "ingested_at": pl.Datetime("us")}
+EVIDENCE_TABLES = {"log_sources": SOURCES_SCHEMA, "log_stats": STATS_SCHEMA,
+                   "log_preemptions": PREEMPTION_SCHEMA, "log_unparsed": UNPARSED_SCHEMA,
+                   "client_tokens": CLIENT_SCHEMA}
+
+
+def ddl(schema: dict) -> str:
+    return ", ".join(f"{c} {_DUCK[t]}" for c, t in schema.items())
+
+
+def ensure_evidence_schema(con) -> None:
+    for table, schema in EVIDENCE_TABLES.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({ddl(schema)})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ingested:
+    source_file: str
+    kind: str                 # "server" | "client"
+    era: str | None           # "v0" | "v1" | "v0+v1" for server logs
+    lines: int
+    rows: int                 # stats rows (server) or token rows (client)
+    preemption_warnings: int
+    unparsed: int
+    unparsed_lines: list[int]
+    requests: int
+    anchored: bool            # client: absolute times known
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+def detect_kind(path: Path) -> str:
+    """'server' or 'client' from the content (the first 64 KiB)."""
+    with open(path, errors="replace") as f:
+        head = f.read(65536)
+    stripped = head.lstrip()
+    if stripped.startswith("{"):
+        if '"ttfts"' in head or '"itls"' in head or '"token_time' in head:
+            return "client"
+        try:
+            if looks_like_vllm_bench(json.loads(Path(path).read_text())):
+                return "client"
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+    first = stripped.splitlines()[0].lower() if stripped else ""
+    if "token_time" in first and ("send" in first or "request" in first):
+        return "client"
+    text = strip_ansi(head)
+    if STATS_MARK in text or WARNING_MARK in text or VLLM_PREFIX.search(text):
+        return "server"
+    raise ClientFormatError(f"{path}: cannot tell a vLLM server log from client results; "
+                            "pass --kind server or --kind client")
+
+
+def _write(con, table: str, source: str, df: pl.DataFrame) -> None:
+    con.execute(f"DELETE FROM {table} WHERE source_file = ?", [source])
+    if df.height:
+        con.register("_incoming", df.to_arrow())
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
+        con.unregister("_incoming")
+
+
+def _client_year(db: Path, frames: list[pl.DataFrame]) -> int | None:
+    for df in frames:
+        if df.height and df["send_time"].null_count() < df.height:
+            return int(df["send_time"].min().year)
+    if not Path(db).exists():
+        return None
+    with connect(db) as con:
+        ensure_evidence_schema(con)
+        (y,), = con.execute("SELECT min(year(send_time)) FROM client_tokens").fetchall()
+    return int(y) if y is not None else None
+
+
+def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
+           client_start: datetime | None = None) -> tuple[list[Ingested], int, str]:
+    """Parse every file and store it. Returns (per-file results, year used, where it came from).
+
+    The year of vLLM's timestamp prefix (it prints none): `year`, else the year of the client
+    results in this call or already in the DB, else the current year."""
+    if kind not in (None, "server", "client"):
+        raise ValueError(f"--kind: must be server or client, got {kind!r}")
+    for p in paths:
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"{p}: no such file")
+    kinds = {p: kind or detect_kind(Path(p)) for p in paths}
+    clients = {p: parse_client_file(p, client_start=client_start)
+               for p in paths if kinds[p] == "client"}
+    if year is not None:
+        year_source = "--year"
+    elif (cy := _client_year(db, list(clients.values()))) is not None:
+        year, year_source = cy, "client results"
+    else:
+        year, year_source = datetime.now().year, "assumed (current year; pass --year)"
+    results, now = [], datetime.now()
+    with connect(db) as con:
+        ensure_evidence_schema(con)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for p in paths:
+                name = Path(p).name
+                if kinds[p] == "client":
+                    df = clients[p]
+                    _write(con, "client_tokens", name, df)
+                    r = Ingested(source_file=name, kind="client", era=None, lines=0, rows=df.height,
+                                 preemption_warnings=0, unparsed=0, unparsed_lines=[],
+                                 requests=df["request_id"].n_unique(),
+                                 anchored=df["send_time"].null_count() == 0 and df.height > 0)
+                else:
+                    with open(p, errors="replace") as f:
+                        parsed = parse_server_log(f, name, year)
+                    eras = sorted(set(parsed.stats["era"].to_list())) or (["v0"] if parsed.preemptions.height else [])
+                    for table, df in (("log_stats", parsed.stats), ("log_preemptions", parsed.preemptions),
+                                      ("log_unparsed", parsed.unparsed)):
+                        _write(con, table, name, df)
+                    r = Ingested(source_file=name, kind="server", era="+".join(eras) or None,
+                                 lines=parsed.lines, rows=parsed.stats.height,
+                                 preemption_warnings=parsed.preemptions.height,
+                                 unparsed=parsed.unparsed.height,
+                                 unparsed_lines=parsed.unparsed["line"].to_list(),
+                                 requests=0, anchored=True)
+                src = pl.DataFrame([{"source_file": name, "kind": r.kind, "era": r.era,
+                                     "lines": r.lines, "rows": r.rows, "unparsed": r.unparsed,
+                                     "year": year if r.kind == "server" else None,
+                                     "year_source": year_source if r.kind == "server" else None,
+                                     "ingested_at": now}], schema=SOURCES_SCHEMA)
+                _write(con, "log_sources", name, src)
+                results.append(r)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    return results, year, year_source
+
+
+def read_evidence(db: Path, *tables: str) -> dict[str, pl.DataFrame]:
+    """The evidence tables (empty frames with their schema when absent)."""
+    if not Path(db).exists():
+        raise FileNotFoundError(f"{db}: no such database")
+    out = {}
+    with connect(db, read_only=True) as con:
+        present = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        for t in tables:
+            schema = EVIDENCE_TABLES.get(t)
+            if t in present:
+                out[t] = con.sql(f"SELECT * FROM {t}").pl()
+            else:
+                out[t] = pl.DataFrame(schema=schema or {})
+    return out
+
+
+def replace_table(db: Path, table: str, df: pl.DataFrame) -> None:
+    """Write a derived table (e.g. `attribution`) whole, replacing the previous one."""
+    with connect(db) as con:
+        con.register("_incoming", df.to_arrow())
+        con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM _incoming")
+        con.unregister("_incoming")
