@@ -4,8 +4,8 @@ Mirrors vLLM 0.33 `KVCacheManager` + `FullAttentionManager` for one full-attenti
 `get_computed_blocks` (longest run of cached full blocks, at most `num_tokens - 1` tokens),
 `allocate_slots` (the `need` formula with hit blocks that are currently free, the
 `scheduler_reserve_full_isl` gate and the watermark) and registering full blocks in the prefix cache
-at scheduling time. Owns the block tables and each request's block keys; the scheduler owns the
-queues and the request counters. Must not import traces/, capacity/ or torch.
+at scheduling time (a batch's rows in one pool call; keys come in runs from `BlockKeys.keys`).
+Owns the block tables; the scheduler owns the queues and the request counters. Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 

@@ -68,36 +68,53 @@ def max_steady_steps(s: V1Scheduler) -> int:
     return lo
 
 
+def _attach(blocks: list[int], n_new: np.ndarray, held: np.ndarray, c0: np.ndarray, bs: int,
+            tables: list[list[int]]) -> np.ndarray:
+    """Append the popped `blocks` (in pop order) to the rows' tables; returns each block's step.
+
+    Row i takes its m-th new block (m = 1..n_i) in step j = (held_i + m - 1) * bs - c0_i + 1;
+    step-by-step pops them by step, then running order."""
+    if n_new.max() == 1:
+        # Usual case (runs shorter than a block): one block per growing row, no repeats.
+        ev_row = np.flatnonzero(n_new)
+        ev_step = held[ev_row] * bs - c0[ev_row] + 1
+        order = np.argsort(ev_step, kind="stable")      # by step, then running order
+        for i, b in zip(ev_row[order].tolist(), blocks):
+            tables[i].append(b)
+        return ev_step[order]
+    total = len(blocks)
+    ev_row = np.repeat(np.arange(len(n_new), dtype=_I64), n_new)
+    first = np.cumsum(n_new) - n_new
+    m = np.arange(total, dtype=_I64) - np.repeat(first, n_new) + 1
+    ev_step = (held[ev_row] + m - 1) * bs - c0[ev_row] + 1
+    order = np.lexsort((ev_row, ev_step))
+    ev_row = ev_row[order]
+    # Each row's blocks in step order (a stable sort by row keeps it): one extend per row.
+    by_row = np.asarray(blocks, _I64)[np.argsort(ev_row, kind="stable")].tolist()
+    grow = np.flatnonzero(n_new)
+    pos = 0
+    for i, n in zip(grow.tolist(), n_new[grow].tolist()):
+        tables[i].extend(by_row[pos:pos + n])
+        pos += n
+    return ev_step[order]
+
+
 def advance_steady(s: V1Scheduler, k: int) -> SteadyRun:
     st, kv, bs = s.state, s.kv, s.block_size
     running = list(s.running)
     nb = len(running)
     idx = np.fromiter(running, _I64, nb)
-    c0 = st.num_computed[idx].copy()
+    c0 = st.num_computed[idx]      # fancy indexing copies
     tables = kv.tables
-    held = kv.held[idx].copy()
+    held = kv.held[idx]
     used0 = kv.pool.num_used
 
-    # Block-boundary events: row i takes its m-th new block (m = 1..n_i) in step
-    # j = (held_i + m - 1) * bs - c0_i + 1; step-by-step pops them by step, then running order.
     n_new = np.maximum(-(-(c0 + k) // bs) - held, 0)
     total = int(n_new.sum())
     per_step = np.zeros(k, _I64)
     if total:
-        ev_row = np.repeat(np.arange(nb, dtype=_I64), n_new)
-        first = np.cumsum(n_new) - n_new
-        m = np.arange(total, dtype=_I64) - np.repeat(first, n_new) + 1
-        ev_step = (held[ev_row] + m - 1) * bs - c0[ev_row] + 1
-        order = np.lexsort((ev_row, ev_step))
-        ev_row, ev_step = ev_row[order], ev_step[order]
-        blocks = np.asarray(kv.pool.pop_new(total), _I64)
-        # Each row's blocks in step order (a stable sort by row keeps it): one extend per row.
-        by_row = blocks[np.argsort(ev_row, kind="stable")].tolist()
-        grow = np.flatnonzero(n_new)
-        pos = 0
-        for i, n in zip(grow.tolist(), n_new[grow].tolist()):
-            tables[running[i]].extend(by_row[pos:pos + n])
-            pos += n
+        blocks = kv.pool.pop_new(total)
+        ev_step = _attach(blocks, n_new, held, c0, bs, [tables[r] for r in running])
         kv.held[idx] += n_new
         per_step = np.bincount(ev_step - 1, minlength=k)[:k]
 
