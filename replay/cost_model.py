@@ -95,7 +95,15 @@ class CostModel:
         self._swap_per_block = kv_bytes_per_block / c.host_link_bytes_per_s
 
     def _step_s(self, tokens, samples, attn_units, kv_tokens, swap_blocks):
-        """The formula; works on Python numbers and on numpy arrays alike (same op order)."""
+        """The formula on Python numbers (one step). `_steady_s` is the same expression on numpy
+        vectors, term for term in the same order, so both give bit-identical floats."""
+        compute = (tokens * self._linear_per_token + samples * self._lm_head_per_sample
+                   + attn_units * self._attn_per_unit) / self._flops_rate
+        memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
+        return (self.constants.overhead_s + max(compute, memory)
+                + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
+
+    def _steady_s(self, tokens, samples, attn_units, kv_tokens, swap_blocks):
         compute = (tokens * self._linear_per_token + samples * self._lm_head_per_sample
                    + attn_units * self._attn_per_unit) / self._flops_rate
         memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
@@ -103,12 +111,17 @@ class CostModel:
                 + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
 
     def step_s(self, plan: StepPlan, num_sampled: int) -> float:
-        n, c = plan.num_new_tokens, plan.num_computed_tokens
-        tokens = int(n.sum())
-        attn = int((n * c).sum() + (n * (n + 1) // 2).sum())
-        kv = int(c.sum()) + tokens
+        n = plan.num_new_tokens.tolist()
+        c = plan.num_computed_tokens.tolist()
+        tokens = sum(n)
+        attn = sum(ni * ci + ni * (ni + 1) // 2 for ni, ci in zip(n, c))
+        kv = sum(c) + tokens
         swaps = len(plan.swap_out) + len(plan.swap_in)
-        return float(self._step_s(tokens, num_sampled, attn, kv, swaps))
+        return self._step_s(tokens, num_sampled, attn, kv, swaps)
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """One pure decode step of `batch` rows holding `context_tokens` in all (scalar)."""
+        return self._step_s(batch, batch, context_tokens + batch, context_tokens + batch, 0)
 
     def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray:
         """Durations of `num_steps` pure decode steps of one batch whose contexts start at
@@ -118,4 +131,4 @@ class CostModel:
         ctx = ctx0 + b * np.arange(num_steps, dtype=np.int64)   # sum of contexts at step j
         attn = ctx + b                                          # n_i = 1: c_i + 1 per row
         kv = ctx + b
-        return self._step_s(b, b, attn, kv, 0)
+        return self._steady_s(b, b, attn, kv, 0)

@@ -28,7 +28,9 @@ from replay.state import RequestState, Status
 
 class Executor(Protocol):
     def step_s(self, plan: StepPlan, num_sampled: int) -> float: ...
+    # Fast path only (executors with supports_steady = False need neither):
     def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray: ...
+    def decode_step_s(self, batch: int, context_tokens: int) -> float: ...
 
 
 class _StepLog:
@@ -159,7 +161,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             if cursor < n:
                 # Durations grow with context, so steps before the next arrival are at most
                 # (gap / first duration) + 1: evaluate no more of them than that.
-                d0 = float(executor.steady_step_s(ctx, 1)[0])
+                d0 = executor.decode_step_s(len(rows), int(ctx.sum()))
                 k_max = min(k_max, int((float(arrival[cursor]) - t) / d0) + 2)
             durations = executor.steady_step_s(ctx, k_max)
             ends = np.cumsum(np.concatenate(([t], durations)))   # sequential, like t += d
