@@ -143,57 +143,123 @@ def deploy_flags(engine, sizing, modes) -> list[str]:
     return flags
 
 
+def default_grid(max_num_seqs: int) -> list[int]:
+    """Candidates around the engine's max_num_seqs: its 1/8, 1/4, 1/2 and itself."""
+    return sorted({max(1, max_num_seqs // d) for d in (8, 4, 2, 1)})
+
+
 @guarded
 @engine_flags
 def report_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file; none = the built-in default scenario."),
     out: Path = typer.Option(Path("report"), "-o", "--out", help="Output directory."),
+    slo_ttft_p99: float = typer.Option(2.0, "--slo-ttft-p99", help="Seconds (tuning, headroom)."),
+    slo_tbt_p99: float = typer.Option(0.2, "--slo-tbt-p99", help="Seconds (tuning, headroom)."),
+    max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
+                                                    help="Default: 1/8, 1/4, 1/2, 1 x the engine's."),
+    preemption_budget: float = typer.Option(0.1, "--preemption-budget"),
+    scales: str = typer.Option("1,1.25,1.5", "--scales", help="Headroom rate scales."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     db: Path = typer.Option(None, "--db", help="DuckDB file for the runs (default: OUT/kvcap.duckdb)."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """The capacity report: baseline replay, swap sizing, mode comparison -> OUT/index.html."""
+    """The capacity report: baseline, swap sizing, modes, tuning, alerts, headroom, stalls,
+    priority -> OUT/index.html (+ PNGs, summary.json)."""
     import time
 
+    from capacity import analysis_sections as sec
+    from capacity.classify import alert_rule, classify
+    from capacity.cli_tune import parse_grid
     from capacity.compare_modes import compare_modes
+    from capacity.headroom import headroom
     from capacity.metrics import summary
+    from capacity.priority import interference
     from capacity.report import write_report
+    from capacity.stalls import attribute_stalls
     from capacity.swap_sizing import size_swap
+    from capacity.tuning import Budget, tune
+    from replay.config import resolve
     from replay.run import replay
     from traces.stats import trace_info
     wall0 = time.perf_counter()
     trace, name = _trace(file, trace_format, rate_scale)
     out.mkdir(parents=True, exist_ok=True)
     db = db or out / "kvcap.duckdb"
+    grid = (parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid
+            else default_grid(resolve(engine).spec.max_num_seqs))
+    factors = tuple(float(x) for x in scales.split(",") if x.strip())
     runs: list = []
     with err.status("report: baseline replay…"):
         base = replay(trace, engine, label="report baseline", trace_name=name)
     runs.append(base)
-    with err.status("report: swap sizing…"):
-        sizing = size_swap(trace, engine, keep_runs=runs)
+    with err.status("report: swap sizing (demand, verify, what-if)…"):
+        sizing = size_swap(trace, engine, keep_runs=runs, workers=workers)
     with err.status("report: comparing preemption modes…"):
-        modes = compare_modes(trace, engine, keep_runs=runs)
+        modes = compare_modes(trace, engine, keep_runs=runs, workers=workers)
+    with err.status(f"report: tuning max-num-seqs over {grid}…"):
+        tn = tune(trace, engine, max_num_seqs_grid=grid, slo_ttft_p99_s=slo_ttft_p99,
+                  slo_tbt_p99_s=slo_tbt_p99, budget=Budget(max_minutes_share=preemption_budget),
+                  workers=workers, keep_runs=runs, trace_name=name)
+    with err.status("report: surge headroom…"):
+        hr = headroom(trace, engine, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
+                      scales=factors, workers=workers, keep_runs=runs)
+    base_tables = base.tables()
+    verdict = classify(base_tables)
+    rule = alert_rule(base_tables)
+    stalls = attribute_stalls(base_tables)
+    extra = [sec.tuning_section(tn), sec.budget_section(verdict, rule), sec.headroom_section(hr),
+             sec.stalls_section(stalls)]
+    prio_trace, prio_note = trace, None
+    if trace["priority"].n_unique() < 2:
+        from traces.synth import synthesize
+        prio_trace = synthesize("priority-mix", duration_s=300.0)
+        prio_note = ("the trace has one priority class, so this section replays the built-in "
+                     "priority-mix scenario (5 min) on the same engine")
+    with err.status("report: priority interference…"):
+        prio = interference(prio_trace, engine, workers=workers, keep_runs=runs)
+    psec = sec.priority_section(prio)
+    if prio_note:
+        from dataclasses import replace as _replace
+        from capacity.report import text
+        psec = _replace(psec, body=text(prio_note) + psec.body)
+    extra.append(psec)
     _store(db, runs)
     flags = deploy_flags(engine, sizing, modes)
+    if tn.recommended is not None:
+        flags = [f for f in flags if not f.startswith(("--max-num-seqs", "--max-num-batched-tokens"))]
+        flags += list(tn.flags)
+    (out / "kvcap-preemption-rules.yml").write_text(rule.yaml)
+    notes = [f"preemption in the baseline is {verdict.verdict}: {verdict.evidence}",
+             f"alert rules: kvcap-preemption-rules.yml (structural above {rule.threshold} "
+             f"preemptions per 5 minutes)", f"headroom: {hr.explanation}"]
     info = trace_info(trace)
     index = write_report(out, title=f"kvcap capacity report — {name}", trace_summary=info,
-                         run=base, sizing=sizing, modes=modes, flags=flags)
-    s = summary(base.tables())
+                         run=base, sizing=sizing, modes=modes, flags=flags, notes=notes,
+                         extra_sections=extra)
+    s = summary(base_tables)
     result = {"report": str(index), "db": str(db), "trace": name, "flags": flags,
               "recommended_mode": modes.recommended, "reason": modes.reason,
               "recommended_swap_space_gib": sizing.recommended_swap_space_gib,
               "recommended_kv_offloading_size_gib": sizing.recommended_kv_offloading_size_gib,
-              "peak_swapped_gib": sizing.peak_swapped_gib, "baseline": s,
+              "peak_swapped_gib": sizing.peak_swapped_gib,
+              "recommended_max_num_seqs": tn.recommended.max_num_seqs if tn.recommended else None,
+              "preemption_verdict": verdict.verdict, "alert_threshold_5m": rule.threshold,
+              "headroom_scale": hr.max_ok_scale, "baseline": s, "runs": len(runs),
               "wall_seconds": time.perf_counter() - wall0}
     if as_json:
         emit_json(result)
         return
     c = Console()
-    c.print(f"[bold]report:[/bold] {index}")
+    c.print(f"[bold]report:[/bold] {index}  ({len(runs)} replays, "
+            f"{result['wall_seconds']:.0f} s)")
     c.print(f"[bold]preemption mode:[/bold] {modes.recommended} — {modes.reason}")
     c.print(f"[bold]swap tier:[/bold] peak {sizing.peak_swapped_gib:.2f} GiB concurrently swapped -> "
             f"--swap-space {sizing.recommended_swap_space_gib:g} (V0) / --kv-offloading-size "
             f"{sizing.recommended_kv_offloading_size_gib:g} (V1)")
+    c.print(f"[bold]max-num-seqs:[/bold] {tn.explanation}")
+    c.print(f"[bold]preemption:[/bold] {verdict.verdict}; alert above {rule.threshold} per 5 min")
+    c.print(f"[bold]headroom:[/bold] {hr.explanation}")
     c.print("[bold]vLLM flags:[/bold] vllm serve MODEL " + " ".join(flags))

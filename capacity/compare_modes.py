@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from capacity.metrics import GIB, nearest_rank, request_latencies, summary
+from capacity.sweep import Job, run_jobs
 from replay.config import EngineConfig, resolve
-from replay.run import replay
 
 VARIANTS = (
     ("swap", dict(preemption_mode="swap", on_swap_full="recompute")),
@@ -116,14 +116,14 @@ def recommend(results: list[ModeResult]) -> tuple[str, str]:
 
 
 def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, keep_runs: list | None = None,
-                  ) -> ModeComparison:
+                  workers: int | None = None) -> ModeComparison:
     gpu = resolve(config).gpu
-    results = []
-    for name, changes in VARIANTS:
-        cfg = dataclasses.replace(config, **changes)
-        res = replay(trace, cfg, label=f"compare-modes {name}")
-        if keep_runs is not None:
-            keep_runs.append(res)
-        results.append(mode_result(name, res.tables(), gpu.host_link_bandwidth_bytes_per_s))
+    jobs = [Job(trace=trace, config=dataclasses.replace(config, **changes),
+                label=f"compare-modes {name}") for name, changes in VARIANTS]
+    runs = run_jobs(jobs, workers=workers)
+    if keep_runs is not None:
+        keep_runs.extend(runs)
+    results = [mode_result(name, r.tables(), gpu.host_link_bandwidth_bytes_per_s)
+               for (name, _), r in zip(VARIANTS, runs)]
     rec, reason = recommend(results)
     return ModeComparison(results=tuple(results), recommended=rec, reason=reason)

@@ -18,6 +18,7 @@ import polars as pl
 from capacity.metrics import GIB, nearest_rank, summary
 from replay.config import EngineConfig, resolve
 from replay.memory import swap_host_ram_verdict
+from capacity.sweep import Job, run_jobs
 from replay.run import replay
 
 # Rounding step of a recommendation (GiB): vLLM takes any float, people configure halves.
@@ -99,17 +100,19 @@ def demand_series(steps: pl.DataFrame, kv_bytes_per_block: int) -> pl.DataFrame:
                     requests=pl.col("requests")))
 
 
-def _verify(trace, config: EngineConfig, swap_gib: float, on_swap_full: str, kv_bpb: int,
-            label: str, keep_runs: list | None) -> Verification:
+def _verification_job(trace, config: EngineConfig, swap_gib: float, on_swap_full: str,
+                      kv_bpb: int, label: str) -> Job:
     blocks = int(swap_gib * GIB // kv_bpb)
     cfg = dataclasses.replace(config, preemption_mode="swap", on_swap_full=on_swap_full,
                               swap_space=swap_gib, num_cpu_blocks_override=blocks)
-    res = replay(trace, cfg, label=label)
-    if keep_runs is not None:
-        keep_runs.append(res)
+    return Job(trace=trace, config=cfg, label=label)
+
+
+def _verification(job: Job, res) -> Verification:
     s = summary(res.tables())
-    return Verification(swap_space_gib=swap_gib, num_cpu_blocks=blocks, on_swap_full=on_swap_full,
-                        status=s["status"], abort_s=s["abort_s"],
+    cfg = job.config
+    return Verification(swap_space_gib=cfg.swap_space, num_cpu_blocks=cfg.num_cpu_blocks_override,
+                        on_swap_full=cfg.on_swap_full, status=s["status"], abort_s=s["abort_s"],
                         swap_full_events=s["swap_full_events"],
                         swap_full_fallbacks=s["swap_full_fallbacks"],
                         preemptions_swap=s["preemptions_swap"],
@@ -119,7 +122,8 @@ def _verify(trace, config: EngineConfig, swap_gib: float, on_swap_full: str, kv_
 
 def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.2,
               what_if_fraction: float = 0.75, sweep_fractions: tuple[float, ...] = (),
-              host_ram_gib: float | None = None, keep_runs: list | None = None) -> SwapSizing:
+              host_ram_gib: float | None = None, keep_runs: list | None = None,
+              workers: int | None = None) -> SwapSizing:
     """Measure the swap demand of `trace` under `config` and recommend and verify a size.
 
     `keep_runs`, when a list, receives every RunResult made (to store them)."""
@@ -159,10 +163,14 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
         demand=series)
     if not peak_blocks:
         return SwapSizing(verify=None, **sizing)
-    verify = _verify(trace, config, rec, "abort", bpb, "size-swap verify", keep_runs)
     what_if_gib = peak_gib * what_if_fraction
-    what_if = [_verify(trace, config, what_if_gib, mode, bpb, f"size-swap what-if {mode}", keep_runs)
-               for mode in ("abort", "recompute")]
-    sweep = [_verify(trace, config, peak_gib * f, "recompute", bpb, f"size-swap sweep {f:g}",
-                     keep_runs) for f in sweep_fractions]
-    return SwapSizing(verify=verify, what_if=what_if, sweep=sweep, **sizing)
+    jobs = [_verification_job(trace, config, rec, "abort", bpb, "size-swap verify")]
+    jobs += [_verification_job(trace, config, what_if_gib, mode, bpb, f"size-swap what-if {mode}")
+             for mode in ("abort", "recompute")]
+    jobs += [_verification_job(trace, config, peak_gib * f, "recompute", bpb,
+                               f"size-swap sweep {f:g}") for f in sweep_fractions]
+    runs = run_jobs(jobs, workers=workers)
+    if keep_runs is not None:
+        keep_runs.extend(runs)
+    checks = [_verification(j, r) for j, r in zip(jobs, runs)]
+    return SwapSizing(verify=checks[0], what_if=checks[1:3], sweep=checks[3:], **sizing)

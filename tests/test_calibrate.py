@@ -1,0 +1,90 @@
+"""`kvcap calibrate --device cpu --quick` writes a profile that the cost model and `kvcap replay
+--calibration` accept; the fit recovers known constants from synthetic timings."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replay.calibrate import fit_constants, grid
+from replay.catalog import get_gpu
+from replay.executors import catalog_constants
+
+ROOT = Path(__file__).resolve().parents[1]
+KVCAP = Path(sys.executable).with_name("kvcap")
+
+
+def test_fit_recovers_constants_from_exact_roofline_timings():
+    rng = np.random.default_rng(1)
+    flops = rng.uniform(1e9, 1e13, 40)
+    nbytes = rng.uniform(1e8, 1e10, 40)
+    swap = np.where(np.arange(40) % 5 == 0, rng.uniform(1e6, 1e9, 40), 0.0)
+    t = 0.004 + np.maximum(flops / 5e14, nbytes / 3e12)
+    swap_t = swap / 4e10
+    got = fit_constants(flops, nbytes, swap, t + swap_t, swap_t, flops / 5e14 > 1e9)
+    assert got["overhead_s"] == pytest.approx(0.004, rel=1e-3)
+    assert got["flops_per_s"] == pytest.approx(5e14, rel=1e-3)
+    assert got["hbm_bytes_per_s"] == pytest.approx(3e12, rel=1e-3)
+    assert got["host_link_bytes_per_s"] == pytest.approx(4e10, rel=1e-3)
+
+
+def test_grid_covers_every_family():
+    fams = {s.family for s in grid(quick=True, max_model_len=8192)}
+    assert fams == {"prefill", "chunk", "decode", "mixed", "swap_out", "swap_in"}
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cal") / "cpu.json"
+    res = subprocess.run([str(KVCAP), "calibrate", "--device", "cpu", "--quick", "-o", str(out),
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["profile"] == str(out)
+    return out
+
+
+def test_calibrate_cpu_quick_writes_a_profile_the_cost_model_accepts(profile):
+    data = json.loads(profile.read_text())
+    assert set(data) >= {"constants", "device", "model", "shape", "fit", "measurements"}
+    assert data["device"]["type"] == "cpu" and data["shape"]["kind"] == "tiny"
+    consts = catalog_constants(get_gpu("h100")).with_profile(profile)
+    for k in ("overhead_s", "flops_per_s", "hbm_bytes_per_s", "host_link_bytes_per_s"):
+        v = getattr(consts, k)
+        assert np.isfinite(v) and v > 0 or (k == "overhead_s" and v >= 0), (k, v)
+    assert data["fit"]["num_heldout"] > 0 and np.isfinite(data["fit"]["mape_heldout_pct"])
+    assert any(m["heldout"] for m in data["measurements"])
+
+
+def test_replay_accepts_the_profile(profile, tmp_path):
+    trace = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+    if not trace.exists():
+        pytest.skip("shared Azure trace not present")
+    small = tmp_path / "conv.csv"
+    small.write_text("".join(trace.read_text().splitlines(keepends=True)[:31]))
+    res = subprocess.run([str(KVCAP), "replay", str(small), "--calibration", str(profile),
+                          "--db", str(tmp_path / "k.duckdb"), "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["status"] == "completed" and out["requests_finished"] == 30
+
+
+def test_gpu_check_script_runs_on_the_cpu(tmp_path):
+    trace = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+    if not trace.exists():
+        pytest.skip("shared Azure trace not present")
+    res = subprocess.run(["bash", str(ROOT / "bench" / "gpu_calibrate.sh"), str(tmp_path),
+                          "--device", "cpu", "--quick", "--requests", "12"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    rp = results["replay"]
+    assert rp["measured"]["requests_finished"] == 12
+    assert rp["calibrated_model"]["requests_finished"] == 12
+    assert np.isfinite(rp["step_time_mape_pct"])
+    assert "| ttft p99 |" in (tmp_path / "results.md").read_text()
