@@ -102,7 +102,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
                    step_by_step=step_by_step, on_progress=on_progress)
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
-    run_id = hashlib.sha256(f"{sha}|{cfg_json}|{executor}".encode()).hexdigest()[:16]
+    opts = json.dumps(stub_options or {}, sort_keys=True, default=str) if executor == "stub" else ""
+    run_id = hashlib.sha256(f"{sha}|{cfg_json}|{executor}|{opts}".encode()).hexdigest()[:16]
     tables = build_tables(raw, trace, run_id)
     if config.scheduler == "v0":
         tables["events"] = with_v0_warnings(tables["events"])
