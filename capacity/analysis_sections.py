@@ -20,9 +20,13 @@ def tuning_section(tn: Tuning) -> Section:
              pct(c.recomputed_share), "recommended" if c is tn.recommended else
              ("ok" if c.feasible else c.breaks)]
             for c in sorted(tn.candidates, key=lambda c: (c.max_num_batched_tokens, c.max_num_seqs))]
+    b = tn.budget
+    budget = ", ".join(x for x in (
+        "preemption only at load peaks" if b.peak_only else "",
+        f"in at most {b.max_minutes_share:.0%} of minutes" if b.max_minutes_share is not None else "",
+        f"at most {b.max_per_minute:g} per minute" if b.max_per_minute is not None else "") if x)
     body = (text(f"SLO: TTFT p99 ≤ {tn.slo_ttft_p99_s:g} s and TBT p99 ≤ {tn.slo_tbt_p99_s:g} s; "
-                 f"preemption budget: at most {tn.budget.max_minutes_share:.0%} of minutes with "
-                 f"any preemption.") + text(tn.explanation)
+                 f"preemption budget: {budget or 'none'}.") + text(tn.explanation)
             + (code_block(" ".join(tn.flags)) if tn.flags else "")
             + table(rows, ["max-num-seqs", "batched tokens", "goodput req/s", "TTFT p99", "TBT p99",
                            "preempt/min", "minutes w/ preemption", "recomputed", "verdict"]))

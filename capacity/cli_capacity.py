@@ -26,10 +26,11 @@ def _trace(file: Optional[Path], trace_format: Optional[str], rate_scale: float)
 
 
 def _store(db: Optional[Path], runs: list) -> None:
+    """Write each distinct run once (analyses share replays)."""
     if db is None:
         return
     from replay.store import write_run
-    for r in runs:
+    for r in {r.run_id: r for r in runs}.values():
         write_run(db, r.tables())
 
 
@@ -153,11 +154,12 @@ def default_grid(max_num_seqs: int) -> list[int]:
 def report_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file; none = the built-in default scenario."),
     out: Path = typer.Option(Path("report"), "-o", "--out", help="Output directory."),
-    slo_ttft_p99: float = typer.Option(2.0, "--slo-ttft-p99", help="Seconds (tuning, headroom)."),
+    slo_ttft_p99: float = typer.Option(5.0, "--slo-ttft-p99", help="Seconds (tuning, headroom)."),
     slo_tbt_p99: float = typer.Option(0.2, "--slo-tbt-p99", help="Seconds (tuning, headroom)."),
     max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
                                                     help="Default: 1/8, 1/4, 1/2, 1 x the engine's."),
-    preemption_budget: float = typer.Option(0.1, "--preemption-budget"),
+    preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
+                                          help="peak-only, any, or a max share of minutes (0.1)."),
     scales: str = typer.Option("1,1.25,1.5", "--scales", help="Headroom rate scales."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
@@ -179,10 +181,10 @@ def report_cmd(
     from capacity.priority import interference
     from capacity.report import write_report
     from capacity.stalls import attribute_stalls
-    from capacity.swap_sizing import size_swap
+    from capacity.swap_sizing import demand_job, size_swap
+    from capacity.sweep import Job, run_jobs
     from capacity.tuning import Budget, tune
     from replay.config import resolve
-    from replay.run import replay
     from traces.stats import trace_info
     wall0 = time.perf_counter()
     trace, name = _trace(file, trace_format, rate_scale)
@@ -192,20 +194,22 @@ def report_cmd(
             else default_grid(resolve(engine).spec.max_num_seqs))
     factors = tuple(float(x) for x in scales.split(",") if x.strip())
     runs: list = []
-    with err.status("report: baseline replay…"):
-        base = replay(trace, engine, label="report baseline", trace_name=name)
+    memo: dict = {}      # one replay per distinct (trace, resolved engine), shared by all sections
+    with err.status("report: baseline and swap-demand replays…"):
+        base = run_jobs([Job(trace=trace, config=engine, label="report baseline", trace_name=name),
+                         demand_job(trace, engine)], workers=workers, memo=memo)[0]
     runs.append(base)
-    with err.status("report: swap sizing (demand, verify, what-if)…"):
-        sizing = size_swap(trace, engine, keep_runs=runs, workers=workers)
+    with err.status("report: swap sizing (verify, what-if)…"):
+        sizing = size_swap(trace, engine, keep_runs=runs, workers=workers, memo=memo)
     with err.status("report: comparing preemption modes…"):
-        modes = compare_modes(trace, engine, keep_runs=runs, workers=workers)
+        modes = compare_modes(trace, engine, keep_runs=runs, workers=workers, memo=memo)
     with err.status(f"report: tuning max-num-seqs over {grid}…"):
         tn = tune(trace, engine, max_num_seqs_grid=grid, slo_ttft_p99_s=slo_ttft_p99,
-                  slo_tbt_p99_s=slo_tbt_p99, budget=Budget(max_minutes_share=preemption_budget),
-                  workers=workers, keep_runs=runs, trace_name=name)
+                  slo_tbt_p99_s=slo_tbt_p99, budget=Budget.parse(preemption_budget),
+                  workers=workers, keep_runs=runs, trace_name=name, memo=memo)
     with err.status("report: surge headroom…"):
         hr = headroom(trace, engine, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
-                      scales=factors, workers=workers, keep_runs=runs)
+                      scales=factors, workers=workers, keep_runs=runs, memo=memo)
     base_tables = base.tables()
     verdict = classify(base_tables)
     rule = alert_rule(base_tables)
@@ -219,7 +223,7 @@ def report_cmd(
         prio_note = ("the trace has one priority class, so this section replays the built-in "
                      "priority-mix scenario (5 min) on the same engine")
     with err.status("report: priority interference…"):
-        prio = interference(prio_trace, engine, workers=workers, keep_runs=runs)
+        prio = interference(prio_trace, engine, workers=workers, keep_runs=runs, memo=memo)
     psec = sec.priority_section(prio)
     if prio_note:
         from dataclasses import replace as _replace

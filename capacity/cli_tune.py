@@ -48,8 +48,9 @@ def tune_cmd(
     max_num_batched_tokens_grid: Optional[str] = typer.Option(None, "--max-num-batched-tokens-grid"),
     slo_ttft_p99: float = typer.Option(..., "--slo-ttft-p99", help="Seconds."),
     slo_tbt_p99: float = typer.Option(..., "--slo-tbt-p99", help="Seconds."),
-    preemption_budget: float = typer.Option(
-        0.1, "--preemption-budget", help="Max share of minutes with any preemption (peaks only)."),
+    preemption_budget: str = typer.Option(
+        "peak-only", "--preemption-budget",
+        help="peak-only (preemption confined to load peaks), any, or a max share of minutes (0.1)."),
     max_preemptions_per_minute: Optional[float] = typer.Option(None, "--max-preemptions-per-minute"),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
@@ -65,7 +66,7 @@ def tune_cmd(
     tokens = (parse_grid(max_num_batched_tokens_grid, "--max-num-batched-tokens-grid")
               if max_num_batched_tokens_grid else None)
     trace, name = _trace(file, trace_format, rate_scale)
-    budget = Budget(max_minutes_share=preemption_budget, max_per_minute=max_preemptions_per_minute)
+    budget = Budget.parse(preemption_budget, max_preemptions_per_minute)
     runs: list = []
     n = len(grid) * len(tokens or [None])
     with Progress(console=err, transient=True, disable=as_json) as prog:

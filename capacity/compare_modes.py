@@ -89,38 +89,53 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
         swap_full_fallbacks=s["swap_full_fallbacks"])
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:,.0f} ms"
+
+
 def recommend(results: list[ModeResult]) -> tuple[str, str]:
+    """Pick a mode: among the preempting modes the one whose preempted requests stall least
+    (then fleet TBT p99, TTFT p99, throughput); queue-only only when it costs newcomers no more
+    than 10% of TTFT p99 and nothing in throughput or TBT."""
     by = {r.variant: r for r in results}
-    if all(r.preemptions == 0 for r in results if r.variant != "queue-only"):
+    preempting = [r for r in results if r.variant != "queue-only"]
+    if all(r.preemptions == 0 for r in preempting):
         return "recompute", ("no preemption happens under any mode at this load, so keep vLLM's "
                              "default (recompute) and spend no host memory on swap")
-    ok = [r for r in results if r.status == "completed"]
-    # Rank by the tail latency the preempted users feel, then overall TTFT, then throughput.
-    def key(r: ModeResult):
-        return (r.max_tbt_p99_preempted_s if r.max_tbt_p99_preempted_s is not None else 0.0,
-                r.ttft_p99_s or 0.0, -r.throughput_rps)
-    best = min(ok, key=key)
+    ok = [r for r in preempting if r.status == "completed"] or preempting
+    best = min(ok, key=lambda r: (r.max_tbt_p99_preempted_s or 0.0, r.tbt_p99_s or 0.0,
+                                  r.ttft_p99_s or 0.0, -r.throughput_rps))
+    q = by.get("queue-only")
+    if (q is not None and q.status == "completed" and best.ttft_p99_s is not None
+            and q.ttft_p99_s is not None and q.ttft_p99_s <= best.ttft_p99_s * 1.1
+            and q.throughput_rps >= best.throughput_rps * 0.98
+            and (q.tbt_p99_s or 0.0) <= (best.tbt_p99_s or 0.0)):
+        return "queue-only", (f"admitting only what fits (no preemption) keeps TTFT p99 at "
+                              f"{_ms(q.ttft_p99_s)} (vs {_ms(best.ttft_p99_s)} with {best.variant}) "
+                              f"and removes the preemption stalls")
+    tail = ""
+    if q is not None and q.ttft_p99_s is not None and best.ttft_p99_s is not None:
+        tail = (f"; queue-only would avoid the stalls but raise TTFT p99 from "
+                f"{_ms(best.ttft_p99_s)} to {_ms(q.ttft_p99_s)}")
     rc = by.get("recompute+prefix-cache")
     if best.variant == "swap" and rc is not None:
         gain = (rc.max_tbt_p99_preempted_s or 0) - (best.max_tbt_p99_preempted_s or 0)
-        return "swap", (f"swap keeps the preempted requests' P99 stall {gain * 1000:.0f} ms shorter "
+        return "swap", (f"swap keeps the preempted requests' P99 stall {gain * 1000:,.0f} ms shorter "
                         f"than recompute with prefix caching (which re-prefills "
                         f"{rc.recomputed_share:.1%} of all prefill work) for "
-                        f"{best.swapped_gib:.1f} GiB over the host link")
-    if best.variant.startswith("recompute"):
-        return best.variant, (f"{best.variant} gives the shortest preemption stalls here "
-                              f"(recomputing {best.recomputed_share:.1%} of prefill work) without "
-                              f"host memory for a swap tier")
-    return best.variant, ("queueing without preemption gives the best tail for the requests that "
-                          "would have been preempted, at the cost of TTFT for newcomers")
+                        f"{best.swapped_gib:.1f} GiB over the host link{tail}")
+    return best.variant, (f"{best.variant} gives the shortest preemption stalls here "
+                          f"(P99 {_ms(best.max_tbt_p99_preempted_s)}, recomputing "
+                          f"{best.recomputed_share:.1%} of prefill work) without host memory for "
+                          f"a swap tier{tail}")
 
 
 def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, keep_runs: list | None = None,
-                  workers: int | None = None) -> ModeComparison:
+                  workers: int | None = None, memo: dict | None = None) -> ModeComparison:
     gpu = resolve(config).gpu
     jobs = [Job(trace=trace, config=dataclasses.replace(config, **changes),
                 label=f"compare-modes {name}") for name, changes in VARIANTS]
-    runs = run_jobs(jobs, workers=workers)
+    runs = run_jobs(jobs, workers=workers, memo=memo)
     if keep_runs is not None:
         keep_runs.extend(runs)
     results = [mode_result(name, r.tables(), gpu.host_link_bandwidth_bytes_per_s)

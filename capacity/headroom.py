@@ -59,7 +59,7 @@ def headroom(trace: pl.DataFrame, config: EngineConfig, *, slo_ttft_p99_s: float
              slo_tbt_p99_s: float, scales: tuple[float, ...] = DEFAULT_SCALES,
              surge_start_s: float | None = None, surge_duration_s: float = 300.0,
              target_peak_scale: float | None = None, workers: int | None = None,
-             keep_runs: list | None = None, on_done=None) -> Headroom:
+             keep_runs: list | None = None, on_done=None, memo: dict | None = None) -> Headroom:
     traces, labels, meta = [], [], []
     for s in scales:
         traces.append(scale_rate(trace, s) if s != 1.0 else trace)
@@ -73,10 +73,10 @@ def headroom(trace: pl.DataFrame, config: EngineConfig, *, slo_ttft_p99_s: float
         labels.append(f"headroom flash crowd at {start:.0f} s")
         meta.append((1.0, True))
     runs = run_jobs([Job(trace=tr, config=config, label=label) for tr, label in zip(traces, labels)],
-                    workers=workers, on_done=on_done)
+                    workers=workers, on_done=on_done, memo=memo)
     if keep_runs is not None:
         keep_runs.extend(runs)
-    budget = Budget(max_minutes_share=1.0)   # judged by the classification instead
+    budget = Budget(peak_only=False)   # judged by the classification below
     points = []
     for (scale, surge), label, r in zip(meta, labels, runs):
         tables = r.tables()

@@ -45,7 +45,7 @@ def per_class(tables: dict[str, pl.DataFrame], variant: str) -> pl.DataFrame:
 
 
 def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | None = None,
-                 keep_runs: list | None = None) -> Interference:
+                 keep_runs: list | None = None, memo: dict | None = None) -> Interference:
     if trace["priority"].n_unique() < 2:
         raise ValueError("priority: the trace has one priority class; use the priority-mix "
                          "scenario or map priorities (traces.transforms)")
@@ -56,7 +56,7 @@ def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | No
             Job(trace=trace, config=dataclasses.replace(cfg, preemption_mode="none"),
                 label="priority shared queue-only"),
             Job(trace=alone, config=cfg, label="priority interactive alone")]
-    runs = run_jobs(jobs, workers=workers)
+    runs = run_jobs(jobs, workers=workers, memo=memo)
     if keep_runs is not None:
         keep_runs.extend(runs)
     names = ("shared (preemption)", "shared (queue-only)", "interactive alone")

@@ -19,7 +19,6 @@ from capacity.metrics import GIB, nearest_rank, summary
 from replay.config import EngineConfig, resolve
 from replay.memory import swap_host_ram_verdict
 from capacity.sweep import Job, run_jobs
-from replay.run import replay
 
 # Rounding step of a recommendation (GiB): vLLM takes any float, people configure halves.
 ROUND_GIB = 0.5
@@ -120,21 +119,25 @@ def _verification(job: Job, res) -> Verification:
                         run_id=res.run_id)
 
 
+def demand_job(trace: pl.DataFrame, config: EngineConfig) -> Job:
+    """The replay that measures demand: swap mode with a host pool nothing can fill."""
+    cfg = dataclasses.replace(
+        config, preemption_mode="swap", on_swap_full="recompute",
+        num_cpu_blocks_override=unbounded_cpu_blocks(trace, resolve(config).spec.block_size))
+    return Job(trace=trace, config=cfg, label="size-swap demand")
+
+
 def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.2,
               what_if_fraction: float = 0.75, sweep_fractions: tuple[float, ...] = (),
               host_ram_gib: float | None = None, keep_runs: list | None = None,
-              workers: int | None = None) -> SwapSizing:
+              workers: int | None = None, memo: dict | None = None) -> SwapSizing:
     """Measure the swap demand of `trace` under `config` and recommend and verify a size.
 
     `keep_runs`, when a list, receives every RunResult made (to store them)."""
     if headroom < 0:
         raise ValueError(f"headroom: must be >= 0, got {headroom}")
-    eng = resolve(config)
-    bpb = eng.kv_bytes_per_block
-    demand_cfg = dataclasses.replace(
-        config, preemption_mode="swap", on_swap_full="recompute",
-        num_cpu_blocks_override=unbounded_cpu_blocks(trace, eng.spec.block_size))
-    demand = replay(trace, demand_cfg, label="size-swap demand")
+    bpb = resolve(config).kv_bytes_per_block
+    demand = run_jobs([demand_job(trace, config)], workers=1, memo=memo)[0]
     if keep_runs is not None:
         keep_runs.append(demand)
     steps = demand.steps
@@ -169,7 +172,7 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
              for mode in ("abort", "recompute")]
     jobs += [_verification_job(trace, config, peak_gib * f, "recompute", bpb,
                                f"size-swap sweep {f:g}") for f in sweep_fractions]
-    runs = run_jobs(jobs, workers=workers)
+    runs = run_jobs(jobs, workers=workers, memo=memo)
     if keep_runs is not None:
         keep_runs.extend(runs)
     checks = [_verification(j, r) for j, r in zip(jobs, runs)]

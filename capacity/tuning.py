@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from capacity.classify import classify
 from capacity.metrics import preemptions_per_minute, summary
 from capacity.sweep import run_many
 from replay.config import EngineConfig, resolve
@@ -23,10 +24,30 @@ TIE_TOLERANCE = 0.01
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Budget:
-    """Preemption allowed: in at most `max_minutes_share` of the minutes (peaks only), and at
-    most `max_per_minute` preemptions in any minute (None = no limit)."""
-    max_minutes_share: float = 0.1
+    """Preemption allowed. `peak_only`: the run's preemption must classify as none or peak-only
+    (capacity/classify.py: confined to the highest-load windows, TBT recovering after each);
+    optionally also in at most `max_minutes_share` of the minutes and at most `max_per_minute`
+    preemptions in any minute (None = no limit)."""
+    peak_only: bool = True
+    max_minutes_share: float | None = None
     max_per_minute: float | None = None
+
+    @classmethod
+    def parse(cls, text: str, max_per_minute: float | None = None) -> "Budget":
+        """CLI form: "peak-only" (default), "any", or a share of minutes such as 0.1."""
+        t = text.strip().lower()
+        if t in ("peak-only", "peak"):
+            return cls(max_per_minute=max_per_minute)
+        if t in ("any", "none", "unlimited"):
+            return cls(peak_only=False, max_per_minute=max_per_minute)
+        try:
+            share = float(t)
+        except ValueError:
+            raise ValueError(f"preemption budget: use peak-only, any, or a share of minutes "
+                             f"such as 0.1, got {text!r}") from None
+        if not 0 <= share <= 1:
+            raise ValueError(f"preemption budget: a share of minutes is between 0 and 1, got {share}")
+        return cls(peak_only=False, max_minutes_share=share, max_per_minute=max_per_minute)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +66,7 @@ class Candidate:
     preempted_minutes_share: float
     recomputed_share: float
     meets_slo: bool
+    preemption_verdict: str     # none | peak-only | structural (capacity/classify.py)
     within_budget: bool
     breaks: str          # "" or what it breaks, e.g. "TTFT p99 1.9 s > 1.0 s"
 
@@ -96,12 +118,16 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
     if s["tbt_p99_s"] is None or s["tbt_p99_s"] > slo_tbt_s:
         breaks.append(f"TBT p99 {s['tbt_p99_s'] or float('nan'):.3g} s > {slo_tbt_s:g} s")
     meets = not breaks
-    within = share <= budget.max_minutes_share and (
-        budget.max_per_minute is None or peak <= budget.max_per_minute)
-    if share > budget.max_minutes_share:
-        breaks.append(f"preemption in {share:.0%} of minutes > {budget.max_minutes_share:.0%}")
+    verdict = classify(tables).verdict
+    budget_breaks = []
+    if budget.peak_only and verdict == "structural":
+        budget_breaks.append("preemption is structural, not peak-only")
+    if budget.max_minutes_share is not None and share > budget.max_minutes_share:
+        budget_breaks.append(f"preemption in {share:.0%} of minutes > {budget.max_minutes_share:.0%}")
     if budget.max_per_minute is not None and peak > budget.max_per_minute:
-        breaks.append(f"{peak} preemptions in one minute > {budget.max_per_minute:g}")
+        budget_breaks.append(f"{peak} preemptions in one minute > {budget.max_per_minute:g}")
+    within = not budget_breaks
+    breaks += budget_breaks
     if s["status"] != "completed":
         breaks.append("engine aborted")
     npre = s["preemptions_recompute"] + s["preemptions_swap"]
@@ -112,7 +138,7 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
         preemptions=npre, preemptions_per_min=npre / (sim / 60) if sim else 0.0,
         peak_preemptions_per_min=peak, preempted_minutes_share=share,
         recomputed_share=recomputed / prefill if prefill else 0.0, meets_slo=meets,
-        within_budget=within, breaks="; ".join(breaks))
+        preemption_verdict=verdict, within_budget=within, breaks="; ".join(breaks))
 
 
 def choose(cands: list[Candidate]) -> tuple[Candidate | None, str]:
@@ -127,8 +153,8 @@ def choose(cands: list[Candidate]) -> tuple[Candidate | None, str]:
     tied = [c for c in feasible if c.goodput_rps >= top * (1 - TIE_TOLERANCE)]
     pick = min(tied, key=lambda c: (c.max_num_seqs, c.max_num_batched_tokens))
     words = [f"max_num_seqs={pick.max_num_seqs} meets the SLOs with goodput "
-             f"{pick.goodput_rps:.2f} req/s and preemption in {pick.preempted_minutes_share:.0%} "
-             f"of minutes"]
+             f"{pick.goodput_rps:.2f} req/s ({pick.preemption_verdict} preemption, in "
+             f"{pick.preempted_minutes_share:.0%} of minutes)"]
     if len(tied) > 1:
         words.append(f"larger values ({', '.join(str(c.max_num_seqs) for c in tied if c is not pick)}) "
                      f"are tied within {TIE_TOLERANCE:.0%} of goodput, so the conservative one is chosen")
@@ -147,7 +173,8 @@ def choose(cands: list[Candidate]) -> tuple[Candidate | None, str]:
 def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[int],
          max_num_batched_tokens_grid: list[int] | None = None, slo_ttft_p99_s: float,
          slo_tbt_p99_s: float, budget: Budget = Budget(), workers: int | None = None,
-         keep_runs: list | None = None, on_done=None, trace_name: str = "") -> Tuning:
+         keep_runs: list | None = None, on_done=None, trace_name: str = "",
+         memo: dict | None = None) -> Tuning:
     if not max_num_seqs_grid:
         raise ValueError("max_num_seqs_grid: give at least one value, e.g. 64,128,256")
     tokens = max_num_batched_tokens_grid or [config.max_num_batched_tokens]
@@ -157,7 +184,8 @@ def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[i
             cfg = dataclasses.replace(config, max_num_seqs=seqs, max_num_batched_tokens=mbt)
             configs.append(cfg)
             labels.append(f"tune max_num_seqs={seqs} max_num_batched_tokens={mbt}")
-    runs = run_many(trace, configs, labels, workers=workers, on_done=on_done, trace_name=trace_name)
+    runs = run_many(trace, configs, labels, workers=workers, on_done=on_done, trace_name=trace_name,
+                    memo=memo)
     if keep_runs is not None:
         keep_runs.extend(runs)
     cands = [evaluate(r.tables(), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
