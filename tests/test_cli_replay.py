@@ -98,3 +98,24 @@ def test_locked_database_is_reported_not_a_traceback(small_trace, tmp_path):
         assert "Traceback" not in res.stderr
     finally:
         holder.kill(); holder.wait()
+
+
+def test_interrupted_replay_leaves_no_partial_run(small_trace, tmp_path):
+    """Ctrl-C during a replay: exit 130, one line, and the DuckDB file holds no part of that run."""
+    import signal
+    import time
+    db = tmp_path / "k.duckdb"
+    kvcap("replay", small_trace, "--db", db, "--json")  # a finished run in the file must survive
+    proc = subprocess.Popen([KVCAP, "replay", str(CONV), "--db", str(db), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGINT)
+    out, errs = proc.communicate(timeout=60)
+    assert proc.returncode == 130, errs
+    assert "interrupted" in errs and "Traceback" not in errs
+    con = duckdb.connect(str(db), read_only=True)
+    (runs,), = con.execute("SELECT count(*) FROM runs").fetchall()
+    (orphans,), = con.execute("SELECT count(*) FROM requests WHERE run_id NOT IN "
+                              "(SELECT run_id FROM runs)").fetchall()
+    con.close()
+    assert runs == 1 and orphans == 0
