@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: report test venv bench clean
+.PHONY: report test venv bench notebooks clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# JupyterLab on notebooks/, bound to localhost only (open the URL with the token it prints).
+notebooks: $(STAMP)
+	cd notebooks && ../$(VENV)/bin/jupyter lab --no-browser --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf $(VENV) report

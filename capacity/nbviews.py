@@ -11,7 +11,6 @@ first and stays under `MAX_ROWS` rows. Never imported by the packages themselves
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import polars as pl
 from capacity.charts import COLORS, HEIGHT, MAX_ROWS, WIDTH, bin_seconds, time_unit
 from replay.config import EngineConfig
 from replay.results import RunResult
-from replay.run import replay, trace_sha256
+from replay.run import replay
+from replay.run import run_id_for as replay_run_id
 from replay.store import SCHEMA as STORE_TABLES
 from replay.store import list_runs, read_table, write_run
 from traces.loaders import load_trace
@@ -48,10 +48,8 @@ def notebook_trace(trace_path: str | None = None, trace_format: str | None = Non
 
 
 def run_id_for(trace: pl.DataFrame, config: EngineConfig) -> str:
-    """The run id `replay.run.replay` gives this trace and config (tested to stay equal)."""
-    sha = trace_sha256(trace.sort("arrival_s", maintain_order=True))
-    opts = ""   # the model executor has no options (the stub's would be hashed here)
-    return hashlib.sha256(f"{sha}|{config.config_json()}|model|{opts}".encode()).hexdigest()[:16]
+    """The run id `replay.run.replay` gives this trace and config."""
+    return replay_run_id(trace, config)
 
 
 def stored_run_ids(db: str | Path) -> set[str]:

@@ -5,7 +5,7 @@ vl-convert: SVG embedded as data URIs in the HTML, one PNG per chart beside it) 
 `summary.json`. The page loads nothing from the network: no scripts, no external CSS or fonts.
 Later analyses add `Section`s through `extra_sections`; the body helpers (`text`, `table`,
 `code_block`, `bullets`) escape what they are given. Charts come from `capacity.charts`; this
-module and that one are the only importers of altair. Must not replay anything, nor import duckdb
+module, that one and the other chart modules (analysis_charts, evidence_charts, nbviews) are the importers of altair. Must not replay anything, nor import duckdb
 or torch.
 """
 from __future__ import annotations

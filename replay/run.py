@@ -38,6 +38,15 @@ def trace_sha256(trace: pl.DataFrame) -> str:
     return h.hexdigest()
 
 
+def run_id_for(trace: pl.DataFrame, config: EngineConfig, *, executor: str = "model",
+               stub_options: dict | None = None, sha: str | None = None) -> str:
+    """The id `replay()` gives this trace (sorted by arrival) + config + executor: a hash, so a rerun
+    finds (and replaces) its earlier self in the store."""
+    sha = sha or trace_sha256(trace.sort("arrival_s", maintain_order=True))
+    opts = json.dumps(stub_options or {}, sort_keys=True, default=str) if executor == "stub" else ""
+    return hashlib.sha256(f"{sha}|{config.config_json()}|{executor}|{opts}".encode()).hexdigest()[:16]
+
+
 def request_state(trace: pl.DataFrame) -> RequestState:
     return RequestState(arrival_s=trace["arrival_s"].to_numpy(),
                         prompt_len=trace["prompt_tokens"].to_numpy(),
@@ -102,8 +111,7 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
                    step_by_step=step_by_step, on_progress=on_progress)
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
-    opts = json.dumps(stub_options or {}, sort_keys=True, default=str) if executor == "stub" else ""
-    run_id = hashlib.sha256(f"{sha}|{cfg_json}|{executor}|{opts}".encode()).hexdigest()[:16]
+    run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)
     tables = build_tables(raw, trace, run_id)
     if config.scheduler == "v0":
         tables["events"] = with_v0_warnings(tables["events"])
