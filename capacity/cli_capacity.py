@@ -251,13 +251,14 @@ def report_cmd(
               "peak_swapped_gib": sizing.peak_swapped_gib,
               "recommended_max_num_seqs": tn.recommended.max_num_seqs if tn.recommended else None,
               "preemption_verdict": verdict.verdict, "alert_threshold_5m": rule.threshold,
-              "headroom_scale": hr.max_ok_scale, "baseline": s, "runs": len(runs),
+              "headroom_scale": hr.max_ok_scale, "baseline": s,
+              "runs": len({r.run_id for r in runs}),
               "wall_seconds": time.perf_counter() - wall0}
     if as_json:
         emit_json(result)
         return
     c = Console()
-    c.print(f"[bold]report:[/bold] {index}  ({len(runs)} replays, "
+    c.print(f"[bold]report:[/bold] {index}  ({result['runs']} replays, "
             f"{result['wall_seconds']:.0f} s)")
     c.print(f"[bold]preemption mode:[/bold] {modes.recommended} — {modes.reason}")
     c.print(f"[bold]swap tier:[/bold] peak {sizing.peak_swapped_gib:.2f} GiB concurrently swapped -> "

@@ -175,23 +175,32 @@ class KVCacheManager:
         """`register_full(rows[i], n_full[i])` for every i, in order, with one pool call."""
         nc = self.num_cached[rows]
         grow = np.flatnonzero(n_full > nc)
-        if not len(grow):
-            return
-        rows, nc, nf = rows[grow].tolist(), nc[grow].tolist(), n_full[grow].tolist()
-        tables, keys_of = self.tables, self.keys.keys
+        if len(grow):
+            self.register_spans(list(zip(rows[grow].tolist(), n_full[grow].tolist())))
+
+    def register_spans(self, spans: list[tuple[int, int]]) -> None:
+        """`register_full(row, n_full)` for every (row, n_full) pair, in order, in one pool call
+        (rows with nothing new are skipped)."""
+        tables, keys_of, num_cached = self.tables, self.keys.keys, self.num_cached
+        runs = []
         blocks: list[int] = []
         keys: list[int] = []
-        for r, a, b in zip(rows, nc, nf):
+        for r, b in spans:
+            a = int(num_cached[r])
+            if a >= b:
+                continue
+            ks = keys_of(r, a, b)
             blocks += tables[r][a:b]
-            keys += keys_of(r, a, b)
-        if len(rows) > 1 and len(set(keys)) < len(keys):
+            keys += ks
+            runs.append((r, a, b, ks))
+            num_cached[r] = b
+        if len(runs) > 1 and len(set(keys)) < len(keys):
             # Two rows computed the same content: registration order decides which copy a
             # lookup returns, so keep it row by row.
-            for r, a, b in zip(rows, nc, nf):
-                self.pool.register(tables[r][a:b], keys_of(r, a, b))
-        else:
+            for r, a, b, ks in runs:
+                self.pool.register(tables[r][a:b], ks)
+        elif keys:
             self.pool.register(blocks, keys)
-        self.num_cached[rows] = nf
 
     def free(self, row: int) -> list[int]:
         """Release a request's blocks, tail first. Returns its table."""

@@ -55,6 +55,9 @@ class V1Scheduler:
         self._arrived: list[int] = []          # added since the last schedule (rejection check)
         # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
         self.prefilling = np.zeros(state.n, dtype=bool)
+        self._prefill_rows: set[int] = set()   # the running rows among them
+        # The fast path's view of the running set (`steady._Ctx`); any schedule() drops it.
+        self._ctx = None
         self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
         self._last_rows = np.zeros(0, _I64)
         # Vectorized running phase; tests turn it off to compare with the per-request loop.
@@ -72,8 +75,10 @@ class V1Scheduler:
     def abort_request(self, row: int) -> None:
         """Client abort (test hook): leave whichever queue, free the blocks."""
         st = int(self.state.status[row])
+        self._ctx = None
         if st == Status.RUNNING:
             self.running.remove(row)
+            self._prefill_rows.discard(row)
             self._release(row)
         elif st == Status.WAITING:
             self.waiting.remove(row)
@@ -211,6 +216,7 @@ class V1Scheduler:
         else:
             st.num_recomputes[row] += 1
         self.prefilling[row] = False
+        self._prefill_rows.discard(row)
         self.waiting.prepend(row)
         preempted.append(Preemption(row=row, mode=mode, num_blocks=len(table),
                                     swap_full_fallback=fallback))
@@ -218,6 +224,7 @@ class V1Scheduler:
     # ---------------------------------------------------------------- one step
     def schedule(self) -> StepPlan:
         spec, st = self.spec, self.state
+        self._ctx = None
         rejected: list[Rejection] = []
         if self._arrived:
             for r in self._arrived:
@@ -365,6 +372,7 @@ class V1Scheduler:
             st.status[r] = Status.RUNNING
             st.num_computed[r] = hit
             self.prefilling[r] = True
+            self._prefill_rows.add(r)
             sched[r] = n
             budget -= n
         return budget
@@ -373,11 +381,14 @@ class V1Scheduler:
         """One sampled token for every scheduled request whose chunk reached the end of its known
         tokens; finish at output_len or max_model_len; free finished requests in batch order."""
         st = self.state
+        self._ctx = None
         rows = plan.rows
         sampled = st.num_computed[rows] >= st.prompt_len[rows] + st.num_output[rows]
         got = rows[sampled]
         st.num_output[got] += 1
         self.prefilling[got] = False
+        if self._prefill_rows:
+            self._prefill_rows.difference_update(got.tolist())
         out = st.num_output[got]
         done = (out >= st.output_len[got]) | (st.prompt_len[got] + out >= self.spec.max_model_len)
         finished = got[done]
