@@ -172,3 +172,40 @@ def test_preemption_warning_rate_limit() -> None:
     assert preemption_warning("7", "swap", 2) is None
     assert preemption_warning("9", "swap", 51).endswith("total_num_cumulative_preemption=51")
     assert "PreemptionMode.SWAP" in preemption_warning("9", "swap", 101)
+
+
+def _scenario(**kw) -> dict:
+    base = {"block_size": 4, "num_gpu_blocks": 64, "num_cpu_blocks": 64, "max_num_seqs": 8,
+            "max_num_batched_tokens": 64, "max_model_len": 64, "chunked_prefill": False,
+            "prefix_caching": False, "policy": "fcfs", "preemption_mode": None}
+    base.update(kw)
+    return base
+
+
+def _drive(sc: dict) -> list[dict]:
+    return drive(lambda spec, state, keys: VllmChunkView(V0Scheduler(spec, state, keys)), sc, "v0")
+
+
+def test_S10_prompt_limits() -> None:
+    """S10 (test_prompt_limit, test_prompt_limit_exceed, test_prefill_schedule_no_block_manager_capacity):
+    chunked budget 32 / max_len 64 schedules a 48-token prompt as 32 then 16; a prompt over
+    max_model_len is ignored (chunked or not); LATER keeps all three waiting requests waiting;
+    NEVER drops all three."""
+    req = lambda i, p, step=1: {"id": str(i), "arrival_step": step, "prompt_tokens": p,  # noqa: E731
+                                "output_tokens": 2, "priority": 0}
+    s = _drive(_scenario(chunked_prefill=True, max_num_batched_tokens=32, requests=[req(0, 48)]))
+    assert [x["scheduled"] for x in s[:2]] == [[["0", 32, "prefill"]], [["0", 16, "prefill"]]]
+    s = _drive(_scenario(chunked_prefill=True, max_num_batched_tokens=32, max_model_len=32,
+                         requests=[req(0, 48)]))
+    assert s[0]["ignored"] == ["0"] and s[0]["scheduled"] == []
+    s = _drive(_scenario(max_num_batched_tokens=30, max_model_len=30, requests=[req(0, 60)]))
+    assert s[0]["ignored"] == ["0"]
+    # LATER: one running request holds 15 of 16 blocks; three 8-token prompts (2 blocks each) wait.
+    s = _drive(_scenario(num_gpu_blocks=16, requests=[
+        {"id": "big", "arrival_step": 1, "prompt_tokens": 60, "output_tokens": 3, "priority": 0},
+        req(1, 8, 2), req(2, 8, 2), req(3, 8, 2)]))
+    assert s[1]["waiting"] == ["1", "2", "3"] and s[1]["ignored"] == []
+    assert all(x[0] == "big" for x in s[1]["scheduled"])
+    # NEVER: prompts needing more blocks than the whole pool are dropped, all three.
+    s = _drive(_scenario(num_gpu_blocks=4, requests=[req(1, 20), req(2, 20), req(3, 20)]))
+    assert sorted(s[0]["ignored"]) == ["1", "2", "3"] and s[0]["waiting"] == []
