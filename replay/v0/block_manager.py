@@ -78,10 +78,12 @@ class BlockManagerV0:
         """Blocks for every known token: full blocks may hit the cache, the tail is fresh."""
         assert row not in self.tables
         b = self.block_size
-        ids = [self.gpu.allocate_full(self._key(row, k)) if self.caching else self.gpu.allocate_new()
-               for k in range(num_tokens // b)]
-        if num_tokens % b:
-            ids.append(self.gpu.allocate_new())
+        if not self.caching:
+            ids = self.gpu.allocate_many(cdiv(num_tokens, b))
+        else:
+            ids = [self.gpu.allocate_full(self.keys.key(row, k)) for k in range(num_tokens // b)]
+            if num_tokens % b:
+                ids.append(self.gpu.allocate_new())
         self.tables[row] = ids
         self.num_full_slots[row] = num_tokens
 
@@ -99,8 +101,9 @@ class BlockManagerV0:
         num_new = seq_len - full
         empty = len(ids) * b - full
         if empty < num_new:
-            for _ in range(cdiv(num_new - empty, b)):
-                ids.append(self.gpu.allocate_new())
+            n = cdiv(num_new - empty, b)
+            ids.extend(self.gpu.allocate_many(n) if not self.caching
+                       else [self.gpu.allocate_new() for _ in range(n)])
         if self.caching:
             for k in range(full // b, seq_len // b):
                 ids[k] = self.gpu.promote(ids[k], self.keys.key(row, k))
@@ -124,6 +127,9 @@ class BlockManagerV0:
         self._release(pool, row, ids, full)
 
     def _release(self, pool: BlockPool, row: int, ids: list[int], num_full: int) -> None:
+        if not self.caching:
+            pool.free_many(ids)
+            return
         b = self.block_size
         for k, block_id in enumerate(ids):
             key = self._key(row, k) if k < num_full else None
@@ -159,8 +165,11 @@ class BlockManagerV0:
         ids = self.tables[row]
         num_full = self.num_full_slots[row] // self.block_size
         self._release(src, row, ids, num_full)
-        new_ids = [dst.allocate_full(self.keys.key(row, k)) if (self.caching and k < num_full)
-                   else dst.allocate_new() for k in range(len(ids))]
+        if not self.caching:
+            new_ids = dst.allocate_many(len(ids))
+        else:
+            new_ids = [dst.allocate_full(self.keys.key(row, k)) if k < num_full
+                       else dst.allocate_new() for k in range(len(ids))]
         self.tables[row] = new_ids
         pairs: dict[int, int] = {}
         for s, d in zip(ids, new_ids):

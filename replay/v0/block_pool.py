@@ -135,6 +135,29 @@ class BlockPool:
             self._track(block_id, computed=False)
         return block_id
 
+    def allocate_many(self, n: int) -> list[int]:
+        """`allocate_new()` n times without caching (the free list is the only source), in one call."""
+        assert not self.caching
+        if n > len(self.free_ids):
+            raise RuntimeError("no free block")
+        pop = self.free_ids.popleft
+        ids = [pop() for _ in range(n)]
+        ref, f = self.ref, self.first_id
+        for b in ids:
+            ref[b - f] += 1
+        return ids
+
+    def free_many(self, ids: list[int]) -> None:
+        """`free(b, None, ...)` for each block in order without caching, in one call: without a
+        cache no block is shared, so each goes back to the front of the free list."""
+        assert not self.caching
+        ref, f, back = self.ref, self.first_id, self.free_ids.appendleft
+        for b in ids:
+            i = b - f
+            ref[i] -= 1
+            if ref[i] == 0:
+                back(b)
+
     def allocate_full(self, key: int) -> int:
         """A block for a full, keyed chunk of tokens: a cache hit shares the cached block."""
         if not self.caching:

@@ -26,6 +26,8 @@ from replay.v0.budget import Budget
 from replay.v0.preemption import PreemptionMixin, SwapFull
 from replay.v0 import steady
 
+_RUNNING = int(Status.RUNNING)   # enum attribute reads are slow in hot loops
+
 
 @dataclass(slots=True)
 class _RunningOut:
@@ -72,6 +74,9 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
         self._stall_count = np.zeros(n, dtype=np.int64)
         self._admit_hit = np.zeros(n, dtype=np.int64)
         self._reserved_blocks = 0
+        # Python copies of constant per-row numbers (numpy scalar reads are slow).
+        self._prompt = state.prompt_len.tolist()
+        self._out_len = state.output_len.tolist()
         self.num_cumulative_preemption = 0
         self.num_steps = 0
         self._pending_rejections: list[Rejection] = []
@@ -141,7 +146,7 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
 
     # ================================================================== row helpers
     def _seq_len(self, row: int) -> int:
-        return int(self.state.prompt_len[row] + self.state.num_output[row])
+        return self._prompt[row] + int(self.state.num_output[row])
 
     def _num_new_tokens(self, row: int, budget: Budget, chunking: bool,
                         swapped: bool = False) -> tuple[int, int]:
@@ -381,34 +386,44 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
     # ================================================================== update
     def update(self, plan: StepPlan) -> StepOutput:
         """Play the model output back like vLLM's synchronous engine loop (oracle.py V0)."""
-        st, spec = self.state, self.spec
+        st = self.state
         rows = plan.rows
         sampled = np.zeros(len(rows), dtype=bool)
         if plan.abort is not None or len(rows) == 0:
             return StepOutput(sampled=sampled, finished=np.zeros(0, dtype=np.int64))
-        any_finished = False
+        # One gather per column, then plain Python per row (batches are small).
+        status = st.status[rows].tolist()
+        nout = st.num_output[rows].tolist()
+        reached = (plan.num_new_tokens + plan.num_computed_tokens).tolist()
+        is_prefill = plan.is_prefill.tolist()
+        prompt, out_len, L = self._prompt, self._out_len, self.spec.max_model_len
+        live, live_computed, prefilled, got, fin = [], [], [], [], []
         for i, row in enumerate(rows.tolist()):
-            if st.status[row] != Status.RUNNING:
+            if status[i] != _RUNNING:
                 continue
-            computed = int(st.num_computed[row])
-            seq_len = self._seq_len(row)
-            chunk = int(plan.num_new_tokens[i]) + int(plan.num_computed_tokens[i]) - computed
-            computed += chunk
-            st.num_computed[row] = computed
+            # The chunk ends at its context plus its new tokens.
+            computed = reached[i]
+            live.append(row)
+            live_computed.append(computed)
+            seq_len = prompt[row] + nout[i]
             if computed == seq_len:
-                self.in_prefill[row] = False
-            if plan.is_prefill[i] and computed < seq_len:
+                prefilled.append(row)
+            if is_prefill[i] and computed < seq_len:
                 continue
             sampled[i] = True
-            st.num_output[row] += 1
-            if st.num_output[row] >= st.output_len[row] or seq_len + 1 >= spec.max_model_len:
-                st.status[row] = Status.FINISHED
-                any_finished = True
+            got.append(row)
+            if nout[i] + 1 >= out_len[row] or seq_len + 1 >= L:
+                fin.append(row)
+        st.num_computed[live] = live_computed
+        self.in_prefill[prefilled] = False
+        st.num_output[got] += 1
         finished: list[int] = []
-        if any_finished:
+        if fin:
+            st.status[fin] = Status.FINISHED
+            gone = set(fin)
             remaining: deque[int] = deque()
             for row in self.running:
-                if st.status[row] == Status.FINISHED:
+                if row in gone:
                     self._release_reservation(row)
                     self.bm.free(row)
                     finished.append(row)

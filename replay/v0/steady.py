@@ -12,6 +12,7 @@ Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -95,20 +96,26 @@ def max_steady_steps(s: V0Scheduler) -> int:
     blocked, _ = _head_stays_blocked(s, len(rows))
     if not blocked:
         return 0
-    seq_len = st.prompt_len[rows] + st.num_output[rows]
+    nout = st.num_output[rows].tolist()
+    row_list = rows.tolist()
+    prompt, out_len = s._prompt, s._out_len
     # Steps until each row finishes (output length or max_model_len); finishing at step k is fine.
-    k_max = int(min((st.output_len[rows] - st.num_output[rows]).min(),
-                    (spec.max_model_len - seq_len).min()))
+    k_max = min(min(out_len[r] - o for r, o in zip(row_list, nout)),
+                spec.max_model_len - max(prompt[r] + o for r, o in zip(row_list, nout)))
     if k_max < 1:
         return 0
     b = spec.block_size
-    full = seq_len - 1
     free0 = s.bm.num_free_gpu()
+    # A row allocates at most k // b + 1 blocks in k steps: with room for that, no count is needed.
+    if free0 - len(row_list) * (k_max // b + 1) >= 1:
+        return k_max
+    # Step (1-based) of each row's first allocation: its stored tokens sit on a block boundary.
+    first = [(-(prompt[r] + o - 1)) % b + 1 for r, o in zip(row_list, nout)]
 
     def fits(k: int) -> bool:
         # D1: the last row's check in step k sees every allocation before it; free only shrinks.
-        total = int(_allocs_through(full, k, b).sum())
-        last = int((full[-1] + k - 1) % b == 0)
+        total = sum((k - j) // b + 1 for j in first if j <= k)
+        last = int((k - first[-1]) % b == 0)
         return free0 - total + last >= 1
 
     if not fits(1):
@@ -136,8 +143,66 @@ def _completions(rows: np.ndarray, full: np.ndarray, k: int, b: int):
 
 
 def advance_steady(s: V0Scheduler, num_steps: int) -> SteadyRun:
-    k = num_steps
-    assert k >= 1
+    assert num_steps >= 1
+    if not s.spec.enable_prefix_caching:
+        return _advance_uncached(s, num_steps)
+    return _advance_cached(s, num_steps)
+
+
+def _advance_uncached(s: V0Scheduler, k: int) -> SteadyRun:
+    """Without prefix caching a step's only block events are allocations from the free list
+    (never a cached twin), so the run always completes; plain Python per row."""
+    spec, st, bm = s.spec, s.state, s.bm
+    row_list = list(s.running)
+    rows = np.fromiter(row_list, dtype=np.int64, count=len(row_list))
+    b, nb = spec.block_size, len(row_list)
+    nout = st.num_output[rows].tolist()
+    prompt = s._prompt
+    full = [prompt[r] + o - 1 for r, o in zip(row_list, nout)]
+    computed_before = st.num_computed[rows]
+    used0 = bm.gpu.num_used()
+    # Allocation events as step * nb + position: sorted, the step-by-step order.
+    ev = [j * nb + p for p, f in enumerate(full) for j in range((-f) % b + 1, k + 1, b)]
+    if ev:
+        ev.sort()
+        tables = bm.tables
+        blocks = bm.gpu.allocate_many(len(ev))
+        per_step = [0] * k
+        for e, blk in zip(ev, blocks):
+            tables[row_list[e % nb]].append(blk)
+            per_step[e // nb - 1] += 1
+        if spec.preemption_mode == "none":
+            s._reserved_blocks -= len(ev)
+        used = np.fromiter(accumulate(per_step, initial=used0), np.int64, k + 1)[1:]
+    else:
+        used = np.full(k, used0, np.int64)
+    st.num_computed[rows] += k
+    st.num_output[rows] += k
+    nfs = bm.num_full_slots
+    for row, f in zip(row_list, full):
+        nfs[row] = f + k
+    s.num_steps += k
+    out_len, L = s._out_len, spec.max_model_len
+    fin = [r for r, o, f in zip(row_list, nout, full)
+           if o + k >= out_len[r] or f + 1 + k >= L]
+    if fin:
+        _free_finished(s, fin)
+        used[-1] = bm.gpu.num_used()
+    return SteadyRun(rows=rows, num_computed_tokens=computed_before, num_steps=k,
+                     gpu_blocks_used=used, finished=np.array(fin, dtype=np.int64))
+
+
+def _free_finished(s: V0Scheduler, fin: list[int]) -> None:
+    """Finishes happen only in the last step; free them in running order as `update` does."""
+    s.state.status[fin] = Status.FINISHED
+    for row in fin:
+        s._release_reservation(row)
+        s.bm.free(row)
+    done_set = set(fin)
+    s.running = type(s.running)(r for r in s.running if r not in done_set)
+
+
+def _advance_cached(s: V0Scheduler, k: int) -> SteadyRun:
     spec, st, bm = s.spec, s.state, s.bm
     rows = np.fromiter(s.running, dtype=np.int64, count=len(s.running))
     b = spec.block_size

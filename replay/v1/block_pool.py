@@ -10,7 +10,8 @@ Every operation works on whole runs of blocks at C speed (a replay moves million
 reference counts and block keys are numpy arrays, and the free queue is a numpy ring buffer
 `_buf[_head:_tail]` in queue order, where a block taken out of the middle (a prefix hit) leaves a
 hole (0: the null block is never free) that pops skip. The key -> block map is a dict updated and
-pruned in bulk. Owns no request state. Must not import traces/, capacity/ or torch.
+pruned in bulk. Pops and registrations of a few blocks (most decode steps) take a scalar path,
+since a numpy call costs more than a handful of per-block Python operations. Owns no request state. Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 NULL_BLOCK = 0
 _HOLE = NULL_BLOCK  # the null block is never free, so its id marks a hole in the ring
 _I64 = np.int64
+_FEW = 8   # up to this many blocks, per-block scalar work is cheaper than numpy calls
 
 
 class BlockPool:
@@ -99,6 +101,12 @@ class BlockPool:
         if cached.keys().isdisjoint(keys):
             # Common case: fresh content; one C-level update instead of a loop.
             cached.update(zip(keys, blocks))
+            if len(blocks) <= _FEW:
+                key, hashed = self._key, self._hashed
+                for b, k in zip(blocks, keys):
+                    key[b] = k
+                    hashed[b] = True
+                return
             idx = np.asarray(blocks, _I64)
             self._key[idx] = keys
             self._hashed[idx] = True
@@ -119,14 +127,26 @@ class BlockPool:
         if not len(hit):
             return
         self._hashed[hit] = False
-        keys = self._key[hit].tolist()
+        self._drop_keys(hit.tolist(), self._key[hit].tolist())
+
+    def _evict_few(self, blocks: list[int]) -> None:
+        """`_evict` for a handful of blocks: scalar reads beat numpy's per-call overhead."""
+        hashed, key = self._hashed, self._key
+        hit = [b for b in blocks if hashed[b]]
+        if hit:
+            for b in hit:
+                hashed[b] = False
+            self._drop_keys(hit, [int(key[b]) for b in hit])
+
+    def _drop_keys(self, hit: list[int], keys: list[int]) -> None:
+        """Remove evicted blocks `hit` (with their `keys`) from the cache map, in order."""
         dups = self.dups
         if not dups or dups.keys().isdisjoint(keys):
             # No copies: each key's cached block is this very block.
             deque(map(self.cached.__delitem__, keys), maxlen=0)
             return
         cached = self.cached
-        for b, k in zip(hit.tolist(), keys):
+        for b, k in zip(hit, keys):
             more = dups.get(k)
             if cached.get(k) == b:
                 if more:
@@ -146,6 +166,17 @@ class BlockPool:
         if n <= 0:
             return []
         buf, h = self._buf, self._head
+        if n <= _FEW:
+            out = buf[h:h + n].tolist()
+            if not self._holes or _HOLE not in out:
+                self._head = h + n
+                self._num_free -= n
+                ref = self._ref
+                for b in out:
+                    ref[b] = 1
+                if self.cached:
+                    self._evict_few(out)
+                return out
         if self._holes:
             window = buf[h:h + n + self._holes]
             live = np.flatnonzero(window)[:n]

@@ -1,0 +1,87 @@
+"""Check that full replays reproduce saved tables exactly (the schedulers' optimisation guard).
+
+    python bench/check_identical.py save  BASEDIR [NAME ...]   # write the baseline
+    python bench/check_identical.py check BASEDIR [NAME ...]   # compare against it (exit 1 on diff)
+
+Each case replays a real trace under one config and stores `requests`, `steps`, `events`,
+`stalls`, `tbt` as parquet plus the run id; `check` compares them with `DataFrame.equals`
+(NaNs equal), so any changed scheduling decision, step timing or block count shows up.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from replay.config import EngineConfig
+from replay.run import replay
+from traces.loaders import load_trace
+
+TRACES = {"conv": "../shared/traces/AzureLLMInferenceTrace_conv.csv",
+          "mooncake": "../shared/traces/conversation_trace.jsonl"}
+CASES = {
+    "conv_v1": ("conv", dict()),
+    "conv_v0": ("conv", dict(scheduler="v0")),
+    "mooncake_v1": ("mooncake", dict()),
+    "conv_v1_3000": ("conv", dict(num_gpu_blocks_override=3000)),
+    "conv_v0_3000": ("conv", dict(scheduler="v0", num_gpu_blocks_override=3000)),
+    "conv_v1_swap3000": ("conv", dict(preemption_mode="swap", num_gpu_blocks_override=3000)),
+    "conv_v0_swap3000": ("conv", dict(scheduler="v0", preemption_mode="swap",
+                                      num_gpu_blocks_override=3000)),
+    # Extra coverage: prefix caching under pressure, V0 caching, the large-batch regime.
+    "mooncake_v1_swap3000": ("mooncake", dict(preemption_mode="swap", num_gpu_blocks_override=3000)),
+    "mooncake_v0_cache": ("mooncake", dict(scheduler="v0", enable_prefix_caching=True)),
+    "mooncake_v0_cache3000": ("mooncake", dict(scheduler="v0", enable_prefix_caching=True,
+                                               num_gpu_blocks_override=3000)),
+    "conv_v0_1000": ("conv", dict(scheduler="v0", num_gpu_blocks_override=1000)),
+    "conv_v0_swap1000": ("conv", dict(scheduler="v0", preemption_mode="swap",
+                                      on_swap_full="recompute", num_gpu_blocks_override=1000)),
+    "conv_v0_chunked1000": ("conv", dict(scheduler="v0", enable_chunked_prefill=True,
+                                         num_gpu_blocks_override=1000)),
+    "synth_v1_1024": ("synth", dict(max_num_seqs=1024)),
+    "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
+}
+TABLES = ("requests", "steps", "events", "stalls", "tbt")
+
+
+def _trace(name: str, cache: dict) -> pl.DataFrame:
+    if name not in cache:
+        if name == "synth":
+            from traces.synth import synthesize
+            cache[name] = synthesize("poisson", rate_rps=60, duration_s=120)
+        else:
+            cache[name] = load_trace(TRACES[name])
+    return cache[name]
+
+
+def main(argv: list[str]) -> int:
+    mode, base, names = argv[0], Path(argv[1]), argv[2:] or list(CASES)
+    cache: dict = {}
+    bad = 0
+    for name in names:
+        tname, kw = CASES[name]
+        trace = _trace(tname, cache)
+        c0 = time.process_time()
+        r = replay(trace, EngineConfig(**kw))
+        cpu = time.process_time() - c0
+        d = base / name
+        if mode == "save":
+            d.mkdir(parents=True, exist_ok=True)
+            for t in TABLES:
+                getattr(r, t).write_parquet(d / f"{t}.parquet")
+            (d / "run_id").write_text(r.run_id)
+            print(f"{name}: saved ({cpu:.2f} s cpu, {r.steps.height} steps)")
+            continue
+        diffs = [t for t in TABLES
+                 if not getattr(r, t).equals(pl.read_parquet(d / f"{t}.parquet"), null_equal=True)]
+        if (d / "run_id").read_text() != r.run_id:
+            diffs.append("run_id")
+        bad += bool(diffs)
+        print(f"{name}: {'DIFF ' + ','.join(diffs) if diffs else 'identical'} ({cpu:.2f} s cpu)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
