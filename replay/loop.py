@@ -124,8 +124,24 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     log = _StepLog()
     ev = {k: [] for k in ("t_s", "step", "row", "kind", "blocks", "bytes")}
     stalls = {k: [] for k in ("row", "preempted_s", "resumed_s", "stall_s", "mode")}
-    tbt_vals: list[np.ndarray] = []
-    tbt_wts: list[int] = []              # one weight per chunk of tbt_vals
+    # Fleet TBT samples as (values, weights) chunks. Rows that also produced a token in the
+    # previous step all share one gap value, so each step adds one weighted sample plus the few
+    # rows that did not (resumed, skipped): memory O(steps), not O(tokens).
+    tbt_vals: list = []
+    tbt_wts: list = []
+
+    def add_gaps(end: float, prev: np.ndarray) -> np.ndarray:
+        """Record the TBT samples end - prev; return them (per row)."""
+        gap = end - prev
+        same = prev == t
+        k = int(same.sum())
+        if k:
+            tbt_vals.append(end - t); tbt_wts.append(k)
+        if k < len(prev):
+            odd = gap[~same]
+            tbt_vals.append(odd); tbt_wts.append(np.ones(len(odd), np.int64))
+        return gap
+
     raw = RawRun(state=state, steps={}, first_scheduled_s=first_sched, first_token_s=first_tok,
                  finish_s=finish, max_tbt_s=max_tbt, events=ev, stalls=stalls)
 
@@ -174,13 +190,12 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                              scheduler.cpu_blocks_used(), evicted_count, evicted_total))
             log.seg_start.append(ends[:k]); log.seg_dur.append(durations[:k])
             log.seg_gpu.append(run_.gpu_blocks_used)
-            gap = ends[1] - last_tok[rows]
-            tbt_vals.append(gap); tbt_wts.append(1)
+            gap = add_gaps(float(ends[1]), last_tok[rows])
             later_max = 0.0
             if k > 1:
                 # end - previous end, exactly as the one-step path computes each sample.
                 later = ends[2:k + 1] - ends[1:k]
-                tbt_vals.append(later); tbt_wts.append(b)
+                tbt_vals.append(later); tbt_wts.append(np.full(k - 1, b, np.int64))
                 later_max = float(later.max())
             max_tbt[rows] = np.maximum(max_tbt[rows], np.maximum(gap, later_max))
             t = float(ends[k])
@@ -246,8 +261,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                 first_tok[sampled[first]] = end
                 cont = sampled[~first]
                 if len(cont):
-                    gap = end - last_tok[cont]
-                    tbt_vals.append(gap); tbt_wts.append(1)
+                    gap = add_gaps(end, last_tok[cont])
                     max_tbt[cont] = np.maximum(max_tbt[cont], gap)
                     stalled = cont[~np.isnan(preempted_at[cont])]
                     for row in stalled.tolist():
@@ -274,9 +288,10 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     raw.steps = log.frozen(step)
     raw.num_steps = step
     raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
-    raw.tbt_values = np.concatenate(tbt_vals) if tbt_vals else np.zeros(0)
-    raw.tbt_weights = (np.repeat(np.asarray(tbt_wts, np.int64), [len(v) for v in tbt_vals])
-                       if tbt_vals else np.zeros(0, np.int64))
+    raw.tbt_values = (np.concatenate([np.atleast_1d(v) for v in tbt_vals]).astype(np.float64)
+                      if tbt_vals else np.zeros(0))
+    raw.tbt_weights = (np.concatenate([np.atleast_1d(w) for w in tbt_wts]).astype(np.int64)
+                       if tbt_wts else np.zeros(0, np.int64))
     return raw
 
 
