@@ -16,7 +16,8 @@ import polars as pl
 
 from capacity.classify import classify
 from capacity.metrics import preemptions_per_minute, summary
-from capacity.sweep import run_many
+from capacity.sweep import default_workers, run_many
+from replay.results import RunResult
 from replay.config import EngineConfig, resolve
 
 TIE_TOLERANCE = 0.01
@@ -101,8 +102,13 @@ class Tuning:
 
 
 def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: float,
-             budget: Budget) -> Candidate:
-    run = tables["runs"].row(0, named=True)
+             budget: Budget, config=None) -> Candidate:
+    """Score one run. `config` (a resolved engine) names the candidate when its run is shared
+    with a smaller one (see `_sweep_smallest_first`)."""
+    run = dict(tables["runs"].row(0, named=True))
+    if config is not None:
+        run.update(max_num_seqs=config.spec.max_num_seqs,
+                   max_num_batched_tokens=config.spec.max_num_batched_tokens)
     s = summary(tables, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s)
     sim = s["sim_seconds"] or 0.0
     per_min = preemptions_per_minute(tables["events"], sim)
@@ -170,6 +176,43 @@ def choose(cands: list[Candidate]) -> tuple[Candidate | None, str]:
     return pick, "; ".join(words)
 
 
+def _same_but_seqs(a, b) -> bool:
+    """Do two configs resolve to the same engine except for max_num_seqs?"""
+    ra, rb = resolve(a).spec, resolve(b).spec
+    return dataclasses.replace(ra, max_num_seqs=0) == dataclasses.replace(rb, max_num_seqs=0)
+
+
+def _sweep_smallest_first(trace, configs, *, workers, on_done, trace_name, memo):
+    """Replay the candidates smallest max_num_seqs first, `workers` at a time. A run whose
+    running set never reached its max_num_seqs was never limited by it, so every larger value
+    (same engine otherwise) replays identically: those reuse it instead of replaying."""
+    n = max(1, workers or default_workers())
+    done: dict[int, RunResult] = {}
+    reported: set[int] = set()
+    order = sorted(range(len(configs)), key=lambda i: (configs[i].max_num_batched_tokens or 0,
+                                                       configs[i].max_num_seqs))
+    pending = list(order)
+    while pending:
+        batch, pending = pending[:n], pending[n:]
+        runs = run_many(trace, [configs[i] for i in batch],
+                        [f"tune max_num_seqs={configs[i].max_num_seqs} "
+                         f"max_num_batched_tokens={configs[i].max_num_batched_tokens}" for i in batch],
+                        workers=n, trace_name=trace_name, memo=memo)
+        for i, r in zip(batch, runs):
+            done[i] = r
+            peak = int(r.steps["num_running"].max() or 0) if r.steps.height else 0
+            if peak < resolve(configs[i]).spec.max_num_seqs:
+                for j in [j for j in pending if _same_but_seqs(configs[j], configs[i])
+                          and configs[j].max_num_seqs > configs[i].max_num_seqs]:
+                    done[j] = r
+                    pending.remove(j)
+        if on_done:
+            for i in [i for i in done if i not in reported]:
+                reported.add(i)
+                on_done(i, done[i])
+    return [done[i] for i in range(len(configs))]
+
+
 def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[int],
          max_num_batched_tokens_grid: list[int] | None = None, slo_ttft_p99_s: float,
          slo_tbt_p99_s: float, budget: Budget = Budget(), workers: int | None = None,
@@ -178,18 +221,14 @@ def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[i
     if not max_num_seqs_grid:
         raise ValueError("max_num_seqs_grid: give at least one value, e.g. 64,128,256")
     tokens = max_num_batched_tokens_grid or [config.max_num_batched_tokens]
-    configs, labels = [], []
-    for mbt in tokens:
-        for seqs in sorted(set(max_num_seqs_grid)):
-            cfg = dataclasses.replace(config, max_num_seqs=seqs, max_num_batched_tokens=mbt)
-            configs.append(cfg)
-            labels.append(f"tune max_num_seqs={seqs} max_num_batched_tokens={mbt}")
-    runs = run_many(trace, configs, labels, workers=workers, on_done=on_done, trace_name=trace_name,
-                    memo=memo)
+    configs = [dataclasses.replace(config, max_num_seqs=seqs, max_num_batched_tokens=mbt)
+               for mbt in tokens for seqs in sorted(set(max_num_seqs_grid))]
+    runs = _sweep_smallest_first(trace, configs, workers=workers, on_done=on_done,
+                                 trace_name=trace_name, memo=memo)
     if keep_runs is not None:
-        keep_runs.extend(runs)
-    cands = [evaluate(r.tables(), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
-             for r in runs]
+        keep_runs.extend({r.run_id: r for r in runs}.values())
+    cands = [evaluate(r.tables(), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget,
+                      config=resolve(cfg)) for cfg, r in zip(configs, runs)]
     pick, why = choose(cands)
     flags: tuple[str, ...] = ()
     if pick is not None:
