@@ -57,7 +57,8 @@ def parameterized(nb_path: Path, params: dict):
 
 def execute(nb, cwd: Path):
     from nbclient import NotebookClient
-    NotebookClient(nb, kernel_name="python3", timeout=120,
+    # Generous timeouts: on a loaded 2-core machine a kernel can take long to start.
+    NotebookClient(nb, kernel_name="python3", timeout=300, startup_timeout=300,
                    resources={"metadata": {"path": str(cwd)}}).execute()
     return nb
 
