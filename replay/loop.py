@@ -17,7 +17,9 @@ polars or DuckDB). Must not import traces/, capacity/, polars or duckdb.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable, Protocol
 
 import numpy as np
@@ -103,6 +105,10 @@ class RawRun:
     num_steps: int = 0
 
 
+# Steady runs of up to this many rows and steps do their per-row bookkeeping on Python lists: a
+# numpy call costs about a microsecond whatever its size, more than a few dozen scalar operations.
+_SMALL = 64
+
 EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
                "swap_full_abort", "reject")
 
@@ -127,19 +133,21 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     # Fleet TBT samples as (values, weights) chunks. Rows that also produced a token in the
     # previous step all share one gap value, so each step adds one weighted sample plus the few
     # rows that did not (resumed, skipped): memory O(steps), not O(tokens).
-    tbt_vals: list = []
-    tbt_wts: list = []
+    # Flat Python lists (one entry per sample, in order): appending a scalar is far cheaper than
+    # keeping a list of tiny arrays and concatenating 100k+ of them at the end.
+    tbt_vals: list[float] = []
+    tbt_wts: list[int] = []
 
     def add_gaps(end: float, prev: np.ndarray) -> np.ndarray:
         """Record the TBT samples end - prev; return them (per row)."""
         gap = end - prev
         same = prev == t
-        k = int(same.sum())
+        k = int(np.count_nonzero(same))
         if k:
             tbt_vals.append(end - t); tbt_wts.append(k)
         if k < len(prev):
-            odd = gap[~same]
-            tbt_vals.append(odd); tbt_wts.append(np.ones(len(odd), np.int64))
+            odd = gap[~same].tolist()
+            tbt_vals.extend(odd); tbt_wts.extend([1] * len(odd))
         return gap
 
     raw = RawRun(state=state, steps={}, first_scheduled_s=first_sched, first_token_s=first_tok,
@@ -180,12 +188,52 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                 d0 = executor.decode_step_s(len(rows), int(ctx.sum()))
                 k_max = min(k_max, int((float(arrival[cursor]) - t) / d0) + 2)
             durations = executor.steady_step_s(ctx, k_max)
+            b = len(rows)
+            if b <= _SMALL and k_max <= _SMALL:
+                # Few rows, few steps: the same arithmetic on Python floats (accumulate adds in
+                # order, like cumsum; max equals np.maximum without NaNs) beats a dozen numpy calls.
+                dur = durations.tolist()
+                ends = list(accumulate(dur, initial=t))         # sequential, like t += d
+                k = k_max if cursor >= n else bisect_left(ends, float(arrival[cursor]), 0, k_max)
+                k = max(1, min(k, k_max))
+                run_ = scheduler.advance_steady(k)
+                k = run_.num_steps
+                log.segs.append((step, k, b, scheduler.num_waiting, scheduler.num_swapped,
+                                 scheduler.cpu_blocks_used(), evicted_count, evicted_total))
+                log.seg_start.append(ends[:k]); log.seg_dur.append(dur[:k])
+                log.seg_gpu.append(run_.gpu_blocks_used)
+                end1 = ends[1]
+                prev = last_tok[rows].tolist()
+                same = prev.count(t)
+                if same:
+                    tbt_vals.append(end1 - t); tbt_wts.append(same)
+                later_max = 0.0
+                if k > 1:
+                    later = [y - x for x, y in zip(ends[1:k], ends[2:k + 1])]
+                    later_max = max(later)
+                if same < b:
+                    odd = [end1 - p for p in prev if p != t]
+                    tbt_vals.extend(odd); tbt_wts.extend([1] * len(odd))
+                    top = [max(end1 - p, later_max) for p in prev]
+                else:
+                    top = max(end1 - t, later_max)
+                if k > 1:
+                    tbt_vals.extend(later); tbt_wts.extend([b] * (k - 1))
+                max_tbt[rows] = np.maximum(max_tbt[rows], top)
+                t = ends[k]
+                last_tok[rows] = t
+                if len(run_.finished):
+                    finish[run_.finished] = t
+                step += k
+                if on_progress is not None and \
+                        step // progress_every_steps != (step - 1) // progress_every_steps:
+                    on_progress(t, cursor)
+                continue
             ends = np.cumsum(np.concatenate(([t], durations)))   # sequential, like t += d
             k = k_max if cursor >= n else int(np.searchsorted(ends[:-1], arrival[cursor], "left"))
             k = max(1, min(k, k_max))
             run_ = scheduler.advance_steady(k)
             k = run_.num_steps          # a scheduler may stop a run early (it says how far it got)
-            b = len(rows)
             log.segs.append((step, k, b, scheduler.num_waiting, scheduler.num_swapped,
                              scheduler.cpu_blocks_used(), evicted_count, evicted_total))
             log.seg_start.append(ends[:k]); log.seg_dur.append(durations[:k])
@@ -195,7 +243,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             if k > 1:
                 # end - previous end, exactly as the one-step path computes each sample.
                 later = ends[2:k + 1] - ends[1:k]
-                tbt_vals.append(later); tbt_wts.append(np.full(k - 1, b, np.int64))
+                tbt_vals.extend(later.tolist()); tbt_wts.extend([b] * (k - 1))
                 later_max = float(later.max())
             max_tbt[rows] = np.maximum(max_tbt[rows], np.maximum(gap, later_max))
             t = float(ends[k])
@@ -229,7 +277,9 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                 event("swap_in", row, blocks)
             rows = plan.rows
             # Resumed (scheduled again, swapped in or dropped): no longer evicted.
-            back = [r for r in (*rows.tolist(), *(x.row for x in plan.rejected)) if evicted[r]]
+            # (Only swap preemptions make a row evicted: skip the per-row scan while none is.)
+            back = ([r for r in (*rows.tolist(), *(x.row for x in plan.rejected)) if evicted[r]]
+                     if evicted_count else ())
             for r in back:
                 evicted_total -= int(evicted[r]); evicted_count -= 1; evicted[r] = 0
             for p in plan.preempted:
@@ -288,10 +338,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     raw.steps = log.frozen(step)
     raw.num_steps = step
     raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
-    raw.tbt_values = (np.concatenate([np.atleast_1d(v) for v in tbt_vals]).astype(np.float64)
-                      if tbt_vals else np.zeros(0))
-    raw.tbt_weights = (np.concatenate([np.atleast_1d(w) for w in tbt_wts]).astype(np.int64)
-                       if tbt_wts else np.zeros(0, np.int64))
+    raw.tbt_values = np.array(tbt_vals, dtype=np.float64)
+    raw.tbt_weights = np.array(tbt_wts, dtype=np.int64)
     return raw
 
 

@@ -23,6 +23,9 @@ _K_BITS = 24  # engine blocks per request < 2**24 (268M tokens at block_size 16)
 
 
 class BlockKeys(Protocol):
+    """Negative keys are request-unique (`unique_key`) and, within a request, follow all of its
+    shared (>= 0) keys; the V1 block pool relies on both to register unique keys lazily."""
+
     def key(self, row: int, k: int) -> int:
         """Key of block k (0-based) of request `row`; only asked for blocks whose tokens are all
         known (prompt + output produced so far)."""
@@ -94,7 +97,12 @@ class TraceBlockKeys:
         n_shared = self.num_shared_blocks(row)
         mid = min(max(n_shared, start), stop)
         out = _unique_keys(row, mid, stop)
-        if start < mid:
+        if start < mid <= start + 16:
+            # A few blocks (most calls: a running request's newly full block): Python ints, the
+            # same values as the numpy expression below without its per-call cost.
+            ids, bs, hbt = self._chain[row], self.block_size, self.hash_block_tokens
+            out[:0] = [(ids[((k + 1) * bs - 1) // hbt] << _K_BITS) | k for k in range(start, mid)]
+        elif start < mid:
             ids = np.asarray(self._chain[row], np.int64)
             k = np.arange(start, mid, dtype=np.int64)
             shared = (ids[((k + 1) * self.block_size - 1) // self.hash_block_tokens] << _K_BITS) | k

@@ -10,7 +10,11 @@ Every operation works on whole runs of blocks at C speed (a replay moves million
 reference counts and block keys are numpy arrays, and the free queue is a numpy ring buffer
 `_buf[_head:_tail]` in queue order, where a block taken out of the middle (a prefix hit) leaves a
 hole (0: the null block is never free) that pops skip. The key -> block map is a dict updated and
-pruned in bulk. Pops and registrations of a few blocks (most decode steps) take a scalar path,
+pruned in bulk. Keys that only their own request can hit (negative: `replay.prefix.unique_key`)
+enter it lazily: registering one only marks the block, and `publish` enters a request's marked
+blocks when it is preempted, the only time anything can look them up (its own re-admission);
+entering them then, in life order, leaves the map exactly as eager registration would for every
+key that is ever looked up, without a dict insert and delete per block of every request. Pops and registrations of a few blocks (most decode steps) take a scalar path,
 since a numpy call costs more than a handful of per-block Python operations. Owns no request state. Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
@@ -27,7 +31,7 @@ _FEW = 8   # up to this many blocks, per-block scalar work is cheaper than numpy
 
 
 class BlockPool:
-    __slots__ = ("num_blocks", "enable_caching", "_ref", "_key", "_hashed", "cached", "dups",
+    __slots__ = ("num_blocks", "enable_caching", "_ref", "_key", "_hashed", "_lazy", "cached", "dups",
                  "_buf", "_pos", "_head", "_tail", "_holes", "_num_free")
 
     def __init__(self, *, num_blocks: int, enable_caching: bool) -> None:
@@ -38,6 +42,8 @@ class BlockPool:
         # Per block: its key, valid where `_hashed` (registered and not yet evicted).
         self._key = np.zeros(num_blocks, _I64)
         self._hashed = np.zeros(num_blocks, bool)
+        # Hashed with a request-unique key that is not in `cached` (not published yet).
+        self._lazy = np.zeros(num_blocks, bool)
         # key -> the block a lookup returns (the first registered with that key).
         self.cached: dict[int, int] = {}
         # key -> further blocks with the same content, in registration order. Two requests that
@@ -121,21 +127,62 @@ class BlockPool:
             key[b] = k
             hashed[b] = True
 
+    def register_unique(self, blocks: Sequence[int], keys: Sequence[int]) -> None:
+        """Give full blocks request-unique keys (negative) without entering them in `cached`."""
+        if len(blocks) <= _FEW:
+            key, hashed, lazy = self._key, self._hashed, self._lazy
+            for b, k in zip(blocks, keys):
+                key[b] = k
+                hashed[b] = True
+                lazy[b] = True
+            return
+        idx = np.asarray(blocks, _I64)
+        self._key[idx] = keys
+        self._hashed[idx] = True
+        self._lazy[idx] = True
+
+    def publish(self, blocks: Sequence[int], keys: Sequence[int]) -> None:
+        """Enter the lazily registered ones among a request's `blocks` (with their `keys`, in
+        table order) into the cache map, as `register` would have when they were registered."""
+        lazy = self._lazy
+        todo = [(b, k) for b, k in zip(blocks, keys) if lazy[b]]
+        if not todo:
+            return
+        cached, dups = self.cached, self.dups
+        for b, k in todo:
+            lazy[b] = False
+            first = cached.get(k)
+            if first is None:
+                cached[k] = b
+            elif first != b and b not in dups.get(k, ()):
+                dups.setdefault(k, []).append(b)
+
     def _evict(self, blocks: np.ndarray) -> None:
         """Drop reused blocks' keys from the cache, in pop order (`_maybe_evict_cached_block`)."""
         hit = blocks[self._hashed[blocks]]
         if not len(hit):
             return
         self._hashed[hit] = False
+        lazy = self._lazy[hit]
+        if lazy.any():
+            self._lazy[hit] = False
+            hit = hit[~lazy]     # never entered in the map: nothing to drop
+            if not len(hit):
+                return
         self._drop_keys(hit.tolist(), self._key[hit].tolist())
 
     def _evict_few(self, blocks: list[int]) -> None:
         """`_evict` for a handful of blocks: scalar reads beat numpy's per-call overhead."""
-        hashed, key = self._hashed, self._key
-        hit = [b for b in blocks if hashed[b]]
-        if hit:
-            for b in hit:
+        hashed, key, lazy = self._hashed, self._key, self._lazy
+        hit = []
+        for b in blocks:
+            if hashed[b]:
                 hashed[b] = False
+                if lazy[b]:
+                    lazy[b] = False      # never entered in the map: nothing to drop
+                else:
+                    hit.append(b)
+        if hit:
             self._drop_keys(hit, [int(key[b]) for b in hit])
 
     def _drop_keys(self, hit: list[int], keys: list[int]) -> None:
@@ -174,7 +221,7 @@ class BlockPool:
                 ref = self._ref
                 for b in out:
                     ref[b] = 1
-                if self.cached:
+                if self.enable_caching:
                     self._evict_few(out)
                 return out
         if self._holes:
@@ -189,7 +236,7 @@ class BlockPool:
         self._head = h + used
         self._num_free -= n
         self._ref[out] = 1
-        if self.cached:
+        if self.enable_caching:
             self._evict(out)
         return out.tolist()
 

@@ -32,6 +32,13 @@ class Admission:
     num_loaded_blocks: int = 0
 
 
+def _first_unique(keys: list[int]) -> int:
+    """Index of the first request-unique (negative) key of a row's run (shared keys lead)."""
+    if keys[-1] >= 0:
+        return len(keys)
+    return next(i for i, k in enumerate(keys) if k < 0)
+
+
 class KVCacheManager:
     __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "held", "num_cached")
 
@@ -157,6 +164,40 @@ class KVCacheManager:
             self.register_rows(idx[:ok], num_tokens_to_cache[:ok] // self.block_size)
         return ok
 
+    def allocate_list(self, rows: list[int], idx: np.ndarray, num_slots: list[int],
+                      num_tokens_to_cache: list[int]) -> int:
+        """`allocate_batch` for a small batch given as Python lists (`num_slots` may be shorter
+        than `rows`: only its rows are tried; `idx` is `rows` as an array)."""
+        m = len(num_slots)
+        bs, pool = self.block_size, self.pool
+        free = pool.num_free
+        held = self.held[idx[:m]].tolist()
+        total = ok = 0
+        grow: list[tuple[int, int]] = []
+        for j, (s, h) in enumerate(zip(num_slots, held)):
+            need = -(-s // bs) - h
+            if need > 0:
+                if total + need > free:
+                    break
+                total += need
+                grow.append((j, need))
+            ok = j + 1
+        if total:
+            blocks = pool.pop_new(total)
+            tables, held_np, pos = self.tables, self.held, 0
+            for j, k in grow:
+                r = rows[j]
+                tables[r].extend(blocks[pos:pos + k])
+                held_np[r] += k
+                pos += k
+        if pool.enable_caching and ok:
+            nc = self.num_cached[idx[:ok]].tolist()
+            spans = [(r, t // bs) for r, t, a in zip(rows, num_tokens_to_cache[:ok], nc)
+                     if t // bs > a]
+            if spans:
+                self.register_spans(spans)
+        return ok
+
     def cache_blocks(self, row: int, num_tokens: int) -> None:
         """Register the full blocks covered by `num_tokens` (done when scheduled, not computed)."""
         if not self.pool.enable_caching:
@@ -168,8 +209,19 @@ class KVCacheManager:
         nc = int(self.num_cached[row])
         if nc >= n_full:
             return
-        self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
+        self._register_run(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
         self.num_cached[row] = n_full
+
+    def _register_run(self, blocks: list[int], keys: list[int]) -> None:
+        """Register one row's run of blocks: shared keys (>= 0) come first and enter the map,
+        request-unique keys (< 0) after them are registered lazily."""
+        if keys[0] < 0:
+            self.pool.register_unique(blocks, keys)
+            return
+        j = _first_unique(keys)
+        self.pool.register(blocks[:j], keys[:j])
+        if j < len(keys):
+            self.pool.register_unique(blocks[j:], keys[j:])
 
     def register_rows(self, rows: np.ndarray, n_full: np.ndarray) -> None:
         """`register_full(rows[i], n_full[i])` for every i, in order, with one pool call."""
@@ -180,27 +232,48 @@ class KVCacheManager:
 
     def register_spans(self, spans: list[tuple[int, int]]) -> None:
         """`register_full(row, n_full)` for every (row, n_full) pair, in order, in one pool call
-        (rows with nothing new are skipped)."""
+        per kind of key (rows with nothing new are skipped)."""
         tables, keys_of, num_cached = self.tables, self.keys.keys, self.num_cached
         runs = []
-        blocks: list[int] = []
+        blocks: list[int] = []       # shared keys (enter the map)
         keys: list[int] = []
+        ublocks: list[int] = []      # request-unique keys (registered lazily, never collide)
+        ukeys: list[int] = []
         for r, b in spans:
             a = int(num_cached[r])
             if a >= b:
                 continue
             ks = keys_of(r, a, b)
-            blocks += tables[r][a:b]
-            keys += ks
-            runs.append((r, a, b, ks))
+            bl = tables[r][a:b]
             num_cached[r] = b
+            if ks[0] < 0:
+                ublocks += bl
+                ukeys += ks
+                continue
+            j = _first_unique(ks)
+            if j < len(ks):
+                ublocks += bl[j:]
+                ukeys += ks[j:]
+                bl, ks = bl[:j], ks[:j]
+            blocks += bl
+            keys += ks
+            runs.append((bl, ks))
+        if ukeys:
+            self.pool.register_unique(ublocks, ukeys)
         if len(runs) > 1 and len(set(keys)) < len(keys):
             # Two rows computed the same content: registration order decides which copy a
             # lookup returns, so keep it row by row.
-            for r, a, b, ks in runs:
-                self.pool.register(tables[r][a:b], ks)
+            for bl, ks in runs:
+                self.pool.register(bl, ks)
         elif keys:
             self.pool.register(blocks, keys)
+
+    def publish(self, row: int) -> None:
+        """Enter `row`'s lazily registered blocks in the cache map (it is being preempted and
+        may re-hit them when it is admitted again)."""
+        nc = int(self.num_cached[row])
+        if nc:
+            self.pool.publish(self.tables[row][:nc], self.block_keys(row, 0, nc))
 
     def free(self, row: int) -> list[int]:
         """Release a request's blocks, tail first. Returns its table."""
