@@ -85,8 +85,6 @@ def engine_flags(fn):
     own = [p for p in sig.parameters.values() if p.name != "engine"]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann)
              for name, (ann, opt) in ENGINE_FLAGS.items()]
-    kw_own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind == p.KEYWORD_ONLY else p
-              for p in own]
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -98,7 +96,7 @@ def engine_flags(fn):
             fail(str(e).splitlines()[0])
         return fn(*args, engine=engine, **kwargs)
 
-    wrapper.__signature__ = sig.replace(parameters=kw_own + extra)
+    wrapper.__signature__ = sig.replace(parameters=own + extra)
     return wrapper
 
 
