@@ -17,7 +17,8 @@ def tuning_frontier(table: pl.DataFrame, recommended: int | None):
     """Goodput and P99 TBT / TTFT against max_num_seqs; infeasible candidates marked."""
     t = table.select("max_num_seqs", "max_num_batched_tokens", "goodput_rps", "tbt_p99_s",
                      "ttft_p99_s", "feasible").with_columns(
-        choice=pl.when(pl.col("max_num_seqs") == recommended).then(pl.lit("recommended"))
+        choice=pl.when(pl.col("max_num_seqs") == (recommended if recommended is not None else -1))
+        .then(pl.lit("recommended"))
         .when(pl.col("feasible")).then(pl.lit("meets SLO + budget"))
         .otherwise(pl.lit("breaks SLO or budget")))
     base = alt.Chart(t).encode(x=alt.X("max_num_seqs:Q", scale=alt.Scale(type="log", base=2),

@@ -105,6 +105,13 @@ def recommend(results: list[ModeResult]) -> tuple[str, str]:
     ok = [r for r in preempting if r.status == "completed"] or preempting
     best = min(ok, key=lambda r: (r.max_tbt_p99_preempted_s or 0.0, r.tbt_p99_s or 0.0,
                                   r.ttft_p99_s or 0.0, -r.throughput_rps))
+    rc_ok = by.get("recompute+prefix-cache")
+    if best.variant == "swap" and rc_ok is not None and rc_ok.status == "completed":
+        # Swap costs host memory and PCIe time: it must buy a real improvement (>= 5% shorter
+        # preemption stalls), otherwise stay with vLLM's default.
+        gain = (rc_ok.max_tbt_p99_preempted_s or 0.0) - (best.max_tbt_p99_preempted_s or 0.0)
+        if gain < 0.05 * (rc_ok.max_tbt_p99_preempted_s or 0.0) or gain <= 0.001:
+            best = rc_ok
     q = by.get("queue-only")
     if (q is not None and q.status == "completed" and best.ttft_p99_s is not None
             and q.ttft_p99_s is not None and q.ttft_p99_s <= best.ttft_p99_s * 1.1
