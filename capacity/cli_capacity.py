@@ -261,9 +261,12 @@ def report_cmd(
     c.print(f"[bold]report:[/bold] {index}  ({result['runs']} replays, "
             f"{result['wall_seconds']:.0f} s)")
     c.print(f"[bold]preemption mode:[/bold] {modes.recommended} — {modes.reason}")
-    c.print(f"[bold]swap tier:[/bold] peak {sizing.peak_swapped_gib:.2f} GiB concurrently swapped -> "
-            f"--swap-space {sizing.recommended_swap_space_gib:g} (V0) / --kv-offloading-size "
-            f"{sizing.recommended_kv_offloading_size_gib:g} (V1)")
+    if sizing.peak_swapped_blocks:
+        c.print(f"[bold]swap tier:[/bold] peak {sizing.peak_swapped_gib:.2f} GiB concurrently "
+                f"swapped -> --swap-space {sizing.recommended_swap_space_gib:g} (V0) / "
+                f"--kv-offloading-size {sizing.recommended_kv_offloading_size_gib:g} (V1)")
+    else:
+        c.print("[bold]swap tier:[/bold] nothing is ever swapped out at this load: no swap tier needed")
     c.print(f"[bold]max-num-seqs:[/bold] {tn.explanation}")
     c.print(f"[bold]preemption:[/bold] {verdict.verdict}; alert above {rule.threshold} per 5 min")
     c.print(f"[bold]headroom:[/bold] {hr.explanation}")

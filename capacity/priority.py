@@ -49,7 +49,13 @@ def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | No
     if trace["priority"].n_unique() < 2:
         raise ValueError("priority: the trace has one priority class; use the priority-mix "
                          "scenario or map priorities (traces.transforms)")
-    cfg = dataclasses.replace(config, scheduling_policy="priority")
+    note, changes = "", {"scheduling_policy": "priority"}
+    if config.scheduler == "v0" and config.preemption_mode == "swap":
+        # Real V0 crashes with priority + swap (reference G/D4): analyse the runnable variant.
+        changes["preemption_mode"] = "recompute"
+        note = ("V0 cannot run priority scheduling with swap (vLLM crashes, reference G/D4), so "
+                "this analysis uses recompute; ")
+    cfg = dataclasses.replace(config, **changes)
     high = int(trace["priority"].min())
     alone = trace.filter(pl.col("priority") == high)
     jobs = [Job(trace=trace, config=cfg, label="priority shared"),
@@ -65,7 +71,7 @@ def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | No
     get = lambda v, col: hp.filter(pl.col("variant") == v)[col][0]  # noqa: E731
     low = table.filter((pl.col("variant") == names[0]) & (pl.col("priority") != high))
     f = lambda x: "-" if x is None else f"{x * 1000:.0f} ms"  # noqa: E731
-    text = (f"interactive TTFT p99: {f(get(names[2], 'ttft_p99_s'))} alone, "
+    text = note + (f"interactive TTFT p99: {f(get(names[2], 'ttft_p99_s'))} alone, "
             f"{f(get(names[0], 'ttft_p99_s'))} sharing with batch under preemption, "
             f"{f(get(names[1], 'ttft_p99_s'))} queue-only; preemptions fall on batch "
             f"{int(low['preemptions'].sum() or 0)} times and on interactive "
