@@ -273,7 +273,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                 if np.isnan(preempted_at[p.row]):
                     preempted_at[p.row] = t
                 preempt_mode[p.row] = 2 if p.mode == "swap" else 1
-            for row, blocks in _swapped_in_blocks(plan):
+            for row, blocks in _swapped_in_blocks(plan, scheduler):
                 event("swap_in", row, blocks)
             rows = plan.rows
             # Resumed (scheduled again, swapped in or dropped): no longer evicted.
@@ -343,10 +343,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     return raw
 
 
-def _swapped_in_blocks(plan: StepPlan):
-    """(row, blocks) per swapped-in request. Plans list rows, or (row, num_blocks) pairs."""
-    for item in plan.swapped_in:
-        if isinstance(item, tuple):
-            yield int(item[0]), int(item[1])
-        else:
-            yield int(item), (len(plan.swap_in) if len(plan.swapped_in) == 1 else 0)
+def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler):
+    """(row, blocks) per swapped-in request: the swap-in pairs whose GPU block is in that
+    request's block table (called right after schedule(), when the tables hold them)."""
+    if not plan.swapped_in:
+        return
+    dst = set(plan.swap_in[:, 1].tolist())
+    for row in plan.swapped_in:
+        yield int(row), sum(b in dst for b in scheduler.block_table(int(row)))

@@ -112,7 +112,7 @@ class StubExecutor:
         from replay.executors import cost_model_for
         cost = cost_model_for(eng, calibration=eng.config.calibration)
         return cls(kv=kv, model=model, keys=keys, state=state,
-                   block_table=_table_getter(scheduler), timing=timing, cost_model=cost,
+                   block_table=scheduler.block_table, timing=timing, cost_model=cost,
                    check=check, record=record)
 
     # ------------------------------------------------------------------ executor contract
@@ -317,18 +317,6 @@ def _to_device(a: np.ndarray, dev: torch.device) -> torch.Tensor:
 def compute_dtype(device: torch.device) -> torch.dtype:
     # bf16 GEMMs on a GPU as in vLLM; float32 on the CPU, where bf16 matmuls are slow.
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def _table_getter(scheduler) -> Callable[[int], list[int]]:
-    """`scheduler.block_table` (the Scheduler protocol), or the known internals until every
-    scheduler has it."""
-    if hasattr(scheduler, "block_table"):
-        return scheduler.block_table
-    if hasattr(scheduler, "kv") and hasattr(scheduler.kv, "tables"):        # V1
-        return lambda row: scheduler.kv.tables.get(row, [])
-    if hasattr(scheduler, "bm") and hasattr(scheduler.bm, "tables"):        # V0
-        return lambda row: scheduler.bm.tables.get(row, [])
-    raise TypeError(f"{type(scheduler).__name__} has no block_table(row)")
 
 
 def _scheduler_keys(scheduler) -> BlockKeys:

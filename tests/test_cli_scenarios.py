@@ -70,8 +70,8 @@ def test_S6b_swap_out_and_back_in(tmp_path):
     out, events, steps = replay(tmp_path, "--preemption-mode", "swap", "--num-gpu-blocks-override",
                                 "3", "--num-cpu-blocks-override", "2")
     assert out["status"] == "completed" and out["requests_finished"] == 2
-    kinds = [(rid, kind) for _, rid, kind, _ in events]
-    assert kinds == [(1, "preempt_swap"), (1, "swap_in")]
+    kinds = [(rid, kind, blocks) for _, rid, kind, blocks in events]
+    assert kinds == [(1, "preempt_swap", 1), (1, "swap_in", 1)]   # B's one block out and back
     assert max(s[4] for s in steps) == 1            # one CPU block held while B is out (G/D3)
     assert out["peak_swapped_gib"] > 0
 

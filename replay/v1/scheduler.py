@@ -106,6 +106,10 @@ class V1Scheduler:
         """Running requests in batch order (the replay loop prices a steady run with them)."""
         return np.fromiter(self.running, _I64, len(self.running))
 
+    def block_table(self, row: int) -> list[int]:
+        """GPU block ids of a request holding GPU blocks, in token order."""
+        return list(self.kv.tables.get(row, ()))
+
     def gpu_blocks_used(self) -> int:
         return self.kv.pool.num_used
 
