@@ -8,30 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli_common import CliError, emit_json, engine_flags, guarded, load_trace_file
+from capacity.cli_common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
 
 err = Console(stderr=True)
-
-
-def _trace(file: Optional[Path], trace_format: Optional[str], rate_scale: float):
-    if file is None:
-        from traces.synth import DEFAULT_SCENARIO, default_trace
-        trace, name = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}"
-    else:
-        trace, name = load_trace_file(file, trace_format=trace_format), file.name
-    if rate_scale != 1.0:
-        from traces.transforms import scale_rate
-        trace = scale_rate(trace, rate_scale)
-    return trace, name
-
-
-def _store(db: Optional[Path], runs: list) -> None:
-    """Write each distinct run once (analyses share replays)."""
-    if db is None:
-        return
-    from replay.store import write_run
-    for r in {r.run_id: r for r in runs}.values():
-        write_run(db, r.tables())
 
 
 def sizing_table(s) -> Table:
@@ -77,13 +56,13 @@ def size_swap_cmd(
     if file is None:
         raise CliError("size-swap needs a trace FILE (or --from-logs --db PATH)")
     from capacity.swap_sizing import size_swap
-    trace, _ = _trace(file, trace_format, rate_scale)
+    trace, _ = trace_input(file, trace_format, rate_scale)
     fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
     runs: list = []
     with err.status("size-swap: replaying (demand, verify, what-if)…"):
         s = size_swap(trace, engine, headroom=headroom, what_if_fraction=what_if,
                       sweep_fractions=fractions, host_ram_gib=host_ram_gib, keep_runs=runs)
-    _store(db, runs)
+    store_runs(db, runs)
     if as_json:
         emit_json(s.as_dict())
         return
@@ -105,11 +84,11 @@ def compare_modes_cmd(
 ) -> None:
     """Swap vs. recompute (prefix caching on/off) vs. queue-only on the same trace."""
     from capacity.compare_modes import compare_modes
-    trace, _ = _trace(file, trace_format, rate_scale)
+    trace, _ = trace_input(file, trace_format, rate_scale)
     runs: list = []
     with err.status("compare-modes: replaying 4 variants…"):
         cmp = compare_modes(trace, engine, keep_runs=runs)
-    _store(db, runs)
+    store_runs(db, runs)
     if as_json:
         emit_json(cmp.as_dict())
         return
@@ -187,7 +166,7 @@ def report_cmd(
     from replay.config import resolve
     from traces.stats import trace_info
     wall0 = time.perf_counter()
-    trace, name = _trace(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale)
     out.mkdir(parents=True, exist_ok=True)
     db = db or out / "kvcap.duckdb"
     grid = (parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid
@@ -230,7 +209,7 @@ def report_cmd(
         from capacity.report import text
         psec = _replace(psec, body=text(prio_note) + psec.body)
     extra.append(psec)
-    _store(db, runs)
+    store_runs(db, runs)
     flags = deploy_flags(engine, sizing, modes)
     if tn.recommended is not None:
         flags = [f for f in flags if not f.startswith(("--max-num-seqs", "--max-num-batched-tokens"))]

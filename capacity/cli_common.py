@@ -105,3 +105,26 @@ def load_trace_file(path: Path, *, trace_format: str | None = None):
     if not Path(path).exists():
         raise CliError(f"{path}: no such file")
     return load_trace(path, format=trace_format)
+
+
+def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: float = 1.0):
+    """The trace a command works on (the built-in default scenario when no file), rate-scaled,
+    and a name for it."""
+    if file is None:
+        from traces.synth import DEFAULT_SCENARIO, default_trace
+        trace, name = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}"
+    else:
+        trace, name = load_trace_file(file, trace_format=trace_format), file.name
+    if rate_scale != 1.0:
+        from traces.transforms import scale_rate
+        trace = scale_rate(trace, rate_scale)
+    return trace, name
+
+
+def store_runs(db: Optional[Path], runs: list) -> None:
+    """Write each distinct run once (analyses share replays)."""
+    if db is None:
+        return
+    from replay.store import write_run
+    for r in {r.run_id: r for r in runs}.values():
+        write_run(db, r.tables())

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli_common import emit_json, engine_flags, guarded, load_trace_file
+from capacity.cli_common import emit_json, engine_flags, guarded, trace_input
 
 err = Console(stderr=True)
 
@@ -82,10 +82,7 @@ def replay_cmd(
     from capacity.metrics import summary
     from replay.store import write_run
     wall0 = time.perf_counter()
-    trace = load_trace_file(file, trace_format=trace_format)
-    if rate_scale != 1.0:
-        from traces.transforms import scale_rate
-        trace = scale_rate(trace, rate_scale)
+    trace, _ = trace_input(file, trace_format, rate_scale)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
     stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from capacity.cli_common import CliError, emit_json, engine_flags, guarded
+from capacity.cli_common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
 
 err = Console(stderr=True)
 
@@ -60,12 +60,11 @@ def tune_cmd(
     engine=None,
 ) -> None:
     """Sweep --max-num-seqs (and --max-num-batched-tokens) and recommend the value to deploy."""
-    from capacity.cli_capacity import _store, _trace
     from capacity.tuning import Budget, tune
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid")
     tokens = (parse_grid(max_num_batched_tokens_grid, "--max-num-batched-tokens-grid")
               if max_num_batched_tokens_grid else None)
-    trace, name = _trace(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale)
     budget = Budget.parse(preemption_budget, max_preemptions_per_minute)
     runs: list = []
     n = len(grid) * len(tokens or [None])
@@ -75,7 +74,7 @@ def tune_cmd(
                   slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99, budget=budget,
                   workers=workers, keep_runs=runs, trace_name=name,
                   on_done=lambda i, r: prog.advance(task))
-    _store(db, runs)
+    store_runs(db, runs)
     if as_json:
         emit_json(tn.as_dict())
         return
@@ -101,20 +100,19 @@ def headroom_cmd(
     engine=None,
 ) -> None:
     """How much more traffic fits before preemption becomes structural (and replicas needed)."""
-    from capacity.cli_capacity import _store, _trace
     from capacity.headroom import headroom
     try:
         factors = tuple(float(x) for x in scales.split(",") if x.strip())
     except ValueError:
         raise CliError(f"--scales: expected numbers like 1,1.5,2, got {scales!r}") from None
-    trace, _ = _trace(file, trace_format, 1.0)
+    trace, _ = trace_input(file, trace_format, 1.0)
     runs: list = []
     with Progress(console=err, transient=True, disable=as_json) as prog:
         task = prog.add_task("headroom: replaying load levels", total=len(factors) + 1)
         h = headroom(trace, engine, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
                      scales=factors, target_peak_scale=target_peak, workers=workers,
                      keep_runs=runs, on_done=lambda i, r: prog.advance(task))
-    _store(db, runs)
+    store_runs(db, runs)
     if as_json:
         emit_json(h.as_dict())
         return
@@ -146,9 +144,8 @@ def alerts_cmd(
     import tempfile
 
     from capacity.classify import alert_rule, classify
-    from capacity.cli_capacity import _trace
     from replay.run import replay
-    trace, name = _trace(file, trace_format, 1.0)
+    trace, name = trace_input(file, trace_format, 1.0)
     with err.status("alerts: replaying normal traffic…"):
         res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
     tables = res.tables()
