@@ -7,7 +7,6 @@ cumulative weights. Must not import altair or torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -42,12 +41,6 @@ def request_latencies(requests: pl.DataFrame) -> pl.DataFrame:
         .then((pl.col("finish_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1)),
         queue_s=pl.col("first_scheduled_s") - pl.col("arrival_s"),
     )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Slo:
-    ttft_p99_s: float | None = None
-    tbt_p99_s: float | None = None
 
 
 def meets_slo(lat: pl.DataFrame, *, ttft_s: float | None, tbt_s: float | None) -> pl.Series:
