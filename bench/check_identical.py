@@ -41,6 +41,12 @@ CASES = {
     "conv_v0_chunked1000": ("conv", dict(scheduler="v0", enable_chunked_prefill=True,
                                          num_gpu_blocks_override=1000)),
     "synth_v1_1024": ("synth", dict(max_num_seqs=1024)),
+    # The compiled V1 core's configurations under pressure (KVCAP_CORE=python gives the baseline).
+    "mooncake_v1_3000": ("mooncake", dict(num_gpu_blocks_override=3000)),
+    "mooncake_v1_nocache1500": ("mooncake", dict(enable_prefix_caching=False,
+                                                 num_gpu_blocks_override=1500)),
+    "conv_v1_none3000": ("conv", dict(preemption_mode="none", num_gpu_blocks_override=3000)),
+    "conv_v1_1000_seqs64": ("conv", dict(num_gpu_blocks_override=1000, max_num_seqs=64)),
     "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
 }
 TABLES = ("requests", "steps", "events", "stalls", "tbt")

@@ -118,6 +118,12 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         on_progress: Callable[[float, int], None] | None = None,
         progress_every_steps: int = 20_000) -> RawRun:
     """Replay every request of `state` (rows sorted by arrival) through `scheduler`."""
+    if not step_by_step:
+        # The compiled core runs the whole loop where it covers the engine (replay/v1/core.py).
+        from replay.v1 import core
+        if core.ineligible(scheduler, executor) is None:
+            return core.run(state, scheduler, executor, kv_bytes_per_block=kv_bytes_per_block,
+                            on_progress=on_progress, progress_every_steps=progress_every_steps)
     n = state.n
     arrival = state.arrival_s
     if n and np.any(np.diff(arrival) < 0):

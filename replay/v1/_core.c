@@ -1,0 +1,839 @@
+/* kvcap's compiled replay core: the V1 scheduler (FCFS; preemption by recompute, or none = queue
+ * only), its block pool and prefix cache, the replay loop and the analytic cost model, one engine
+ * step at a time.
+ *
+ * This is a transcription, not a second model: every rule below is the Python one of
+ * replay/v1/scheduler.py, kv_cache_manager.py, block_pool.py, replay/loop.py (its step-by-step
+ * branch) and replay/cost_model.py, in the same order, so the tables come out identical (the
+ * differential tests in tests/test_v1_core.py compare them with the Python step-by-step path).
+ * Where Python keeps something lazily for speed (request-unique keys enter the cache map only at
+ * preemption), C keeps it eagerly: the map then holds the same block for every key ever looked up.
+ *
+ * Python drives it in chunks of steps (progress bar, Ctrl-C between chunks): core_new() takes the
+ * request arrays (written in place, like the Python loop writes RequestState), core_run() advances
+ * up to a number of steps, core_results() hands the step/event/stall/TBT columns back as
+ * bytearrays. Nothing here allocates per step except amortised growth of the output columns.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ growable columns */
+typedef struct { double *d; int64_t n, cap; } vecd;
+typedef struct { int64_t *d; int64_t n, cap; } veci;
+typedef struct { int32_t *d; int64_t n, cap; } veci32;
+typedef struct { int8_t *d; int64_t n, cap; } veci8;
+
+#define GROW(v, T)                                                                     \
+    do {                                                                               \
+        if ((v)->n == (v)->cap) {                                                      \
+            int64_t nc = (v)->cap ? (v)->cap * 2 : 1024;                               \
+            T *p = (T *)realloc((v)->d, (size_t)nc * sizeof(T));                       \
+            if (!p) return -1;                                                         \
+            (v)->d = p; (v)->cap = nc;                                                 \
+        }                                                                              \
+    } while (0)
+
+static int pushd(vecd *v, double x) { GROW(v, double); v->d[v->n++] = x; return 0; }
+static int pushi(veci *v, int64_t x) { GROW(v, int64_t); v->d[v->n++] = x; return 0; }
+static int pushi32(veci32 *v, int32_t x) { GROW(v, int32_t); v->d[v->n++] = x; return 0; }
+static int pushi8(veci8 *v, int8_t x) { GROW(v, int8_t); v->d[v->n++] = x; return 0; }
+
+/* ------------------------------------------------------------------ key -> block map
+ * Open addressing, linear probing, backward-shift deletion; at most one entry per hashed block,
+ * so a table of twice the pool never fills. */
+typedef struct { int64_t *keys; int32_t *vals; uint64_t mask; } map_t;
+
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static int map_init(map_t *m, int64_t num_blocks) {
+    uint64_t cap = 16;
+    while (cap < (uint64_t)(2 * num_blocks + 2)) cap <<= 1;
+    m->mask = cap - 1;
+    m->keys = (int64_t *)malloc(cap * sizeof(int64_t));
+    m->vals = (int32_t *)malloc(cap * sizeof(int32_t));
+    if (!m->keys || !m->vals) return -1;
+    for (uint64_t i = 0; i < cap; i++) m->vals[i] = -1;
+    return 0;
+}
+
+static inline int32_t map_get(const map_t *m, int64_t key) {
+    uint64_t i = mix64((uint64_t)key) & m->mask;
+    while (m->vals[i] >= 0) {
+        if (m->keys[i] == key) return m->vals[i];
+        i = (i + 1) & m->mask;
+    }
+    return -1;
+}
+
+static inline void map_set(map_t *m, int64_t key, int32_t val) {
+    uint64_t i = mix64((uint64_t)key) & m->mask;
+    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & m->mask;
+    m->keys[i] = key;
+    m->vals[i] = val;
+}
+
+static void map_del(map_t *m, int64_t key) {
+    uint64_t i = mix64((uint64_t)key) & m->mask;
+    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & m->mask;
+    if (m->vals[i] < 0) return;
+    /* Backward shift: pull later entries of the probe run into the hole. */
+    uint64_t j = i;
+    for (;;) {
+        m->vals[i] = -1;
+        for (;;) {
+            j = (j + 1) & m->mask;
+            if (m->vals[j] < 0) return;
+            uint64_t home = mix64((uint64_t)m->keys[j]) & m->mask;
+            /* Entry j may move to i when its home is not in (i, j] cyclically. */
+            if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
+        }
+        m->keys[i] = m->keys[j];
+        m->vals[i] = m->vals[j];
+        i = j;
+    }
+}
+
+/* ------------------------------------------------------------------ the engine */
+enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
+       ST_REJECTED = 5, ST_ABORTED = 6 };
+enum { EV_PREEMPT_RECOMPUTE = 0, EV_REJECT = 5 };
+enum { MODE_RECOMPUTE = 0, MODE_NONE = 1 };
+#define K_BITS 24
+
+typedef struct {
+    int64_t n;
+    /* Request arrays (numpy buffers, written in place). */
+    Py_buffer bufs[24];   /* 16 request arrays + 3 key arrays */
+    int nbufs;
+    const double *arrival;
+    const int64_t *prompt, *out_len;
+    int8_t *status;
+    int64_t *num_computed, *num_output, *recomputed, *cached_prompt, *computed_at_pre;
+    int32_t *num_pre, *num_swaps, *num_rec;
+    double *first_sched, *first_tok, *finish, *max_tbt;
+    /* Spec. */
+    int64_t bs, num_blocks, max_active, max_batched, L, thr_knob, watermark_blocks;
+    int chunked, caching, reserve_full_isl, mode;
+    /* Keys: 0 unique per request, 1 trace prefix chains. */
+    int keys_mode;
+    int64_t hbt;
+    const int64_t *chain_off, *chain_ids, *num_shared;
+    /* Cost model (replay/cost_model.py, folded constants). */
+    double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
+        overhead_s, ar_fixed, ar_per_token;
+    int64_t kv_bytes_per_token, kv_bytes_per_block;
+    /* Block pool. */
+    int32_t *ref, *fq_prev, *fq_next, *dup_next;   /* free queue: sentinel is index num_blocks */
+    int64_t *key;
+    uint8_t *hashed;
+    int64_t num_free;
+    map_t map;
+    /* Block tables. */
+    int32_t **tbl;
+    int32_t *tcap;
+    int64_t *held, *ncached;
+    /* Queues. */
+    int32_t *running; int64_t nrun;
+    int32_t *wq; int64_t wq_head, wq_len, wq_cap;      /* ring buffer */
+    int32_t *arrived; int64_t narrived;
+    uint8_t *prefilling;
+    int64_t *promised; int64_t promised_total;       /* "none" mode */
+    /* Loop state. */
+    double t;
+    int64_t cursor, step, idle_spins;
+    int done;
+    double *last_tok, *preempted_at;
+    /* Per-step scratch. */
+    int32_t *s_rows; int64_t *s_new, *s_before; uint8_t *s_prefill, *s_sampled; int64_t ns;
+    int32_t *pre_rows; int64_t *pre_blocks; int64_t npre;
+    int32_t *rej_rows; int64_t nrej;
+    int32_t *hits; int64_t hits_cap;
+    /* Outputs. */
+    vecd st_start, st_dur;
+    veci32 st_run, st_wait, st_pre;
+    veci st_prefill, st_decode, st_gpu;
+    vecd ev_t; veci ev_step, ev_row, ev_blocks; veci8 ev_kind;
+    veci sl_row; vecd sl_pre, sl_res, sl_stall;
+    vecd tbt_v; veci tbt_w;
+} Core;
+
+static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static inline int64_t key_of(const Core *c, int64_t row, int64_t k) {
+    if (c->keys_mode == 1 && k < c->num_shared[row]) {
+        int64_t j = ((k + 1) * c->bs - 1) / c->hbt;
+        return (c->chain_ids[c->chain_off[row] + j] << K_BITS) | k;
+    }
+    return -((row << K_BITS) | k) - 1;
+}
+
+/* ---------------- free queue (doubly linked, sentinel = num_blocks) */
+static inline void fq_unlink(Core *c, int32_t b) {
+    int32_t p = c->fq_prev[b], nx = c->fq_next[b];
+    c->fq_next[p] = nx; c->fq_prev[nx] = p;
+    c->num_free--;
+}
+static inline void fq_append(Core *c, int32_t b) {
+    int32_t s = (int32_t)c->num_blocks, p = c->fq_prev[s];
+    c->fq_next[p] = b; c->fq_prev[b] = p; c->fq_next[b] = s; c->fq_prev[s] = b;
+    c->num_free++;
+}
+static inline void fq_prepend(Core *c, int32_t b) {
+    int32_t s = (int32_t)c->num_blocks, nx = c->fq_next[s];
+    c->fq_next[s] = b; c->fq_prev[b] = s; c->fq_next[b] = nx; c->fq_prev[nx] = b;
+    c->num_free++;
+}
+
+/* ---------------- prefix cache (block_pool.py register / _drop_keys) */
+static void cache_register(Core *c, int32_t b, int64_t k) {
+    int32_t first = map_get(&c->map, k);
+    if (first < 0) {
+        map_set(&c->map, k, b);
+    } else if (first != b) {
+        /* Same content computed twice: later copies queue behind the first (vLLM keeps both). */
+        int32_t p = first;
+        while (c->dup_next[p] >= 0 && c->dup_next[p] != b) p = c->dup_next[p];
+        if (c->dup_next[p] != b) { c->dup_next[p] = b; c->dup_next[b] = -1; }
+    }
+    c->key[b] = k;
+    c->hashed[b] = 1;
+}
+
+static void cache_evict(Core *c, int32_t b) {
+    c->hashed[b] = 0;
+    int64_t k = c->key[b];
+    int32_t first = map_get(&c->map, k);
+    if (first == b) {
+        int32_t nx = c->dup_next[b];
+        if (nx >= 0) map_set(&c->map, k, nx);
+        else map_del(&c->map, k);
+        c->dup_next[b] = -1;
+    } else if (first >= 0) {
+        int32_t p = first;
+        while (c->dup_next[p] >= 0 && c->dup_next[p] != b) p = c->dup_next[p];
+        if (c->dup_next[p] == b) { c->dup_next[p] = c->dup_next[b]; c->dup_next[b] = -1; }
+    }
+}
+
+/* Pop n blocks from the head (caller checked the count) into tbl[row]. */
+static int pop_into(Core *c, int64_t row, int64_t n) {
+    int64_t h = c->held[row];
+    if (h + n > c->tcap[row]) {
+        int64_t nc = c->tcap[row] ? c->tcap[row] : 8;
+        while (nc < h + n) nc *= 2;
+        int32_t *p = (int32_t *)realloc(c->tbl[row], (size_t)nc * sizeof(int32_t));
+        if (!p) return -1;
+        c->tbl[row] = p; c->tcap[row] = (int32_t)nc;
+    }
+    int32_t s = (int32_t)c->num_blocks;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t b = c->fq_next[s];
+        fq_unlink(c, b);
+        c->ref[b] = 1;
+        if (c->caching && c->hashed[b]) cache_evict(c, b);
+        c->tbl[row][h + i] = b;
+    }
+    c->held[row] = h + n;
+    return 0;
+}
+
+static void cache_blocks(Core *c, int64_t row, int64_t num_tokens) {
+    if (!c->caching) return;
+    int64_t nfull = num_tokens / c->bs, nc = c->ncached[row];
+    if (nc >= nfull) return;
+    for (int64_t k = nc; k < nfull; k++) cache_register(c, c->tbl[row][k], key_of(c, row, k));
+    c->ncached[row] = nfull;
+}
+
+/* Release a request's blocks, tail first: unhashed ones to the head (reused first), hashed ones
+ * to the tail (LRU). Returns how many it held. */
+static int64_t kv_free(Core *c, int64_t row) {
+    int64_t h = c->held[row];
+    int32_t *t = c->tbl[row];
+    /* The blocks reaching ref 0, in release order, split by hashed-ness; reuse hits scratch. */
+    int32_t *unh = c->hits, nu = 0;
+    for (int64_t i = h - 1; i >= 0; i--) {
+        int32_t b = t[i];
+        if (--c->ref[b] == 0) {
+            if (c->hashed[b]) fq_append(c, b);
+            else unh[nu++] = b;
+        }
+    }
+    for (int32_t i = nu - 1; i >= 0; i--) fq_prepend(c, unh[i]);
+    c->held[row] = 0;
+    c->ncached[row] = 0;
+    if (c->mode == MODE_NONE) { c->promised_total -= c->promised[row]; c->promised[row] = 0; }
+    return h;
+}
+
+static int64_t get_computed_blocks(Core *c, int64_t row, int64_t num_tokens) {
+    if (!c->caching) return 0;
+    int64_t max_blocks = (num_tokens - 1) / c->bs, nh = 0;
+    for (int64_t k = 0; k < max_blocks; k++) {
+        int32_t b = map_get(&c->map, key_of(c, row, k));
+        if (b < 0) break;
+        c->hits[nh++] = b;
+    }
+    return nh;
+}
+
+/* ---------------- scheduler */
+static int64_t wq_peek(Core *c) { return c->wq[c->wq_head]; }
+static void wq_pop(Core *c) { c->wq_head = (c->wq_head + 1) % c->wq_cap; c->wq_len--; }
+static void wq_push(Core *c, int32_t r) { c->wq[(c->wq_head + c->wq_len) % c->wq_cap] = r; c->wq_len++; }
+static void wq_prepend(Core *c, int32_t r) {
+    c->wq_head = (c->wq_head + c->wq_cap - 1) % c->wq_cap; c->wq[c->wq_head] = r; c->wq_len++;
+}
+static void wq_remove(Core *c, int32_t r) {
+    int64_t j = 0;
+    for (int64_t i = 0; i < c->wq_len; i++) {
+        int32_t x = c->wq[(c->wq_head + i) % c->wq_cap];
+        if (x != r) c->wq[(c->wq_head + j++) % c->wq_cap] = x;
+    }
+    c->wq_len = j;
+}
+
+static int never_runs(const Core *c, int64_t row) {
+    int64_t p = c->prompt[row], o = c->out_len[row], L = c->L, need;
+    if (p >= L) return 1;
+    if (!c->chunked && p > c->max_batched) return 1;
+    if (c->mode == MODE_NONE) need = cdiv(min64(p + o, L), c->bs);
+    else need = cdiv(min64(p + o - 1, L - 1), c->bs);
+    return need > c->num_blocks - 1;
+}
+
+static int64_t none_reserved(const Core *c) {
+    int64_t held = 0;
+    for (int64_t i = 0; i < c->nrun; i++) held += c->held[c->running[i]];
+    return c->promised_total - held;
+}
+
+/* Waiting-phase checks for the head (no side effects): new tokens, or -1. Leaves the hits in
+ * c->hits[0:*nh]. */
+static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t *nh_out) {
+    int64_t bs = c->bs, L = c->L;
+    int64_t nt = c->prompt[row] + c->num_output[row];
+    int64_t nh = get_computed_blocks(c, row, nt);
+    *nh_out = nh;
+    int64_t n = nt - nh * bs;
+    if (0 < thr && thr < n) n = thr;
+    if (!c->chunked && n > budget) return -1;
+    n = min64(n, budget);
+    int64_t wm = c->nrun ? c->watermark_blocks : 0, free = c->num_free, evictable = 0;
+    for (int64_t i = 0; i < nh; i++) evictable += c->ref[c->hits[i]] == 0;
+    int64_t total_computed = min64(nh * bs, L);
+    if (c->reserve_full_isl) {
+        int64_t need_full = max64(cdiv(min64(nt, L), bs) - nh, 0) + evictable;
+        if (need_full + wm > free) return -1;
+    }
+    int64_t need = max64(cdiv(min64(total_computed + n, L), bs) - nh, 0) + evictable;
+    if (need + wm > free) return -1;
+    if (c->mode == MODE_NONE) {
+        int64_t whole = cdiv(min64(c->prompt[row] + c->out_len[row], L), bs);
+        int64_t need2 = max64(whole - nh, 0) + evictable;
+        if (need2 + none_reserved(c) > free) return -1;
+    }
+    return n;
+}
+
+static int preempt(Core *c, int64_t row) {
+    c->computed_at_pre[row] = c->num_computed[row];
+    int64_t blocks = kv_free(c, row);
+    c->num_computed[row] = 0;
+    c->status[row] = ST_WAITING;
+    c->num_pre[row] += 1;
+    c->num_rec[row] += 1;
+    c->prefilling[row] = 0;
+    wq_prepend(c, (int32_t)row);
+    c->pre_rows[c->npre] = (int32_t)row;
+    c->pre_blocks[c->npre++] = blocks;
+    return 0;
+}
+
+static inline void sched_add(Core *c, int64_t row, int64_t n) {
+    c->s_rows[c->ns] = (int32_t)row;
+    c->s_new[c->ns++] = n;
+}
+
+/* One schedule(): rejections of new arrivals, running phase, waiting phase. -1 on error. */
+static int schedule(Core *c) {
+    int64_t bs = c->bs, L = c->L;
+    c->ns = c->npre = c->nrej = 0;
+    for (int64_t i = 0; i < c->narrived; i++) {
+        int32_t r = c->arrived[i];
+        if (never_runs(c, r)) {
+            wq_remove(c, r);
+            c->status[r] = ST_REJECTED;
+            c->rej_rows[c->nrej++] = r;
+        }
+    }
+    c->narrived = 0;
+    int64_t budget = c->max_batched;
+    int64_t thr = (c->nrun + c->wq_len > 1) ? c->thr_knob : 0;
+    /* Running phase. */
+    int64_t i = 0;
+    while (i < c->nrun && budget > 0) {
+        int64_t r = c->running[i];
+        int64_t cc = c->num_computed[r], nt = c->prompt[r] + c->num_output[r];
+        int64_t n = nt - cc;
+        if (0 < thr && thr < n) n = thr;
+        n = min64(min64(n, budget), L - cc - 1);
+        if (n <= 0) { i++; continue; }
+        int ok = 0;
+        for (;;) {
+            int64_t need = max64(cdiv(min64(cc + n, L), bs) - c->held[r], 0);
+            if (need <= c->num_free) {
+                if (need > 0 && pop_into(c, r, need) < 0) return -1;
+                cache_blocks(c, r, min64(cc + n, nt));
+                ok = 1;
+                break;
+            }
+            if (c->mode == MODE_NONE) {
+                PyErr_SetString(PyExc_AssertionError, "preemption_mode none: a running request "
+                                "ran out of blocks despite its reservation");
+                return -1;
+            }
+            int64_t victim = c->running[--c->nrun];
+            preempt(c, victim);
+            if (victim == r) break;
+        }
+        if (!ok) break;
+        sched_add(c, r, n);
+        budget -= n;
+        i++;
+    }
+    /* Waiting phase, only when nothing was preempted. */
+    if (c->npre == 0) {
+        while (budget > 0 && c->wq_len && c->nrun < c->max_active) {
+            int64_t r = wq_peek(c), nh;
+            int64_t n = admission(c, r, budget, thr, &nh);
+            if (n < 0) {
+                if (c->nrun || c->ns) break;
+                wq_pop(c);
+                c->status[r] = ST_REJECTED;
+                c->rej_rows[c->nrej++] = (int32_t)r;
+                continue;
+            }
+            int64_t nt = c->prompt[r] + c->num_output[r];
+            /* allocate_slots with the admission: touch the hits, they head the new table. */
+            if (nh > c->tcap[r]) {
+                int32_t *p = (int32_t *)realloc(c->tbl[r], (size_t)nh * sizeof(int32_t));
+                if (!p) return -1;
+                c->tbl[r] = p; c->tcap[r] = (int32_t)nh;
+            }
+            for (int64_t j = 0; j < nh; j++) {
+                int32_t b = c->hits[j];
+                if (c->ref[b] == 0) fq_unlink(c, b);
+                c->ref[b]++;
+                c->tbl[r][j] = b;
+            }
+            c->held[r] = nh;
+            c->ncached[r] = nh;
+            int64_t computed = nh * bs;
+            int64_t n_new = cdiv(min64(computed + n, L), bs) - nh;
+            if (n_new > 0 && pop_into(c, r, n_new) < 0) return -1;
+            cache_blocks(c, r, min64(computed + n, nt));
+            wq_pop(c);
+            c->running[c->nrun++] = (int32_t)r;
+            if (c->mode == MODE_NONE) {
+                int64_t whole = cdiv(min64(c->prompt[r] + c->out_len[r], L), bs);
+                c->promised[r] = whole;
+                c->promised_total += whole;
+            }
+            int64_t hit = nh * bs;
+            if (c->num_pre[r] > 0) c->recomputed[r] += c->computed_at_pre[r] - hit;
+            else c->cached_prompt[r] = hit;
+            c->status[r] = ST_RUNNING;
+            c->num_computed[r] = hit;
+            c->prefilling[r] = 1;
+            sched_add(c, r, n);
+            budget -= n;
+        }
+    }
+    for (int64_t j = 0; j < c->ns; j++) {
+        int64_t r = c->s_rows[j];
+        c->s_before[j] = c->num_computed[r];
+        c->num_computed[r] += c->s_new[j];
+        c->s_prefill[j] = c->prefilling[r];
+    }
+    return 0;
+}
+
+/* ---------------- cost model (_step_s: same terms, same order) */
+static double step_s(const Core *c, int64_t tokens, int64_t samples, int64_t attn, int64_t kv) {
+    double compute = ((double)tokens * c->lin_per_token + (double)samples * c->lm_per_sample
+                      + (double)attn * c->attn_per_unit) / c->flops_rate;
+    double memory = (c->weight_bytes + (double)(kv * c->kv_bytes_per_token)) / c->bytes_rate;
+    double m = memory > compute ? memory : compute;
+    /* No swap term: these modes never move blocks to the host (Python adds 0 * swap_s). */
+    return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token);
+}
+
+static int event(Core *c, int kind, int64_t row, int64_t blocks) {
+    if (pushd(&c->ev_t, c->t) || pushi(&c->ev_step, c->step) || pushi(&c->ev_row, row) ||
+        pushi8(&c->ev_kind, (int8_t)kind) || pushi(&c->ev_blocks, blocks)) return -1;
+    return 0;
+}
+
+/* One engine step of the loop (loop.py's step-by-step branch). 1 when the run ends. */
+static int one_step(Core *c) {
+    if (schedule(c) < 0) return -1;
+    for (int64_t j = 0; j < c->nrej; j++)
+        if (event(c, EV_REJECT, c->rej_rows[j], 0)) return -1;
+    for (int64_t j = 0; j < c->npre; j++) {
+        int64_t r = c->pre_rows[j];
+        if (event(c, EV_PREEMPT_RECOMPUTE, r, c->pre_blocks[j])) return -1;
+        if (isnan(c->preempted_at[r])) c->preempted_at[r] = c->t;
+    }
+    int64_t num_prefill = 0, num_decode = 0, tokens = 0, attn = 0, kv = 0, num_sampled = 0;
+    for (int64_t j = 0; j < c->ns; j++) {
+        int64_t r = c->s_rows[j], nn = c->s_new[j], cc = c->s_before[j];
+        if (isnan(c->first_sched[r])) c->first_sched[r] = c->t;
+        if (c->s_prefill[j]) num_prefill += nn; else num_decode += nn;
+        tokens += nn;
+        attn += nn * cc + nn * (nn + 1) / 2;
+        kv += cc;
+        num_sampled += cc + nn >= c->prompt[r] + c->num_output[r];
+    }
+    kv += tokens;
+    int32_t q_run = (int32_t)c->nrun, q_wait = (int32_t)c->wq_len;
+    double dt = step_s(c, tokens, num_sampled, attn, kv);
+    double t = c->t, end = t + dt;
+    /* update(): sample, then free the finished in batch order. */
+    int64_t same = 0, nfin = 0;
+    int32_t *fin = c->pre_rows;      /* scratch reuse: preemption rows are consumed above */
+    for (int64_t j = 0; j < c->ns; j++) {
+        int64_t r = c->s_rows[j];
+        c->s_sampled[j] = c->num_computed[r] >= c->prompt[r] + c->num_output[r];
+        if (!c->s_sampled[j]) continue;
+        int64_t out = ++c->num_output[r];
+        c->prefilling[r] = 0;
+        if (out >= c->out_len[r] || c->prompt[r] + out >= c->L) fin[nfin++] = (int32_t)r;
+        if (!isnan(c->first_tok[r])) same += c->last_tok[r] == t;
+    }
+    for (int64_t j = 0; j < nfin; j++) {
+        int64_t r = fin[j];
+        kv_free(c, r);
+        c->status[r] = ST_FINISHED;
+    }
+    if (nfin) {
+        int64_t w = 0;
+        for (int64_t j = 0; j < c->nrun; j++) {
+            int32_t r = c->running[j];
+            if (c->status[r] != ST_FINISHED) c->running[w++] = r;
+        }
+        c->nrun = w;
+    }
+    if (pushd(&c->st_start, t) || pushd(&c->st_dur, dt) || pushi32(&c->st_run, q_run) ||
+        pushi32(&c->st_wait, q_wait) || pushi(&c->st_prefill, num_prefill) ||
+        pushi(&c->st_decode, num_decode) ||
+        pushi(&c->st_gpu, c->num_blocks - 1 - c->num_free) ||
+        pushi32(&c->st_pre, (int32_t)c->npre)) return -1;
+    /* TBT samples (loop.add_gaps): one weighted sample for the rows that also sampled in the
+     * previous step, then the others one by one in batch order. */
+    if (same && (pushd(&c->tbt_v, end - t) || pushi(&c->tbt_w, same))) return -1;
+    for (int64_t j = 0; j < c->ns; j++) {
+        int64_t r = c->s_rows[j];
+        if (!c->s_sampled[j]) continue;
+        if (isnan(c->first_tok[r])) {
+            c->first_tok[r] = end;
+        } else {
+            double prev = c->last_tok[r], gap = end - prev;
+            if (prev != t && (pushd(&c->tbt_v, gap) || pushi(&c->tbt_w, 1))) return -1;
+            if (gap > c->max_tbt[r]) c->max_tbt[r] = gap;
+            if (!isnan(c->preempted_at[r])) {
+                if (pushi(&c->sl_row, r) || pushd(&c->sl_pre, c->preempted_at[r]) ||
+                    pushd(&c->sl_res, end) || pushd(&c->sl_stall, gap)) return -1;
+            }
+        }
+        c->preempted_at[r] = NAN;
+        c->last_tok[r] = end;
+    }
+    for (int64_t j = 0; j < nfin; j++) c->finish[fin[j]] = end;
+    int progressed = c->ns || c->npre || c->nrej;
+    c->idle_spins = progressed ? 0 : c->idle_spins + 1;
+    c->t = end;
+    c->step++;
+    if (c->idle_spins >= 2) {
+        if (c->cursor < c->n) {
+            double a = c->arrival[c->cursor];
+            if (a > c->t) c->t = a;
+            c->idle_spins = 0;
+        } else {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Run until the trace is done or `max_steps` more steps were taken. 1 when done. */
+static int run_steps(Core *c, int64_t max_steps) {
+    int64_t stop = c->step + max_steps;
+    while (!c->done && c->step < stop) {
+        while (c->cursor < c->n && c->arrival[c->cursor] <= c->t) {
+            int32_t r = (int32_t)c->cursor++;
+            c->status[r] = ST_WAITING;
+            wq_push(c, r);
+            c->arrived[c->narrived++] = r;
+        }
+        if (!(c->nrun || c->wq_len)) {
+            if (c->cursor >= c->n) { c->done = 1; break; }
+            double a = c->arrival[c->cursor];
+            if (a > c->t) c->t = a;
+            continue;
+        }
+        int rc = one_step(c);
+        if (rc < 0) return -1;
+        if (rc == 1) c->done = 1;
+    }
+    return c->done;
+}
+
+/* ------------------------------------------------------------------ Python glue */
+static void core_free(Core *c) {
+    if (!c) return;
+    for (int i = 0; i < c->nbufs; i++) PyBuffer_Release(&c->bufs[i]);
+    if (c->tbl) { for (int64_t r = 0; r < c->n; r++) free(c->tbl[r]); }
+    void *ps[] = {c->ref, c->fq_prev, c->fq_next, c->dup_next, c->key, c->hashed, c->map.keys,
+                  c->map.vals, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
+                  c->arrived, c->prefilling, c->promised, c->last_tok, c->preempted_at,
+                  c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->pre_rows, c->pre_blocks,
+                  c->rej_rows, c->hits, c->st_start.d, c->st_dur.d, c->st_run.d, c->st_wait.d,
+                  c->st_pre.d, c->st_prefill.d, c->st_decode.d, c->st_gpu.d, c->ev_t.d,
+                  c->ev_step.d, c->ev_row.d, c->ev_blocks.d, c->ev_kind.d, c->sl_row.d,
+                  c->sl_pre.d, c->sl_res.d, c->sl_stall.d, c->tbt_v.d, c->tbt_w.d};
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
+    free(c);
+}
+
+static void capsule_free(PyObject *cap) {
+    core_free((Core *)PyCapsule_GetPointer(cap, "kvcap.core"));
+}
+
+/* Take a buffer of n items of `itemsize` bytes (writable if asked); keeps the view. */
+static void *take(Core *c, PyObject *obj, int64_t n, Py_ssize_t itemsize, int writable,
+                  const char *name) {
+    Py_buffer *v = &c->bufs[c->nbufs];
+    if (PyObject_GetBuffer(obj, v, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    c->nbufs++;
+    if (v->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "core: %s has %zd bytes, expected %lld", name, v->len,
+                     (long long)(n * itemsize));
+        return NULL;
+    }
+    return v->buf;
+}
+
+#define CALLOC(p, n, T) do { (p) = (T *)calloc((size_t)(n) > 0 ? (size_t)(n) : 1, sizeof(T)); \
+                             if (!(p)) { PyErr_NoMemory(); goto fail; } } while (0)
+
+static PyObject *core_new(PyObject *self, PyObject *args) {
+    PyObject *arrays, *spec, *cost, *keys;
+    if (!PyArg_ParseTuple(args, "OOOO", &arrays, &spec, &cost, &keys)) return NULL;
+    Core *c = (Core *)calloc(1, sizeof(Core));
+    if (!c) return PyErr_NoMemory();
+    PyObject *a[16];
+    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                          &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
+                          &a[15])) goto fail;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(a[0], &probe, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+    c->n = probe.len / (Py_ssize_t)sizeof(double);
+    PyBuffer_Release(&probe);
+    int64_t n = c->n;
+    if (!(c->arrival = take(c, a[0], n, 8, 0, "arrival_s")) ||
+        !(c->prompt = take(c, a[1], n, 8, 0, "prompt_len")) ||
+        !(c->out_len = take(c, a[2], n, 8, 0, "output_len")) ||
+        !(c->status = take(c, a[3], n, 1, 1, "status")) ||
+        !(c->num_computed = take(c, a[4], n, 8, 1, "num_computed")) ||
+        !(c->num_output = take(c, a[5], n, 8, 1, "num_output")) ||
+        !(c->num_pre = take(c, a[6], n, 4, 1, "num_preemptions")) ||
+        !(c->num_swaps = take(c, a[7], n, 4, 1, "num_swaps")) ||
+        !(c->num_rec = take(c, a[8], n, 4, 1, "num_recomputes")) ||
+        !(c->recomputed = take(c, a[9], n, 8, 1, "recomputed_tokens")) ||
+        !(c->cached_prompt = take(c, a[10], n, 8, 1, "cached_prompt_tokens")) ||
+        !(c->computed_at_pre = take(c, a[11], n, 8, 1, "computed_at_preemption")) ||
+        !(c->first_sched = take(c, a[12], n, 8, 1, "first_scheduled_s")) ||
+        !(c->first_tok = take(c, a[13], n, 8, 1, "first_token_s")) ||
+        !(c->finish = take(c, a[14], n, 8, 1, "finish_s")) ||
+        !(c->max_tbt = take(c, a[15], n, 8, 1, "max_tbt_s"))) goto fail;
+    long long bs, nb, ma, mb, L, thr, wm;
+    int ch, ca, rf, mode;
+    if (!PyArg_ParseTuple(spec, "LLLLLLLpppi", &bs, &nb, &ma, &mb, &L, &thr, &wm, &ch, &ca, &rf,
+                          &mode)) goto fail;
+    c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
+    c->thr_knob = thr; c->watermark_blocks = wm; c->chunked = ch; c->caching = ca;
+    c->reserve_full_isl = rf; c->mode = mode;
+    long long kvbpt, kvbpb;
+    if (!PyArg_ParseTuple(cost, "dddddddddLL", &c->lin_per_token, &c->lm_per_sample,
+                          &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
+                          &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb))
+        goto fail;
+    c->kv_bytes_per_token = kvbpt; c->kv_bytes_per_block = kvbpb;
+    PyObject *off, *ids, *shared;
+    long long hbt;
+    if (!PyArg_ParseTuple(keys, "iLOOO", &c->keys_mode, &hbt, &off, &ids, &shared)) goto fail;
+    c->hbt = hbt;
+    if (c->keys_mode == 1) {
+        Py_buffer *v = &c->bufs[c->nbufs];
+        if (!(c->chain_off = take(c, off, n + 1, 8, 0, "chain_off")) ||
+            !(c->num_shared = take(c, shared, n, 8, 0, "num_shared"))) goto fail;
+        v = &c->bufs[c->nbufs];
+        if (PyObject_GetBuffer(ids, v, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+        c->nbufs++;
+        c->chain_ids = (const int64_t *)v->buf;
+    }
+    /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
+    CALLOC(c->ref, nb + 1, int32_t); CALLOC(c->fq_prev, nb + 1, int32_t);
+    CALLOC(c->fq_next, nb + 1, int32_t); CALLOC(c->dup_next, nb + 1, int32_t);
+    CALLOC(c->key, nb + 1, int64_t); CALLOC(c->hashed, nb + 1, uint8_t);
+    if (map_init(&c->map, nb) < 0) { PyErr_NoMemory(); goto fail; }
+    {
+        int32_t s = (int32_t)nb;
+        c->fq_next[s] = c->fq_prev[s] = s;
+        for (int32_t b = 1; b < (int32_t)nb; b++) fq_append(c, b);
+        for (int64_t b = 0; b <= nb; b++) c->dup_next[b] = -1;
+    }
+    CALLOC(c->tbl, n, int32_t *); CALLOC(c->tcap, n, int32_t);
+    CALLOC(c->held, n, int64_t); CALLOC(c->ncached, n, int64_t);
+    CALLOC(c->running, n, int32_t); CALLOC(c->wq, n + 1, int32_t); c->wq_cap = n + 1;
+    CALLOC(c->arrived, n, int32_t); CALLOC(c->prefilling, n, uint8_t);
+    CALLOC(c->promised, n, int64_t);
+    CALLOC(c->last_tok, n, double); CALLOC(c->preempted_at, n, double);
+    for (int64_t r = 0; r < n; r++) c->last_tok[r] = c->preempted_at[r] = NAN;
+    CALLOC(c->s_rows, n, int32_t); CALLOC(c->s_new, n, int64_t);
+    CALLOC(c->s_before, n, int64_t); CALLOC(c->s_prefill, n, uint8_t);
+    CALLOC(c->s_sampled, n, uint8_t);
+    CALLOC(c->pre_rows, n, int32_t); CALLOC(c->pre_blocks, n, int64_t);
+    CALLOC(c->rej_rows, n, int32_t);
+    c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
+    CALLOC(c->hits, c->hits_cap, int32_t);
+    c->t = n ? c->arrival[0] : 0.0;
+    PyObject *cap = PyCapsule_New(c, "kvcap.core", capsule_free);
+    if (!cap) goto fail;
+    return cap;
+fail:
+    core_free(c);
+    return NULL;
+}
+
+static PyObject *core_run(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    long long max_steps;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &max_steps)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
+    if (!c) return NULL;
+    int rc = run_steps(c, max_steps);
+    if (rc < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    return Py_BuildValue("(iLdL)", rc, (long long)c->step, c->t, (long long)c->cursor);
+}
+
+static PyObject *bytes_of(const void *p, int64_t n, size_t item) {
+    return PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * (int64_t)item));
+}
+
+static PyObject *core_results(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
+    if (!c) return NULL;
+    return Py_BuildValue(
+        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsN" "sd}",
+        "start_s", bytes_of(c->st_start.d, c->st_start.n, 8),
+        "duration_s", bytes_of(c->st_dur.d, c->st_dur.n, 8),
+        "num_running", bytes_of(c->st_run.d, c->st_run.n, 4),
+        "num_waiting", bytes_of(c->st_wait.d, c->st_wait.n, 4),
+        "num_prefill_tokens", bytes_of(c->st_prefill.d, c->st_prefill.n, 8),
+        "num_decode_tokens", bytes_of(c->st_decode.d, c->st_decode.n, 8),
+        "gpu_blocks_used", bytes_of(c->st_gpu.d, c->st_gpu.n, 8),
+        "num_preempted", bytes_of(c->st_pre.d, c->st_pre.n, 4),
+        "ev_t", bytes_of(c->ev_t.d, c->ev_t.n, 8),
+        "ev_step", bytes_of(c->ev_step.d, c->ev_step.n, 8),
+        "ev_row", bytes_of(c->ev_row.d, c->ev_row.n, 8),
+        "ev_kind", bytes_of(c->ev_kind.d, c->ev_kind.n, 1),
+        "ev_blocks", bytes_of(c->ev_blocks.d, c->ev_blocks.n, 8),
+        "sl_row", bytes_of(c->sl_row.d, c->sl_row.n, 8),
+        "sl_pre", bytes_of(c->sl_pre.d, c->sl_pre.n, 8),
+        "sl_res", bytes_of(c->sl_res.d, c->sl_res.n, 8),
+        "sl_stall", bytes_of(c->sl_stall.d, c->sl_stall.n, 8),
+        "tbt_v", bytes_of(c->tbt_v.d, c->tbt_v.n, 8),
+        "tbt_w", bytes_of(c->tbt_w.d, c->tbt_w.n, 8),
+        "t", c->t);
+}
+
+/* Block-accounting invariants (the property tests call this after a run): every block is free
+ * (ref 0, in the queue once) or referenced, references equal table entries, the cache map points
+ * at hashed blocks with that key. Returns None or raises AssertionError naming the first breach. */
+static PyObject *core_check(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
+    if (!c) return NULL;
+    int64_t nb = c->num_blocks, *refs = (int64_t *)calloc((size_t)nb + 1, sizeof(int64_t));
+    uint8_t *inq = (uint8_t *)calloc((size_t)nb + 1, 1);
+    const char *err = NULL;
+    char msg[160];
+    if (!refs || !inq) { free(refs); free(inq); return PyErr_NoMemory(); }
+    for (int64_t r = 0; r < c->n && !err; r++)
+        for (int64_t j = 0; j < c->held[r]; j++) {
+            int32_t b = c->tbl[r][j];
+            if (b <= 0 || b >= nb) { err = "table holds an invalid block"; break; }
+            refs[b]++;
+        }
+    int64_t free_count = 0;
+    for (int32_t b = c->fq_next[nb]; b != nb && !err; b = c->fq_next[b]) {
+        if (inq[b]) err = "block twice in the free queue";
+        inq[b] = 1;
+        free_count++;
+    }
+    for (int64_t b = 1; b < nb && !err; b++) {
+        if (refs[b] != c->ref[b]) {
+            snprintf(msg, sizeof msg, "block %lld: ref %d but %lld table entries", (long long)b,
+                     c->ref[b], (long long)refs[b]);
+            err = msg;
+        } else if ((c->ref[b] == 0) != (inq[b] == 1)) {
+            snprintf(msg, sizeof msg, "block %lld: ref %d but in free queue %d", (long long)b,
+                     c->ref[b], inq[b]);
+            err = msg;
+        } else if (c->hashed[b]) {
+            int32_t p = map_get(&c->map, c->key[b]);
+            while (p >= 0 && p != b) p = c->dup_next[p];
+            if (p != b) err = "hashed block not reachable from the cache map";
+        }
+    }
+    if (!err && free_count != c->num_free) err = "free count differs from the queue length";
+    int64_t used = 0;
+    for (int64_t b = 1; b < nb; b++) used += c->ref[b] > 0;
+    if (!err && free_count + used != nb - 1) err = "free + used != total";
+    free(refs); free(inq);
+    if (err) { PyErr_SetString(PyExc_AssertionError, err); return NULL; }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"new", core_new, METH_VARARGS, "new(arrays, spec, cost, keys) -> core handle"},
+    {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
+    {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
+    {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core",
+                                    "kvcap's compiled V1 replay core", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModule_Create(&module); }
