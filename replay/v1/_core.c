@@ -44,8 +44,9 @@ static int pushi8(veci8 *v, int8_t x) { GROW(v, int8_t); v->d[v->n++] = x; retur
 
 /* ------------------------------------------------------------------ key -> block map
  * Open addressing, linear probing, backward-shift deletion; at most one entry per hashed block,
- * so a table of twice the pool never fills. */
-typedef struct { int64_t *keys; int32_t *vals; uint64_t mask; } map_t;
+ * so a table of twice the pool never fills. Key and value share an entry (one cache miss). */
+typedef struct { int64_t key; int32_t val; int32_t pad; } Slot;
+typedef struct { Slot *slots; uint64_t mask; } map_t;
 
 static inline uint64_t mix64(uint64_t x) {
     x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
@@ -57,17 +58,16 @@ static int map_init(map_t *m, int64_t num_blocks) {
     uint64_t cap = 16;
     while (cap < (uint64_t)(2 * num_blocks + 2)) cap <<= 1;
     m->mask = cap - 1;
-    m->keys = (int64_t *)malloc(cap * sizeof(int64_t));
-    m->vals = (int32_t *)malloc(cap * sizeof(int32_t));
-    if (!m->keys || !m->vals) return -1;
-    for (uint64_t i = 0; i < cap; i++) m->vals[i] = -1;
+    m->slots = (Slot *)malloc(cap * sizeof(Slot));
+    if (!m->slots) return -1;
+    for (uint64_t i = 0; i < cap; i++) m->slots[i].val = -1;
     return 0;
 }
 
 static inline int32_t map_get(const map_t *m, int64_t key) {
     uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (m->vals[i] >= 0) {
-        if (m->keys[i] == key) return m->vals[i];
+    while (m->slots[i].val >= 0) {
+        if (m->slots[i].key == key) return m->slots[i].val;
         i = (i + 1) & m->mask;
     }
     return -1;
@@ -75,33 +75,42 @@ static inline int32_t map_get(const map_t *m, int64_t key) {
 
 static inline void map_set(map_t *m, int64_t key, int32_t val) {
     uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & m->mask;
-    m->keys[i] = key;
-    m->vals[i] = val;
+    while (m->slots[i].val >= 0 && m->slots[i].key != key) i = (i + 1) & m->mask;
+    m->slots[i].key = key;
+    m->slots[i].val = val;
 }
 
 static void map_del(map_t *m, int64_t key) {
+    Slot *sl = m->slots;
     uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & m->mask;
-    if (m->vals[i] < 0) return;
+    while (sl[i].val >= 0 && sl[i].key != key) i = (i + 1) & m->mask;
+    if (sl[i].val < 0) return;
     /* Backward shift: pull later entries of the probe run into the hole. */
     uint64_t j = i;
     for (;;) {
-        m->vals[i] = -1;
+        sl[i].val = -1;
         for (;;) {
             j = (j + 1) & m->mask;
-            if (m->vals[j] < 0) return;
-            uint64_t home = mix64((uint64_t)m->keys[j]) & m->mask;
+            if (sl[j].val < 0) return;
+            uint64_t home = mix64((uint64_t)sl[j].key) & m->mask;
             /* Entry j may move to i when its home is not in (i, j] cyclically. */
             if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
         }
-        m->keys[i] = m->keys[j];
-        m->vals[i] = m->vals[j];
+        sl[i] = sl[j];
         i = j;
     }
 }
 
 /* ------------------------------------------------------------------ the engine */
+/* One block's pool state in one cache line: popping or freeing a block touches all of it. */
+typedef struct {
+    int64_t key;        /* valid while hashed */
+    int32_t prev, next; /* free-queue links */
+    int32_t ref;
+    int32_t dup;        /* next block registered with the same key (-1: none) */
+    uint8_t hashed;
+} Blk;
+
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
 enum { EV_PREEMPT_RECOMPUTE = 0, EV_REJECT = 5 };
@@ -131,9 +140,7 @@ typedef struct {
         overhead_s, ar_fixed, ar_per_token;
     int64_t kv_bytes_per_token, kv_bytes_per_block;
     /* Block pool. */
-    int32_t *ref, *fq_prev, *fq_next, *dup_next;   /* free queue: sentinel is index num_blocks */
-    int64_t *key;
-    uint8_t *hashed;
+    Blk *blk;          /* index num_blocks is the free queue's sentinel */
     int64_t num_free;
     map_t map;
     /* Block tables. */
@@ -179,18 +186,18 @@ static inline int64_t key_of(const Core *c, int64_t row, int64_t k) {
 
 /* ---------------- free queue (doubly linked, sentinel = num_blocks) */
 static inline void fq_unlink(Core *c, int32_t b) {
-    int32_t p = c->fq_prev[b], nx = c->fq_next[b];
-    c->fq_next[p] = nx; c->fq_prev[nx] = p;
+    int32_t p = c->blk[b].prev, nx = c->blk[b].next;
+    c->blk[p].next = nx; c->blk[nx].prev = p;
     c->num_free--;
 }
 static inline void fq_append(Core *c, int32_t b) {
-    int32_t s = (int32_t)c->num_blocks, p = c->fq_prev[s];
-    c->fq_next[p] = b; c->fq_prev[b] = p; c->fq_next[b] = s; c->fq_prev[s] = b;
+    int32_t s = (int32_t)c->num_blocks, p = c->blk[s].prev;
+    c->blk[p].next = b; c->blk[b].prev = p; c->blk[b].next = s; c->blk[s].prev = b;
     c->num_free++;
 }
 static inline void fq_prepend(Core *c, int32_t b) {
-    int32_t s = (int32_t)c->num_blocks, nx = c->fq_next[s];
-    c->fq_next[s] = b; c->fq_prev[b] = s; c->fq_next[b] = nx; c->fq_prev[nx] = b;
+    int32_t s = (int32_t)c->num_blocks, nx = c->blk[s].next;
+    c->blk[s].next = b; c->blk[b].prev = s; c->blk[b].next = nx; c->blk[nx].prev = b;
     c->num_free++;
 }
 
@@ -202,26 +209,26 @@ static void cache_register(Core *c, int32_t b, int64_t k) {
     } else if (first != b) {
         /* Same content computed twice: later copies queue behind the first (vLLM keeps both). */
         int32_t p = first;
-        while (c->dup_next[p] >= 0 && c->dup_next[p] != b) p = c->dup_next[p];
-        if (c->dup_next[p] != b) { c->dup_next[p] = b; c->dup_next[b] = -1; }
+        while (c->blk[p].dup >= 0 && c->blk[p].dup != b) p = c->blk[p].dup;
+        if (c->blk[p].dup != b) { c->blk[p].dup = b; c->blk[b].dup = -1; }
     }
-    c->key[b] = k;
-    c->hashed[b] = 1;
+    c->blk[b].key = k;
+    c->blk[b].hashed = 1;
 }
 
 static void cache_evict(Core *c, int32_t b) {
-    c->hashed[b] = 0;
-    int64_t k = c->key[b];
+    c->blk[b].hashed = 0;
+    int64_t k = c->blk[b].key;
     int32_t first = map_get(&c->map, k);
     if (first == b) {
-        int32_t nx = c->dup_next[b];
+        int32_t nx = c->blk[b].dup;
         if (nx >= 0) map_set(&c->map, k, nx);
         else map_del(&c->map, k);
-        c->dup_next[b] = -1;
+        c->blk[b].dup = -1;
     } else if (first >= 0) {
         int32_t p = first;
-        while (c->dup_next[p] >= 0 && c->dup_next[p] != b) p = c->dup_next[p];
-        if (c->dup_next[p] == b) { c->dup_next[p] = c->dup_next[b]; c->dup_next[b] = -1; }
+        while (c->blk[p].dup >= 0 && c->blk[p].dup != b) p = c->blk[p].dup;
+        if (c->blk[p].dup == b) { c->blk[p].dup = c->blk[b].dup; c->blk[b].dup = -1; }
     }
 }
 
@@ -237,10 +244,10 @@ static int pop_into(Core *c, int64_t row, int64_t n) {
     }
     int32_t s = (int32_t)c->num_blocks;
     for (int64_t i = 0; i < n; i++) {
-        int32_t b = c->fq_next[s];
+        int32_t b = c->blk[s].next;
         fq_unlink(c, b);
-        c->ref[b] = 1;
-        if (c->caching && c->hashed[b]) cache_evict(c, b);
+        c->blk[b].ref = 1;
+        if (c->caching && c->blk[b].hashed) cache_evict(c, b);
         c->tbl[row][h + i] = b;
     }
     c->held[row] = h + n;
@@ -264,8 +271,8 @@ static int64_t kv_free(Core *c, int64_t row) {
     int32_t *unh = c->hits, nu = 0;
     for (int64_t i = h - 1; i >= 0; i--) {
         int32_t b = t[i];
-        if (--c->ref[b] == 0) {
-            if (c->hashed[b]) fq_append(c, b);
+        if (--c->blk[b].ref == 0) {
+            if (c->blk[b].hashed) fq_append(c, b);
             else unh[nu++] = b;
         }
     }
@@ -330,7 +337,7 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
     if (!c->chunked && n > budget) return -1;
     n = min64(n, budget);
     int64_t wm = c->nrun ? c->watermark_blocks : 0, free = c->num_free, evictable = 0;
-    for (int64_t i = 0; i < nh; i++) evictable += c->ref[c->hits[i]] == 0;
+    for (int64_t i = 0; i < nh; i++) evictable += c->blk[c->hits[i]].ref == 0;
     int64_t total_computed = min64(nh * bs, L);
     if (c->reserve_full_isl) {
         int64_t need_full = max64(cdiv(min64(nt, L), bs) - nh, 0) + evictable;
@@ -433,8 +440,8 @@ static int schedule(Core *c) {
             }
             for (int64_t j = 0; j < nh; j++) {
                 int32_t b = c->hits[j];
-                if (c->ref[b] == 0) fq_unlink(c, b);
-                c->ref[b]++;
+                if (c->blk[b].ref == 0) fq_unlink(c, b);
+                c->blk[b].ref++;
                 c->tbl[r][j] = b;
             }
             c->held[r] = nh;
@@ -604,8 +611,7 @@ static void core_free(Core *c) {
     if (!c) return;
     for (int i = 0; i < c->nbufs; i++) PyBuffer_Release(&c->bufs[i]);
     if (c->tbl) { for (int64_t r = 0; r < c->n; r++) free(c->tbl[r]); }
-    void *ps[] = {c->ref, c->fq_prev, c->fq_next, c->dup_next, c->key, c->hashed, c->map.keys,
-                  c->map.vals, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
+    void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->last_tok, c->preempted_at,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, c->st_start.d, c->st_dur.d, c->st_run.d, c->st_wait.d,
@@ -695,15 +701,13 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         c->chain_ids = (const int64_t *)v->buf;
     }
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
-    CALLOC(c->ref, nb + 1, int32_t); CALLOC(c->fq_prev, nb + 1, int32_t);
-    CALLOC(c->fq_next, nb + 1, int32_t); CALLOC(c->dup_next, nb + 1, int32_t);
-    CALLOC(c->key, nb + 1, int64_t); CALLOC(c->hashed, nb + 1, uint8_t);
+    CALLOC(c->blk, nb + 1, Blk);
     if (map_init(&c->map, nb) < 0) { PyErr_NoMemory(); goto fail; }
     {
         int32_t s = (int32_t)nb;
-        c->fq_next[s] = c->fq_prev[s] = s;
+        c->blk[s].next = c->blk[s].prev = s;
         for (int32_t b = 1; b < (int32_t)nb; b++) fq_append(c, b);
-        for (int64_t b = 0; b <= nb; b++) c->dup_next[b] = -1;
+        for (int64_t b = 0; b <= nb; b++) c->blk[b].dup = -1;
     }
     CALLOC(c->tbl, n, int32_t *); CALLOC(c->tcap, n, int32_t);
     CALLOC(c->held, n, int64_t); CALLOC(c->ncached, n, int64_t);
@@ -795,29 +799,29 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
             refs[b]++;
         }
     int64_t free_count = 0;
-    for (int32_t b = c->fq_next[nb]; b != nb && !err; b = c->fq_next[b]) {
+    for (int32_t b = c->blk[nb].next; b != nb && !err; b = c->blk[b].next) {
         if (inq[b]) err = "block twice in the free queue";
         inq[b] = 1;
         free_count++;
     }
     for (int64_t b = 1; b < nb && !err; b++) {
-        if (refs[b] != c->ref[b]) {
+        if (refs[b] != c->blk[b].ref) {
             snprintf(msg, sizeof msg, "block %lld: ref %d but %lld table entries", (long long)b,
-                     c->ref[b], (long long)refs[b]);
+                     c->blk[b].ref, (long long)refs[b]);
             err = msg;
-        } else if ((c->ref[b] == 0) != (inq[b] == 1)) {
+        } else if ((c->blk[b].ref == 0) != (inq[b] == 1)) {
             snprintf(msg, sizeof msg, "block %lld: ref %d but in free queue %d", (long long)b,
-                     c->ref[b], inq[b]);
+                     c->blk[b].ref, inq[b]);
             err = msg;
-        } else if (c->hashed[b]) {
-            int32_t p = map_get(&c->map, c->key[b]);
-            while (p >= 0 && p != b) p = c->dup_next[p];
+        } else if (c->blk[b].hashed) {
+            int32_t p = map_get(&c->map, c->blk[b].key);
+            while (p >= 0 && p != b) p = c->blk[p].dup;
             if (p != b) err = "hashed block not reachable from the cache map";
         }
     }
     if (!err && free_count != c->num_free) err = "free count differs from the queue length";
     int64_t used = 0;
-    for (int64_t b = 1; b < nb; b++) used += c->ref[b] > 0;
+    for (int64_t b = 1; b < nb; b++) used += c->blk[b].ref > 0;
     if (!err && free_count + used != nb - 1) err = "free + used != total";
     free(refs); free(inq);
     if (err) { PyErr_SetString(PyExc_AssertionError, err); return NULL; }
