@@ -351,9 +351,13 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
 
 def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler):
     """(row, blocks) per swapped-in request: the swap-in pairs whose GPU block is in that
-    request's block table (called right after schedule(), when the tables hold them)."""
+    request's block table (called right after schedule(), when the tables hold them). A block
+    counts for the first such request only: with prefix caching, a request admitted later in the
+    same step may hit blocks an earlier one just loaded, and those were not copied for it."""
     if not plan.swapped_in:
         return
     dst = set(plan.swap_in[:, 1].tolist())
     for row in plan.swapped_in:
-        yield int(row), sum(b in dst for b in scheduler.block_table(int(row)))
+        mine = dst.intersection(scheduler.block_table(int(row)))
+        dst -= mine
+        yield int(row), len(mine)

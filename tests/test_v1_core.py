@@ -26,20 +26,21 @@ def test_core_is_built():
     assert core._core is not None
 
 
-def _engine(spec, arrival, prompt, output, hashes):
-    state = RequestState(arrival_s=np.asarray(arrival, float), prompt_len=prompt, output_len=output)
+def _engine(spec, arrival, prompt, output, hashes, priority=None):
+    state = RequestState(arrival_s=np.asarray(arrival, float), prompt_len=prompt, output_len=output,
+                         priority=priority)
     keys = (UniqueBlockKeys() if hashes is None else
             TraceBlockKeys(block_size=spec.block_size, prompt_len=prompt, prefix_hashes=hashes,
                            hash_block_tokens=8))
     return state, V1Scheduler(spec, state, keys), tiny_cost_model(block_size=spec.block_size)
 
 
-def run_both(spec, arrival, prompt, output, hashes=None):
+def run_both(spec, arrival, prompt, output, hashes=None, priority=None):
     """(compiled core with invariant checks, Python step by step) on fresh engines."""
-    state, sched, ex = _engine(spec, arrival, prompt, output, hashes)
+    state, sched, ex = _engine(spec, arrival, prompt, output, hashes, priority)
     assert core.ineligible(sched, ex) is None, core.ineligible(sched, ex)
     fast = core.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block, check=True)
-    state, sched, ex = _engine(spec, arrival, prompt, output, hashes)
+    state, sched, ex = _engine(spec, arrival, prompt, output, hashes, priority)
     slow = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block,
                     step_by_step=True)
     return fast, slow
@@ -52,7 +53,9 @@ def core_specs(draw):
               max_num_seqs=draw(st.integers(1, 8)),
               enable_chunked_prefill=chunked,
               enable_prefix_caching=draw(st.booleans()),
-              preemption_mode=draw(st.sampled_from(["recompute", "none"])),
+              preemption_mode=draw(st.sampled_from(["recompute", "none", "swap"])),
+              policy=draw(st.sampled_from(["fcfs", "priority"])),
+              num_cpu_blocks=draw(st.sampled_from([0, 3, 8, 24])),
               long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5, 16])),
               scheduler_reserve_full_isl=draw(st.booleans()),
               watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
@@ -64,8 +67,8 @@ def core_specs(draw):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), spec=core_specs())
 def test_core_equals_python_step_by_step(w, spec):
-    arrival, prompt, output, _prio, hashes = w
-    fast, slow = run_both(spec, arrival, prompt, output, hashes)
+    arrival, prompt, output, prio, hashes = w
+    fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
     assert_same(fast, slow)
     # The TBT samples come in the same order and weights, not only as the same multiset.
     np.testing.assert_array_equal(fast.tbt_values, slow.tbt_values)
@@ -74,23 +77,35 @@ def test_core_equals_python_step_by_step(w, spec):
     assert np.all(np.isin(fast.state.status, [Status.FINISHED, Status.REJECTED]))
 
 
-def test_core_preempts_and_rehits_its_own_blocks():
-    """A pool a few requests wide under a burst: recompute preemptions, re-admissions that hit
-    the victim's still-cached blocks, stalls; identical to Python, invariants hold."""
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_core_preempts_swaps_and_rehits(policy, mode):
+    """A pool a few requests wide under a burst: preemptions (recompute: re-admissions that hit
+    the victim's still-cached blocks; swap: host copies loaded back, a host tier small enough to
+    evict), stalls; identical to Python, invariants hold."""
     rng = np.random.default_rng(3)
     n = 60
     arrival = np.sort(rng.uniform(0, 0.5, n))
     prompt = rng.integers(10, 40, n)
     output = rng.integers(10, 40, n)
+    prio = rng.integers(0, 3, n)
     hashes = [list(rng.integers(0, 2, (p + 7) // 8)) for p in prompt]
-    spec = tiny_spec(num_gpu_blocks=40, max_num_seqs=8, preemption_mode="recompute")
-    fast, slow = run_both(spec, arrival, prompt, output, hashes)
+    spec = tiny_spec(num_gpu_blocks=40, max_num_seqs=8, preemption_mode=mode, policy=policy,
+                     num_cpu_blocks=12)
+    fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
     assert_same(fast, slow)
     st_ = fast.state
-    assert st_.num_recomputes.sum() > 0
-    once = st_.num_recomputes == 1      # recomputed = computed at preemption - prefix hit at resume
-    assert np.any(st_.recomputed_tokens[once] < st_.computed_at_preemption[once])
+    kinds = set(fast.events["kind"])
     assert len(fast.stalls["row"]) > 0
+    if mode == "recompute":
+        assert st_.num_recomputes.sum() > 0 and st_.num_swaps.sum() == 0
+        once = st_.num_recomputes == 1   # recomputed = computed at preemption - hit at resume
+        assert np.any(st_.recomputed_tokens[once] < st_.computed_at_preemption[once])
+    else:
+        assert {"preempt_swap", "swap_in"} <= kinds
+        assert fast.steps["cpu_blocks_used"].max() == 12          # the tier filled up
+        assert fast.steps["evicted_blocks"].max() > 0
+        assert "swap" in set(fast.stalls["mode"])
 
 
 def test_progress_is_reported_at_step_multiples():
@@ -114,10 +129,12 @@ def test_progress_is_reported_at_step_multiples():
 def test_ineligible_configs_run_the_python_loop(monkeypatch):
     spec = tiny_spec()
     arrival, prompt, output = [0.0, 0.1], np.array([10, 12]), np.array([5, 6])
-    for kw, why in ((dict(policy="priority"), "policy priority"),
-                    (dict(preemption_mode="swap"), "preemption_mode swap")):
-        state, sched, ex = _engine(tiny_spec(**kw), arrival, prompt, output, None)
-        assert core.ineligible(sched, ex) == why
+    from replay.prefix import TokenBlockKeys
+    from replay.v0.scheduler import V0Scheduler
+    state, sched, ex = _engine(spec, arrival, prompt, output, None)
+    assert core.ineligible(V0Scheduler(spec, state, UniqueBlockKeys()), ex) == "not the V1 scheduler"
+    tokens = V1Scheduler(spec, state, TokenBlockKeys(block_size=4, tokens=lambda r: []))
+    assert core.ineligible(tokens, ex) == "block keys TokenBlockKeys"
     state, sched, ex = _engine(spec, arrival, prompt, output, None)
     assert core.ineligible(sched, object()) == "not the cost-model executor"
     monkeypatch.setenv("KVCAP_CORE", "python")

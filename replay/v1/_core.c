@@ -113,14 +113,17 @@ typedef struct {
 
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
-enum { EV_PREEMPT_RECOMPUTE = 0, EV_REJECT = 5 };
-enum { MODE_RECOMPUTE = 0, MODE_NONE = 1 };
+/* Event kinds: indices into replay.loop.EVENT_KINDS. */
+enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
+       EV_REJECT = 5 };
+enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };
+enum { POLICY_FCFS = 0, POLICY_PRIORITY = 1 };
 #define K_BITS 24
 
 typedef struct {
     int64_t n;
     /* Request arrays (numpy buffers, written in place). */
-    Py_buffer bufs[24];   /* 16 request arrays + 3 key arrays */
+    Py_buffer bufs[24];   /* 17 request arrays + 3 key arrays */
     int nbufs;
     const double *arrival;
     const int64_t *prompt, *out_len;
@@ -128,9 +131,11 @@ typedef struct {
     int64_t *num_computed, *num_output, *recomputed, *cached_prompt, *computed_at_pre;
     int32_t *num_pre, *num_swaps, *num_rec;
     double *first_sched, *first_tok, *finish, *max_tbt;
+    const int64_t *prio;
     /* Spec. */
     int64_t bs, num_blocks, max_active, max_batched, L, thr_knob, watermark_blocks;
-    int chunked, caching, reserve_full_isl, mode;
+    int chunked, caching, reserve_full_isl, mode, policy;
+    int64_t num_cpu;
     /* Keys: 0 unique per request, 1 trace prefix chains. */
     int keys_mode;
     int64_t hbt;
@@ -139,6 +144,7 @@ typedef struct {
     double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
         overhead_s, ar_fixed, ar_per_token;
     int64_t kv_bytes_per_token, kv_bytes_per_block;
+    double swap_per_block;
     /* Block pool. */
     Blk *blk;          /* index num_blocks is the free queue's sentinel */
     int64_t num_free;
@@ -149,10 +155,19 @@ typedef struct {
     int64_t *held, *ncached;
     /* Queues. */
     int32_t *running; int64_t nrun;
-    int32_t *wq; int64_t wq_head, wq_len, wq_cap;      /* ring buffer */
+    int32_t *wq; int64_t wq_head, wq_len, wq_cap;      /* FCFS: ring buffer; priority: heap */
     int32_t *arrived; int64_t narrived;
     uint8_t *prefilling;
     int64_t *promised; int64_t promised_total;       /* "none" mode */
+    /* Host offload tier (swap mode, host_tier.py): key -> host block, LRU list with sentinel
+     * num_cpu; host blocks are handed out 0, 1, 2, ... and then reused from the LRU end. */
+    map_t hmap;
+    int64_t *hkey; int32_t *hprev, *hnext;
+    int64_t host_used, host_next_free;
+    uint8_t *swapped; int64_t nswapped;             /* waiting rows whose KV went to the host */
+    /* Loop: KV of swap-preempted requests not yet resumed (size-swap's demand series). */
+    int64_t *evicted; int64_t evicted_count, evicted_total;
+    int8_t *last_mode;                              /* 1 recompute, 2 swap: last preemption */
     /* Loop state. */
     double t;
     int64_t cursor, step, idle_spins;
@@ -161,12 +176,18 @@ typedef struct {
     /* Per-step scratch. */
     int32_t *s_rows; int64_t *s_new, *s_before; uint8_t *s_prefill, *s_sampled; int64_t ns;
     int32_t *pre_rows; int64_t *pre_blocks; int64_t npre;
+    int8_t *pre_mode; uint8_t *pre_fallback;
+    int64_t nswap_out, nswap_in;
+    int32_t *si_rows; int64_t *si_blocks; int64_t nsi;
+    int64_t nload;                                  /* admission: blocks found in the host tier */
     int32_t *rej_rows; int64_t nrej;
     int32_t *hits; int64_t hits_cap;
     /* Outputs. */
     vecd st_start, st_dur;
     veci32 st_run, st_wait, st_pre;
-    veci st_prefill, st_decode, st_gpu;
+    veci st_prefill, st_decode, st_gpu, st_cpu, st_evblk;
+    veci32 st_swapped, st_sout, st_sin, st_evreq;
+    veci8 sl_mode;
     vecd ev_t; veci ev_step, ev_row, ev_blocks; veci8 ev_kind;
     veci sl_row; vecd sl_pre, sl_res, sl_stall;
     vecd tbt_v; veci tbt_w;
@@ -295,19 +316,100 @@ static int64_t get_computed_blocks(Core *c, int64_t row, int64_t num_tokens) {
 }
 
 /* ---------------- scheduler */
-static int64_t wq_peek(Core *c) { return c->wq[c->wq_head]; }
-static void wq_pop(Core *c) { c->wq_head = (c->wq_head + 1) % c->wq_cap; c->wq_len--; }
-static void wq_push(Core *c, int32_t r) { c->wq[(c->wq_head + c->wq_len) % c->wq_cap] = r; c->wq_len++; }
+/* Waiting queue (queues.py): FCFS deque, or a heap ordered by (priority, arrival_s, row). */
+static inline int heap_less(const Core *c, int32_t a, int32_t b) {
+    if (c->prio[a] != c->prio[b]) return c->prio[a] < c->prio[b];
+    if (c->arrival[a] != c->arrival[b]) return c->arrival[a] < c->arrival[b];
+    return a < b;
+}
+static void heap_up(Core *c, int64_t i) {
+    int32_t x = c->wq[i];
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!heap_less(c, x, c->wq[p])) break;
+        c->wq[i] = c->wq[p];
+        i = p;
+    }
+    c->wq[i] = x;
+}
+static void heap_down(Core *c, int64_t i) {
+    int64_t n = c->wq_len;
+    int32_t x = c->wq[i];
+    for (;;) {
+        int64_t l = 2 * i + 1, m;
+        if (l >= n) break;
+        m = (l + 1 < n && heap_less(c, c->wq[l + 1], c->wq[l])) ? l + 1 : l;
+        if (!heap_less(c, c->wq[m], x)) break;
+        c->wq[i] = c->wq[m];
+        i = m;
+    }
+    c->wq[i] = x;
+}
+static int64_t wq_peek(Core *c) { return c->policy ? c->wq[0] : c->wq[c->wq_head]; }
+static void wq_pop(Core *c) {
+    if (c->policy) {
+        c->wq[0] = c->wq[--c->wq_len];
+        if (c->wq_len) heap_down(c, 0);
+        return;
+    }
+    c->wq_head = (c->wq_head + 1) % c->wq_cap; c->wq_len--;
+}
+static void wq_push(Core *c, int32_t r) {
+    if (c->policy) { c->wq[c->wq_len++] = r; heap_up(c, c->wq_len - 1); return; }
+    c->wq[(c->wq_head + c->wq_len) % c->wq_cap] = r; c->wq_len++;
+}
+/* A preempted request goes back to the front (a heap has no front: it sorts by its key). */
 static void wq_prepend(Core *c, int32_t r) {
+    if (c->policy) { wq_push(c, r); return; }
     c->wq_head = (c->wq_head + c->wq_cap - 1) % c->wq_cap; c->wq[c->wq_head] = r; c->wq_len++;
 }
 static void wq_remove(Core *c, int32_t r) {
     int64_t j = 0;
+    if (c->policy) {
+        for (int64_t i = 0; i < c->wq_len; i++) if (c->wq[i] != r) c->wq[j++] = c->wq[i];
+        c->wq_len = j;
+        for (int64_t i = j / 2 - 1; i >= 0; i--) heap_down(c, i);
+        return;
+    }
     for (int64_t i = 0; i < c->wq_len; i++) {
         int32_t x = c->wq[(c->wq_head + i) % c->wq_cap];
         if (x != r) c->wq[(c->wq_head + j++) % c->wq_cap] = x;
     }
     c->wq_len = j;
+}
+
+/* ---------------- host offload tier */
+static inline void host_unlink(Core *c, int32_t h) {
+    int32_t p = c->hprev[h], nx = c->hnext[h];
+    c->hnext[p] = nx; c->hprev[nx] = p;
+}
+static inline void host_append(Core *c, int32_t h) {
+    int32_t s = (int32_t)c->num_cpu, p = c->hprev[s];
+    c->hnext[p] = h; c->hprev[h] = p; c->hnext[h] = s; c->hprev[s] = h;
+}
+/* Store a victim's first n_full blocks, tail first so the prefix ends most recently used;
+ * blocks already there are only touched. Returns the copies made. */
+static int64_t host_store(Core *c, int64_t row, int64_t n_full) {
+    int64_t n = min64(n_full, c->num_cpu), copies = 0;
+    for (int64_t i = n - 1; i >= 0; i--) {
+        int64_t k = key_of(c, row, i);
+        int32_t h = map_get(&c->hmap, k);
+        if (h >= 0) { host_unlink(c, h); host_append(c, h); continue; }
+        if (c->host_next_free < c->num_cpu) {
+            h = (int32_t)c->host_next_free++;
+        } else {
+            h = c->hnext[c->num_cpu];          /* least recently used */
+            host_unlink(c, h);
+            map_del(&c->hmap, c->hkey[h]);
+            c->host_used--;
+        }
+        c->hkey[h] = k;
+        map_set(&c->hmap, k, h);
+        host_append(c, h);
+        c->host_used++;
+        copies++;
+    }
+    return copies;
 }
 
 static int never_runs(const Core *c, int64_t row) {
@@ -332,13 +434,22 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
     int64_t nt = c->prompt[row] + c->num_output[row];
     int64_t nh = get_computed_blocks(c, row, nt);
     *nh_out = nh;
-    int64_t n = nt - nh * bs;
+    c->nload = 0;
+    if (c->host_used) {
+        /* The offload tier continues the GPU hit (a connector's longer external match). */
+        int64_t max_blocks = (nt - 1) / bs;
+        for (int64_t k = nh; k < max_blocks; k++) {
+            if (map_get(&c->hmap, key_of(c, row, k)) < 0) break;
+            c->nload++;
+        }
+    }
+    int64_t n = nt - (nh + c->nload) * bs;
     if (0 < thr && thr < n) n = thr;
     if (!c->chunked && n > budget) return -1;
     n = min64(n, budget);
     int64_t wm = c->nrun ? c->watermark_blocks : 0, free = c->num_free, evictable = 0;
     for (int64_t i = 0; i < nh; i++) evictable += c->blk[c->hits[i]].ref == 0;
-    int64_t total_computed = min64(nh * bs, L);
+    int64_t total_computed = min64((nh + c->nload) * bs, L);
     if (c->reserve_full_isl) {
         int64_t need_full = max64(cdiv(min64(nt, L), bs) - nh, 0) + evictable;
         if (need_full + wm > free) return -1;
@@ -354,17 +465,35 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
 }
 
 static int preempt(Core *c, int64_t row) {
-    c->computed_at_pre[row] = c->num_computed[row];
+    int64_t cc = c->num_computed[row];
+    c->computed_at_pre[row] = cc;
+    int mode = 1, fallback = 0;
+    if (c->mode == MODE_SWAP) {
+        int64_t n_full = cc / c->bs;
+        if (n_full && c->num_cpu) {
+            c->nswap_out += host_store(c, row, n_full);
+            mode = 2;
+            if (!c->swapped[row]) { c->swapped[row] = 1; c->nswapped++; }
+        } else {
+            fallback = c->num_cpu == 0;
+        }
+    }
     int64_t blocks = kv_free(c, row);
     c->num_computed[row] = 0;
     c->status[row] = ST_WAITING;
     c->num_pre[row] += 1;
-    c->num_rec[row] += 1;
+    if (mode == 2) c->num_swaps[row] += 1; else c->num_rec[row] += 1;
     c->prefilling[row] = 0;
     wq_prepend(c, (int32_t)row);
     c->pre_rows[c->npre] = (int32_t)row;
+    c->pre_mode[c->npre] = (int8_t)mode;
+    c->pre_fallback[c->npre] = (uint8_t)fallback;
     c->pre_blocks[c->npre++] = blocks;
     return 0;
+}
+
+static inline void unswap(Core *c, int64_t row) {
+    if (c->swapped[row]) { c->swapped[row] = 0; c->nswapped--; }
 }
 
 static inline void sched_add(Core *c, int64_t row, int64_t n) {
@@ -375,7 +504,7 @@ static inline void sched_add(Core *c, int64_t row, int64_t n) {
 /* One schedule(): rejections of new arrivals, running phase, waiting phase. -1 on error. */
 static int schedule(Core *c) {
     int64_t bs = c->bs, L = c->L;
-    c->ns = c->npre = c->nrej = 0;
+    c->ns = c->npre = c->nrej = c->nsi = c->nswap_out = c->nswap_in = 0;
     for (int64_t i = 0; i < c->narrived; i++) {
         int32_t r = c->arrived[i];
         if (never_runs(c, r)) {
@@ -410,11 +539,38 @@ static int schedule(Core *c) {
                                 "ran out of blocks despite its reservation");
                 return -1;
             }
-            int64_t victim = c->running[--c->nrun];
+            int64_t victim;
+            if (c->policy) {
+                /* The worst (priority, arrival); the first of equals in running order. */
+                int64_t vi = 0;
+                for (int64_t j = 1; j < c->nrun; j++) {
+                    int32_t x = c->running[j], y = c->running[vi];
+                    if (c->prio[x] > c->prio[y] ||
+                        (c->prio[x] == c->prio[y] && c->arrival[x] > c->arrival[y])) vi = j;
+                }
+                victim = c->running[vi];
+                memmove(c->running + vi, c->running + vi + 1,
+                        (size_t)(c->nrun - vi - 1) * sizeof(int32_t));
+                c->nrun--;
+                if (vi < i) i--;
+                for (int64_t j = 0; j < c->ns; j++) {
+                    if (c->s_rows[j] != victim) continue;
+                    budget += c->s_new[j];        /* un-schedule and refund (0.33) */
+                    memmove(c->s_rows + j, c->s_rows + j + 1, (size_t)(c->ns - j - 1) * sizeof(int32_t));
+                    memmove(c->s_new + j, c->s_new + j + 1, (size_t)(c->ns - j - 1) * sizeof(int64_t));
+                    c->ns--;
+                    break;
+                }
+            } else {
+                victim = c->running[--c->nrun];
+            }
             preempt(c, victim);
             if (victim == r) break;
         }
-        if (!ok) break;
+        if (!ok) {
+            if (c->policy && c->status[r] == ST_WAITING) continue;   /* it preempted itself */
+            break;
+        }
         sched_add(c, r, n);
         budget -= n;
         i++;
@@ -428,6 +584,7 @@ static int schedule(Core *c) {
                 if (c->nrun || c->ns) break;
                 wq_pop(c);
                 c->status[r] = ST_REJECTED;
+                unswap(c, r);
                 c->rej_rows[c->nrej++] = (int32_t)r;
                 continue;
             }
@@ -446,18 +603,30 @@ static int schedule(Core *c) {
             }
             c->held[r] = nh;
             c->ncached[r] = nh;
-            int64_t computed = nh * bs;
+            int64_t nload = c->nload, computed = (nh + nload) * bs;
             int64_t n_new = cdiv(min64(computed + n, L), bs) - nh;
             if (n_new > 0 && pop_into(c, r, n_new) < 0) return -1;
             cache_blocks(c, r, min64(computed + n, nt));
             wq_pop(c);
             c->running[c->nrun++] = (int32_t)r;
+            if (nload) {
+                /* Load the host copies back (marked recently used, in table order). */
+                for (int64_t k = nh; k < nh + nload; k++) {
+                    int32_t h = map_get(&c->hmap, key_of(c, r, k));
+                    host_unlink(c, h);
+                    host_append(c, h);
+                }
+                c->nswap_in += nload;
+                c->si_rows[c->nsi] = (int32_t)r;
+                c->si_blocks[c->nsi++] = nload;
+            }
+            unswap(c, r);
             if (c->mode == MODE_NONE) {
                 int64_t whole = cdiv(min64(c->prompt[r] + c->out_len[r], L), bs);
                 c->promised[r] = whole;
                 c->promised_total += whole;
             }
-            int64_t hit = nh * bs;
+            int64_t hit = (nh + nload) * bs;
             if (c->num_pre[r] > 0) c->recomputed[r] += c->computed_at_pre[r] - hit;
             else c->cached_prompt[r] = hit;
             c->status[r] = ST_RUNNING;
@@ -477,13 +646,14 @@ static int schedule(Core *c) {
 }
 
 /* ---------------- cost model (_step_s: same terms, same order) */
-static double step_s(const Core *c, int64_t tokens, int64_t samples, int64_t attn, int64_t kv) {
+static double step_s(const Core *c, int64_t tokens, int64_t samples, int64_t attn, int64_t kv,
+                     int64_t swaps) {
     double compute = ((double)tokens * c->lin_per_token + (double)samples * c->lm_per_sample
                       + (double)attn * c->attn_per_unit) / c->flops_rate;
     double memory = (c->weight_bytes + (double)(kv * c->kv_bytes_per_token)) / c->bytes_rate;
     double m = memory > compute ? memory : compute;
-    /* No swap term: these modes never move blocks to the host (Python adds 0 * swap_s). */
-    return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token);
+    return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token)
+           + (double)swaps * c->swap_per_block;
 }
 
 static int event(Core *c, int kind, int64_t row, int64_t blocks) {
@@ -499,8 +669,30 @@ static int one_step(Core *c) {
         if (event(c, EV_REJECT, c->rej_rows[j], 0)) return -1;
     for (int64_t j = 0; j < c->npre; j++) {
         int64_t r = c->pre_rows[j];
-        if (event(c, EV_PREEMPT_RECOMPUTE, r, c->pre_blocks[j])) return -1;
+        if (c->pre_fallback[j] && event(c, EV_SWAP_FULL_FALLBACK, r, c->pre_blocks[j])) return -1;
+        if (event(c, c->pre_mode[j] == 2 ? EV_PREEMPT_SWAP : EV_PREEMPT_RECOMPUTE, r,
+                  c->pre_blocks[j])) return -1;
         if (isnan(c->preempted_at[r])) c->preempted_at[r] = c->t;
+        c->last_mode[r] = c->pre_mode[j];
+    }
+    for (int64_t j = 0; j < c->nsi; j++)
+        if (event(c, EV_SWAP_IN, c->si_rows[j], c->si_blocks[j])) return -1;
+    /* Resumed (scheduled again) or dropped: no longer evicted; then this step's swap victims. */
+    if (c->evicted_count) {
+        for (int64_t j = 0; j < c->ns + c->nrej; j++) {
+            int64_t r = j < c->ns ? c->s_rows[j] : c->rej_rows[j - c->ns];
+            if (!c->evicted[r]) continue;
+            c->evicted_total -= c->evicted[r];
+            c->evicted_count--;
+            c->evicted[r] = 0;
+        }
+    }
+    for (int64_t j = 0; j < c->npre; j++) {
+        int64_t r = c->pre_rows[j];
+        if (c->pre_mode[j] != 2 || c->evicted[r]) continue;
+        c->evicted[r] = max64(c->pre_blocks[j], 1);
+        c->evicted_total += c->evicted[r];
+        c->evicted_count++;
     }
     int64_t num_prefill = 0, num_decode = 0, tokens = 0, attn = 0, kv = 0, num_sampled = 0;
     for (int64_t j = 0; j < c->ns; j++) {
@@ -513,8 +705,8 @@ static int one_step(Core *c) {
         num_sampled += cc + nn >= c->prompt[r] + c->num_output[r];
     }
     kv += tokens;
-    int32_t q_run = (int32_t)c->nrun, q_wait = (int32_t)c->wq_len;
-    double dt = step_s(c, tokens, num_sampled, attn, kv);
+    int32_t q_run = (int32_t)c->nrun, q_wait = (int32_t)c->wq_len, q_swapped = (int32_t)c->nswapped;
+    double dt = step_s(c, tokens, num_sampled, attn, kv, c->nswap_out + c->nswap_in);
     double t = c->t, end = t + dt;
     /* update(): sample, then free the finished in batch order. */
     int64_t same = 0, nfin = 0;
@@ -545,7 +737,11 @@ static int one_step(Core *c) {
         pushi32(&c->st_wait, q_wait) || pushi(&c->st_prefill, num_prefill) ||
         pushi(&c->st_decode, num_decode) ||
         pushi(&c->st_gpu, c->num_blocks - 1 - c->num_free) ||
-        pushi32(&c->st_pre, (int32_t)c->npre)) return -1;
+        pushi32(&c->st_pre, (int32_t)c->npre) || pushi32(&c->st_swapped, q_swapped) ||
+        pushi(&c->st_cpu, c->host_used) || pushi32(&c->st_sout, (int32_t)c->nswap_out) ||
+        pushi32(&c->st_sin, (int32_t)c->nswap_in) ||
+        pushi32(&c->st_evreq, (int32_t)c->evicted_count) || pushi(&c->st_evblk, c->evicted_total))
+        return -1;
     /* TBT samples (loop.add_gaps): one weighted sample for the rows that also sampled in the
      * previous step, then the others one by one in batch order. */
     if (same && (pushd(&c->tbt_v, end - t) || pushi(&c->tbt_w, same))) return -1;
@@ -560,14 +756,15 @@ static int one_step(Core *c) {
             if (gap > c->max_tbt[r]) c->max_tbt[r] = gap;
             if (!isnan(c->preempted_at[r])) {
                 if (pushi(&c->sl_row, r) || pushd(&c->sl_pre, c->preempted_at[r]) ||
-                    pushd(&c->sl_res, end) || pushd(&c->sl_stall, gap)) return -1;
+                    pushd(&c->sl_res, end) || pushd(&c->sl_stall, gap) ||
+                    pushi8(&c->sl_mode, c->last_mode[r])) return -1;
             }
         }
         c->preempted_at[r] = NAN;
         c->last_tok[r] = end;
     }
     for (int64_t j = 0; j < nfin; j++) c->finish[fin[j]] = end;
-    int progressed = c->ns || c->npre || c->nrej;
+    int progressed = c->ns || c->npre || c->nrej || c->nswap_in;
     c->idle_spins = progressed ? 0 : c->idle_spins + 1;
     c->t = end;
     c->step++;
@@ -585,8 +782,13 @@ static int one_step(Core *c) {
 
 /* Run until the trace is done or `max_steps` more steps were taken. 1 when done. */
 static int run_steps(Core *c, int64_t max_steps) {
-    int64_t stop = c->step + max_steps;
+    int64_t stop = c->step + max_steps, next_check = c->step + 4096;
     while (!c->done && c->step < stop) {
+        if (c->step >= next_check) {
+            /* Ctrl-C: Python's handler only sets a flag; raise it here, between two steps. */
+            if (PyErr_CheckSignals() < 0) return -1;
+            next_check = c->step + 4096;
+        }
         while (c->cursor < c->n && c->arrival[c->cursor] <= c->t) {
             int32_t r = (int32_t)c->cursor++;
             c->status[r] = ST_WAITING;
@@ -617,7 +819,11 @@ static void core_free(Core *c) {
                   c->rej_rows, c->hits, c->st_start.d, c->st_dur.d, c->st_run.d, c->st_wait.d,
                   c->st_pre.d, c->st_prefill.d, c->st_decode.d, c->st_gpu.d, c->ev_t.d,
                   c->ev_step.d, c->ev_row.d, c->ev_blocks.d, c->ev_kind.d, c->sl_row.d,
-                  c->sl_pre.d, c->sl_res.d, c->sl_stall.d, c->tbt_v.d, c->tbt_w.d};
+                  c->sl_pre.d, c->sl_res.d, c->sl_stall.d, c->tbt_v.d, c->tbt_w.d,
+                  c->hmap.slots, c->hkey, c->hprev, c->hnext, c->swapped, c->evicted,
+                  c->last_mode, c->pre_mode, c->pre_fallback, c->si_rows, c->si_blocks,
+                  c->st_cpu.d, c->st_evblk.d, c->st_swapped.d, c->st_sout.d, c->st_sin.d,
+                  c->st_evreq.d, c->sl_mode.d};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
     free(c);
 }
@@ -649,10 +855,10 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOO", &arrays, &spec, &cost, &keys)) return NULL;
     Core *c = (Core *)calloc(1, sizeof(Core));
     if (!c) return PyErr_NoMemory();
-    PyObject *a[16];
-    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+    PyObject *a[17];
+    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
                           &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
-                          &a[15])) goto fail;
+                          &a[15], &a[16])) goto fail;
     Py_buffer probe;
     if (PyObject_GetBuffer(a[0], &probe, PyBUF_C_CONTIGUOUS) < 0) goto fail;
     c->n = probe.len / (Py_ssize_t)sizeof(double);
@@ -673,18 +879,22 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         !(c->first_sched = take(c, a[12], n, 8, 1, "first_scheduled_s")) ||
         !(c->first_tok = take(c, a[13], n, 8, 1, "first_token_s")) ||
         !(c->finish = take(c, a[14], n, 8, 1, "finish_s")) ||
-        !(c->max_tbt = take(c, a[15], n, 8, 1, "max_tbt_s"))) goto fail;
-    long long bs, nb, ma, mb, L, thr, wm;
-    int ch, ca, rf, mode;
-    if (!PyArg_ParseTuple(spec, "LLLLLLLpppi", &bs, &nb, &ma, &mb, &L, &thr, &wm, &ch, &ca, &rf,
-                          &mode)) goto fail;
+        !(c->max_tbt = take(c, a[15], n, 8, 1, "max_tbt_s")) ||
+        !(c->prio = take(c, a[16], n, 8, 0, "priority"))) goto fail;
+    long long bs, nb, ma, mb, L, thr, wm, ncpu;
+    int ch, ca, rf, mode, policy;
+    if (!PyArg_ParseTuple(spec, "LLLLLLLpppiiL", &bs, &nb, &ma, &mb, &L, &thr, &wm, &ch, &ca, &rf,
+                          &mode, &policy, &ncpu)) goto fail;
+    c->policy = policy;
+    c->num_cpu = mode == MODE_SWAP ? ncpu : 0;
     c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
     c->thr_knob = thr; c->watermark_blocks = wm; c->chunked = ch; c->caching = ca;
     c->reserve_full_isl = rf; c->mode = mode;
     long long kvbpt, kvbpb;
-    if (!PyArg_ParseTuple(cost, "dddddddddLL", &c->lin_per_token, &c->lm_per_sample,
+    if (!PyArg_ParseTuple(cost, "dddddddddLLd", &c->lin_per_token, &c->lm_per_sample,
                           &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
-                          &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb))
+                          &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb,
+                          &c->swap_per_block))
         goto fail;
     c->kv_bytes_per_token = kvbpt; c->kv_bytes_per_block = kvbpb;
     PyObject *off, *ids, *shared;
@@ -721,6 +931,13 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->s_sampled, n, uint8_t);
     CALLOC(c->pre_rows, n, int32_t); CALLOC(c->pre_blocks, n, int64_t);
     CALLOC(c->rej_rows, n, int32_t);
+    CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
+    CALLOC(c->si_rows, n, int32_t); CALLOC(c->si_blocks, n, int64_t);
+    CALLOC(c->swapped, n, uint8_t); CALLOC(c->evicted, n, int64_t); CALLOC(c->last_mode, n, int8_t);
+    if (map_init(&c->hmap, c->num_cpu) < 0) { PyErr_NoMemory(); goto fail; }
+    CALLOC(c->hkey, c->num_cpu + 1, int64_t); CALLOC(c->hprev, c->num_cpu + 1, int32_t);
+    CALLOC(c->hnext, c->num_cpu + 1, int32_t);
+    c->hprev[c->num_cpu] = c->hnext[c->num_cpu] = (int32_t)c->num_cpu;
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
     CALLOC(c->hits, c->hits_cap, int32_t);
     c->t = n ? c->arrival[0] : 0.0;
@@ -756,7 +973,7 @@ static PyObject *core_results(PyObject *self, PyObject *args) {
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
     if (!c) return NULL;
     return Py_BuildValue(
-        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsN" "sd}",
+        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsN" "sd}",
         "start_s", bytes_of(c->st_start.d, c->st_start.n, 8),
         "duration_s", bytes_of(c->st_dur.d, c->st_dur.n, 8),
         "num_running", bytes_of(c->st_run.d, c->st_run.n, 4),
@@ -765,6 +982,13 @@ static PyObject *core_results(PyObject *self, PyObject *args) {
         "num_decode_tokens", bytes_of(c->st_decode.d, c->st_decode.n, 8),
         "gpu_blocks_used", bytes_of(c->st_gpu.d, c->st_gpu.n, 8),
         "num_preempted", bytes_of(c->st_pre.d, c->st_pre.n, 4),
+        "num_swapped", bytes_of(c->st_swapped.d, c->st_swapped.n, 4),
+        "cpu_blocks_used", bytes_of(c->st_cpu.d, c->st_cpu.n, 8),
+        "swap_out_blocks", bytes_of(c->st_sout.d, c->st_sout.n, 4),
+        "swap_in_blocks", bytes_of(c->st_sin.d, c->st_sin.n, 4),
+        "evicted_requests", bytes_of(c->st_evreq.d, c->st_evreq.n, 4),
+        "evicted_blocks", bytes_of(c->st_evblk.d, c->st_evblk.n, 8),
+        "sl_mode", bytes_of(c->sl_mode.d, c->sl_mode.n, 1),
         "ev_t", bytes_of(c->ev_t.d, c->ev_t.n, 8),
         "ev_step", bytes_of(c->ev_step.d, c->ev_step.n, 8),
         "ev_row", bytes_of(c->ev_row.d, c->ev_row.n, 8),

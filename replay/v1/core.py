@@ -1,10 +1,10 @@
 """The compiled V1 core (`replay/v1/_core.c`): the whole replay loop in C for the configurations
 it covers, with tables identical to the Python step-by-step path (tests/test_v1_core.py).
 
-Covered: the V1 scheduler with FCFS policy, preemption by recompute or none (queue only), prefix
-caching on or off, keys from the trace's prefix hashes or none, the cost-model executor. Anything
-else (V0, priority, V1 swap/offload tier, the torch stub, token-id keys) runs the Python loop;
-`ineligible()` says why. `KVCAP_CORE=python` turns the core off (benchmarks, comparisons).
+Covered: the V1 scheduler (FCFS or priority; preemption by recompute, swap to the host offload
+tier, or none = queue only; prefix caching on or off; keys from the trace's prefix hashes or
+none) with the cost-model executor. The rest (V0, the torch stub, token-id keys of the oracle
+scenarios) runs the Python loop; `ineligible()` says why. `KVCAP_CORE=python` turns the core off (benchmarks, comparisons).
 Must not import traces/, capacity/, polars, duckdb or torch.
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ try:
 except ImportError:             # not built (a source checkout without `pip install -e .`)
     _core = None
 
-_MODES = {"recompute": 0, "none": 1}
+_MODES = {"recompute": 0, "none": 1, "swap": 2}
+_POLICIES = {"fcfs": 0, "priority": 1}
 
 
 def ineligible(scheduler, executor) -> str | None:
@@ -39,7 +40,7 @@ def ineligible(scheduler, executor) -> str | None:
     if type(executor) is not CostModel:
         return "not the cost-model executor"
     spec = scheduler.spec
-    if spec.policy != "fcfs":
+    if spec.policy not in _POLICIES:
         return f"policy {spec.policy}"
     if spec.preemption_mode not in _MODES:
         return f"preemption_mode {spec.preemption_mode}"
@@ -81,14 +82,15 @@ def run(state: RequestState, scheduler: V1Scheduler, executor: CostModel, *,
     arrays = (state.arrival_s, state.prompt_len, state.output_len, state.status,
               state.num_computed, state.num_output, state.num_preemptions, state.num_swaps,
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
-              state.computed_at_preemption, first_sched, first_tok, finish, max_tbt)
+              state.computed_at_preemption, first_sched, first_tok, finish, max_tbt, state.priority)
     spec_args = (spec.block_size, spec.num_gpu_blocks, scheduler.max_active,
                  spec.max_num_batched_tokens, spec.max_model_len, spec.long_prefill_token_threshold,
                  scheduler.watermark_blocks, spec.enable_chunked_prefill, spec.enable_prefix_caching,
-                 spec.scheduler_reserve_full_isl, _MODES[spec.preemption_mode])
+                 spec.scheduler_reserve_full_isl, _MODES[spec.preemption_mode],
+                 _POLICIES[spec.policy], spec.num_cpu_blocks)
     cost_args = (ex._linear_per_token, ex._lm_head_per_sample, ex._attn_per_unit, ex._flops_rate,
                  ex._bytes_rate, ex._weight_bytes, ex.constants.overhead_s, ex._ar_fixed,
-                 ex._ar_per_token, ex.kv_bytes_per_token, kv_bytes_per_block)
+                 ex._ar_per_token, ex.kv_bytes_per_token, kv_bytes_per_block, ex._swap_per_block)
     core = _core.new(arrays, spec_args, cost_args, _keys_args(scheduler.kv.keys, state, spec.block_size))
     # The Python scheduler object never sees these steps: drop it so nothing reads stale queues.
     scheduler.kv = None
@@ -111,10 +113,9 @@ def _col(out: dict, name: str, dtype) -> np.ndarray:
 
 def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block) -> RawRun:
     num_steps = len(out["start_s"]) // 8
-    steps = {k: np.zeros(num_steps, dtype=t) for k, t in STEP_COLUMNS.items()}
-    for k in ("start_s", "duration_s", "num_running", "num_waiting", "num_prefill_tokens",
-              "num_decode_tokens", "gpu_blocks_used", "num_preempted"):
-        steps[k] = _col(out, k, STEP_COLUMNS[k])
+    steps = {}
+    for k, t in STEP_COLUMNS.items():
+        steps[k] = _col(out, k, t)
     blocks = _col(out, "ev_blocks", np.int64)
     names = np.array(EVENT_KINDS, dtype=object)
     kinds = _col(out, "ev_kind", np.int8)
@@ -128,7 +129,8 @@ def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block
     stalls = {"row": rows, "preempted_s": _col(out, "sl_pre", np.float64).tolist(),
               "resumed_s": _col(out, "sl_res", np.float64).tolist(),
               "stall_s": _col(out, "sl_stall", np.float64).tolist(),
-              "mode": ["recompute"] * len(rows)}
+              "mode": np.array(["", "recompute", "swap"], dtype=object)[
+                  _col(out, "sl_mode", np.int8)].tolist()}
     n = state.n
     return RawRun(state=state, steps=steps, first_scheduled_s=first_sched, first_token_s=first_tok,
                   finish_s=finish, max_tbt_s=max_tbt, events=events, stalls=stalls,
