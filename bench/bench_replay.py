@@ -7,8 +7,10 @@ Cases, each in a fresh subprocess so its peak RSS (`resource.getrusage`) is its 
   prefix caching is on by default);
 - a synthetic Poisson trace of --synth-requests requests (default 1,000,000; targets: <= 60 s and
   <= 4 GiB peak RSS).
-The three real traces also run step by step (`step_by_step=True`, the differential oracle) unless
---no-step-by-step. Prints a markdown table: engine-loop seconds (inside `replay.loop.run`), whole
+Paths: `core` (the default: the compiled V1 core, replay/v1/_core.c), `python` (the Python fast
+path, steady decode runs in bulk: KVCAP_CORE=python) and `step-by-step` (the Python one-step
+path, the differential oracle); the three real traces run all three unless --no-step-by-step
+(core only). Prints a markdown table: engine-loop seconds (inside `replay.loop.run`), whole
 `replay()` seconds, steps/s and requests/s (of the whole replay), peak RSS.
 
     .venv/bin/python bench/bench_replay.py [--synth-requests 1000000] [--no-step-by-step]
@@ -57,6 +59,9 @@ def one(name: str, mode: str, synth_requests: int) -> dict:
 
     run_mod.run_loop = timed_loop
     t0 = time.perf_counter()
+    if mode == "python":
+        import os
+        os.environ["KVCAP_CORE"] = "python"
     r = run_mod.replay(trace, EngineConfig(), step_by_step=(mode == "step-by-step"))
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
@@ -96,9 +101,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(*args.one, args.synth_requests)))
         return
-    cases = [(t, "fast") for t in args.traces]
+    cases = [(t, "core") for t in args.traces]
     if not args.no_step_by_step:
-        cases += [(t, "step-by-step") for t in args.traces if t in REAL]
+        cases += [(t, m) for m in ("python", "step-by-step") for t in args.traces if t in REAL]
     print("| trace | path | requests | steps | loop s | replay() s | steps/s | requests/s | peak RSS |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, mode in cases:

@@ -100,13 +100,27 @@ def test_locked_database_is_reported_not_a_traceback(small_trace, tmp_path):
         holder.kill(); holder.wait()
 
 
-def test_interrupted_replay_leaves_no_partial_run(small_trace, tmp_path):
-    """Ctrl-C during a replay: exit 130, one line, and the DuckDB file holds no part of that run."""
+@pytest.fixture(scope="module")
+def million_trace(tmp_path_factory):
+    """A 1,000,000-request synthetic trace: ~10 s in the compiled core, so a signal lands inside."""
+    from traces.loaders import write_trace
+    from traces.synth import synthesize
+    path = tmp_path_factory.mktemp("t") / "synth1m.parquet"
+    write_trace(synthesize("poisson", duration_s=1_000_000 / 15, rate_rps=15.0), path)
+    return path
+
+
+@pytest.mark.parametrize("path", ["python", "core"])
+def test_interrupted_replay_leaves_no_partial_run(small_trace, tmp_path, path, request):
+    """Ctrl-C during a replay (the Python step-by-step loop, or inside the compiled core): exit
+    130, one line, and the DuckDB file holds no part of that run."""
     import signal
     import time
     db = tmp_path / "k.duckdb"
     kvcap("replay", small_trace, "--db", db, "--json")  # a finished run in the file must survive
-    proc = subprocess.Popen([KVCAP, "replay", str(CONV), "--db", str(db), "--json"],
+    args = [str(CONV), "--step-by-step"] if path == "python" else \
+        [str(request.getfixturevalue("million_trace"))]
+    proc = subprocess.Popen([KVCAP, "replay", *args, "--db", str(db), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(4.0)
     proc.send_signal(signal.SIGINT)
