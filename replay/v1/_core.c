@@ -44,9 +44,10 @@ static int pushi8(veci8 *v, int8_t x) { GROW(v, int8_t); v->d[v->n++] = x; retur
 
 /* ------------------------------------------------------------------ key -> block map
  * Open addressing, linear probing, backward-shift deletion; at most one entry per hashed block,
- * so a table of twice the pool never fills. Key and value share an entry (one cache miss). */
-typedef struct { int64_t key; int32_t val; int32_t pad; } Slot;
-typedef struct { Slot *slots; uint64_t mask; } map_t;
+ * so a table of twice the pool never fills. A slot holds only the value (a block id); its key is
+ * read from the block itself (`kbase + val * kstride`), which the caller touches anyway: a
+ * quarter of the memory of key+value slots, so the table stays in L2. */
+typedef struct { int32_t *slots; uint64_t mask; const char *kbase; size_t kstride; } map_t;
 
 static inline uint64_t mix64(uint64_t x) {
     x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
@@ -54,45 +55,46 @@ static inline uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-static int map_init(map_t *m, int64_t num_blocks) {
+static int map_init(map_t *m, int64_t num_blocks, const void *kbase, size_t kstride) {
     uint64_t cap = 16;
     while (cap < (uint64_t)(2 * num_blocks + 2)) cap <<= 1;
     m->mask = cap - 1;
-    m->slots = (Slot *)malloc(cap * sizeof(Slot));
+    m->kbase = (const char *)kbase;
+    m->kstride = kstride;
+    m->slots = (int32_t *)malloc(cap * sizeof(int32_t));
     if (!m->slots) return -1;
-    for (uint64_t i = 0; i < cap; i++) m->slots[i].val = -1;
+    for (uint64_t i = 0; i < cap; i++) m->slots[i] = -1;
     return 0;
 }
 
+static inline int64_t map_key(const map_t *m, int32_t val) {
+    return *(const int64_t *)(m->kbase + (size_t)val * m->kstride);
+}
+
+/* The slot holding `key`, or the empty slot where it would go: one probe serves a lookup and
+ * the update that follows it. */
+static inline uint64_t map_find(const map_t *m, int64_t key) {
+    uint64_t i = mix64((uint64_t)key) & m->mask;
+    int32_t v;
+    while ((v = m->slots[i]) >= 0 && map_key(m, v) != key) i = (i + 1) & m->mask;
+    return i;
+}
+
 static inline int32_t map_get(const map_t *m, int64_t key) {
-    uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (m->slots[i].val >= 0) {
-        if (m->slots[i].key == key) return m->slots[i].val;
-        i = (i + 1) & m->mask;
-    }
-    return -1;
+    return m->slots[map_find(m, key)];
 }
 
-static inline void map_set(map_t *m, int64_t key, int32_t val) {
-    uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (m->slots[i].val >= 0 && m->slots[i].key != key) i = (i + 1) & m->mask;
-    m->slots[i].key = key;
-    m->slots[i].val = val;
-}
-
-static void map_del(map_t *m, int64_t key) {
-    Slot *sl = m->slots;
-    uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (sl[i].val >= 0 && sl[i].key != key) i = (i + 1) & m->mask;
-    if (sl[i].val < 0) return;
+/* Empty slot i (found by map_find). */
+static void map_del_at(map_t *m, uint64_t i) {
+    int32_t *sl = m->slots;
     /* Backward shift: pull later entries of the probe run into the hole. */
     uint64_t j = i;
     for (;;) {
-        sl[i].val = -1;
+        sl[i] = -1;
         for (;;) {
             j = (j + 1) & m->mask;
-            if (sl[j].val < 0) return;
-            uint64_t home = mix64((uint64_t)sl[j].key) & m->mask;
+            if (sl[j] < 0) return;
+            uint64_t home = mix64((uint64_t)map_key(m, sl[j])) & m->mask;
             /* Entry j may move to i when its home is not in (i, j] cyclically. */
             if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
         }
@@ -205,6 +207,34 @@ static inline int64_t key_of(const Core *c, int64_t row, int64_t k) {
     return -((row << K_BITS) | k) - 1;
 }
 
+/* key_of for k = start, start + 1, ... of one row without a division per block (the trace block
+ * index j only moves every hash_block_tokens / block_size blocks): prefix-cache scans and
+ * registrations go through millions of blocks. */
+typedef struct { int64_t row, k, shared, j, jend; const int64_t *chain; } KeyIt;
+
+static inline void keyit_init(const Core *c, KeyIt *it, int64_t row, int64_t start) {
+    it->row = row;
+    it->k = start;
+    it->shared = c->keys_mode == 1 ? c->num_shared[row] : 0;
+    it->j = it->jend = 0;
+    it->chain = NULL;
+    if (start < it->shared) {
+        it->chain = c->chain_ids + c->chain_off[row];
+        it->j = ((start + 1) * c->bs - 1) / c->hbt;
+        /* The first block whose j is larger: ((k + 1) * bs - 1) / hbt > j. */
+        it->jend = cdiv((it->j + 1) * c->hbt + 1, c->bs) - 1;
+    }
+}
+
+static inline int64_t keyit_next(const Core *c, KeyIt *it) {
+    int64_t k = it->k++;
+    if (k < it->shared) {
+        while (k >= it->jend) { it->j++; it->jend = cdiv((it->j + 1) * c->hbt + 1, c->bs) - 1; }
+        return (it->chain[it->j] << K_BITS) | k;
+    }
+    return -((it->row << K_BITS) | k) - 1;
+}
+
 /* ---------------- free queue (doubly linked, sentinel = num_blocks) */
 static inline void fq_unlink(Core *c, int32_t b) {
     int32_t p = c->blk[b].prev, nx = c->blk[b].next;
@@ -224,27 +254,29 @@ static inline void fq_prepend(Core *c, int32_t b) {
 
 /* ---------------- prefix cache (block_pool.py register / _drop_keys) */
 static void cache_register(Core *c, int32_t b, int64_t k) {
-    int32_t first = map_get(&c->map, k);
+    uint64_t i = map_find(&c->map, k);
+    int32_t first = c->map.slots[i];
+    c->blk[b].key = k;          /* the map reads keys from the blocks */
     if (first < 0) {
-        map_set(&c->map, k, b);
+        c->map.slots[i] = b;
     } else if (first != b) {
         /* Same content computed twice: later copies queue behind the first (vLLM keeps both). */
         int32_t p = first;
         while (c->blk[p].dup >= 0 && c->blk[p].dup != b) p = c->blk[p].dup;
         if (c->blk[p].dup != b) { c->blk[p].dup = b; c->blk[b].dup = -1; }
     }
-    c->blk[b].key = k;
     c->blk[b].hashed = 1;
 }
 
 static void cache_evict(Core *c, int32_t b) {
     c->blk[b].hashed = 0;
     int64_t k = c->blk[b].key;
-    int32_t first = map_get(&c->map, k);
+    uint64_t i = map_find(&c->map, k);
+    int32_t first = c->map.slots[i];
     if (first == b) {
         int32_t nx = c->blk[b].dup;
-        if (nx >= 0) map_set(&c->map, k, nx);
-        else map_del(&c->map, k);
+        if (nx >= 0) c->map.slots[i] = nx;
+        else map_del_at(&c->map, i);
         c->blk[b].dup = -1;
     } else if (first >= 0) {
         int32_t p = first;
@@ -279,7 +311,9 @@ static void cache_blocks(Core *c, int64_t row, int64_t num_tokens) {
     if (!c->caching) return;
     int64_t nfull = num_tokens / c->bs, nc = c->ncached[row];
     if (nc >= nfull) return;
-    for (int64_t k = nc; k < nfull; k++) cache_register(c, c->tbl[row][k], key_of(c, row, k));
+    KeyIt it;
+    keyit_init(c, &it, row, nc);
+    for (int64_t k = nc; k < nfull; k++) cache_register(c, c->tbl[row][k], keyit_next(c, &it));
     c->ncached[row] = nfull;
 }
 
@@ -307,8 +341,10 @@ static int64_t kv_free(Core *c, int64_t row) {
 static int64_t get_computed_blocks(Core *c, int64_t row, int64_t num_tokens) {
     if (!c->caching) return 0;
     int64_t max_blocks = (num_tokens - 1) / c->bs, nh = 0;
+    KeyIt it;
+    keyit_init(c, &it, row, 0);
     for (int64_t k = 0; k < max_blocks; k++) {
-        int32_t b = map_get(&c->map, key_of(c, row, k));
+        int32_t b = map_get(&c->map, keyit_next(c, &it));
         if (b < 0) break;
         c->hits[nh++] = b;
     }
@@ -393,18 +429,20 @@ static int64_t host_store(Core *c, int64_t row, int64_t n_full) {
     int64_t n = min64(n_full, c->num_cpu), copies = 0;
     for (int64_t i = n - 1; i >= 0; i--) {
         int64_t k = key_of(c, row, i);
-        int32_t h = map_get(&c->hmap, k);
+        uint64_t slot = map_find(&c->hmap, k);
+        int32_t h = c->hmap.slots[slot];
         if (h >= 0) { host_unlink(c, h); host_append(c, h); continue; }
         if (c->host_next_free < c->num_cpu) {
             h = (int32_t)c->host_next_free++;
         } else {
             h = c->hnext[c->num_cpu];          /* least recently used */
             host_unlink(c, h);
-            map_del(&c->hmap, c->hkey[h]);
+            map_del_at(&c->hmap, map_find(&c->hmap, c->hkey[h]));
             c->host_used--;
+            slot = map_find(&c->hmap, k);       /* the deletion may have moved the empty slot */
         }
-        c->hkey[h] = k;
-        map_set(&c->hmap, k, h);
+        c->hkey[h] = k;         /* the map reads keys from hkey */
+        c->hmap.slots[slot] = h;
         host_append(c, h);
         c->host_used++;
         copies++;
@@ -912,7 +950,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     }
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
     CALLOC(c->blk, nb + 1, Blk);
-    if (map_init(&c->map, nb) < 0) { PyErr_NoMemory(); goto fail; }
+    if (map_init(&c->map, nb, &c->blk[0].key, sizeof(Blk)) < 0) { PyErr_NoMemory(); goto fail; }
     {
         int32_t s = (int32_t)nb;
         c->blk[s].next = c->blk[s].prev = s;
@@ -934,8 +972,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
     CALLOC(c->si_rows, n, int32_t); CALLOC(c->si_blocks, n, int64_t);
     CALLOC(c->swapped, n, uint8_t); CALLOC(c->evicted, n, int64_t); CALLOC(c->last_mode, n, int8_t);
-    if (map_init(&c->hmap, c->num_cpu) < 0) { PyErr_NoMemory(); goto fail; }
-    CALLOC(c->hkey, c->num_cpu + 1, int64_t); CALLOC(c->hprev, c->num_cpu + 1, int32_t);
+    CALLOC(c->hkey, c->num_cpu + 1, int64_t);
+    if (map_init(&c->hmap, c->num_cpu, c->hkey, sizeof(int64_t)) < 0) { PyErr_NoMemory(); goto fail; } CALLOC(c->hprev, c->num_cpu + 1, int32_t);
     CALLOC(c->hnext, c->num_cpu + 1, int32_t);
     c->hprev[c->num_cpu] = c->hnext[c->num_cpu] = (int32_t)c->num_cpu;
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
