@@ -50,6 +50,8 @@ def ineligible(scheduler, executor) -> str | None:
             return "trace keys built for another block size"
     elif type(keys) is not UniqueBlockKeys:
         return f"block keys {type(keys).__name__}"
+    if scheduler.state.n >= 2**31 - 1:
+        return "more than 2**31 requests (the core keeps rows as int32)"
     if scheduler.running or len(scheduler.waiting) or np.any(scheduler.state.status != Status.PENDING):
         return "the scheduler has already run"
     return None
