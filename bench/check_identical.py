@@ -48,6 +48,14 @@ CASES = {
     "conv_v1_none3000": ("conv", dict(preemption_mode="none", num_gpu_blocks_override=3000)),
     "conv_v1_1000_seqs64": ("conv", dict(num_gpu_blocks_override=1000, max_num_seqs=64)),
     "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
+    # The compiled V0 core under swap pressure: prefix caching + swap-ins, chunked + fallbacks.
+    "mooncake_v0_cache_swap3000": ("mooncake", dict(scheduler="v0", enable_prefix_caching=True,
+                                                    preemption_mode="swap", on_swap_full="recompute",
+                                                    num_gpu_blocks_override=3000)),
+    "mooncake_v0_chunked_swap1000": ("mooncake", dict(scheduler="v0", enable_chunked_prefill=True,
+                                                      preemption_mode="swap",
+                                                      on_swap_full="recompute",
+                                                      num_gpu_blocks_override=1000)),
 }
 TABLES = ("requests", "steps", "events", "stalls", "tbt")
 

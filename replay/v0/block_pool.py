@@ -44,11 +44,17 @@ class LruEvictor:
         del self.table[block_id]
 
     def evict(self) -> tuple[int, int]:
-        """(block id, key) of the victim; the caller drops the key from its cache map."""
+        """(block id, key) of the victim; the caller drops the key from its cache map.
+
+        Departure from vLLM (docs/design.md): an entry is live only if its key is the block's
+        current key too. vLLM checks the last-access time alone, so when a block re-enters the
+        evictor under a new key with the same time as a stale entry of its old key (blocks freed by
+        a swap-out all get -1), it returns the old key and trips the sanity asserts of
+        `_maybe_allocate_evicted_block`; kvcap skips the stale entry and continues."""
         while self.heap:
             last, _, block_id, key = heapq.heappop(self.heap)
             entry = self.table.get(block_id)
-            if entry is not None and entry[0] == last:
+            if entry is not None and entry[0] == last and entry[2] == key:
                 del self.table[block_id]
                 return block_id, key
         raise RuntimeError("evictor is empty")
