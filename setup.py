@@ -6,7 +6,8 @@
 from setuptools import Extension, setup
 
 _ARGS = ["-O2", "-std=c11", "-ffp-contract=off"]
-setup(ext_modules=[Extension("replay.v1._core", sources=["replay/v1/_core.c"],
-                             extra_compile_args=_ARGS),
-                   Extension("replay.v0._core", sources=["replay/v0/_core.c"],
-                             extra_compile_args=_ARGS)])
+# optional: without a C compiler the install still succeeds and replays run on the Python loop
+# (tests/test_v1_core.py::test_core_is_built fails loudly, so CI notices).
+setup(ext_modules=[Extension(f"replay.{v}._core", sources=[f"replay/{v}/_core.c"],
+                             depends=["replay/kvcore.h"], extra_compile_args=_ARGS, optional=True)
+                   for v in ("v1", "v0")])

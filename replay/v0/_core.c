@@ -15,36 +15,10 @@
  * request arrays (written in place, like the Python loop writes RequestState), core_run()
  * advances up to a number of steps, core_results() hands the columns back as bytearrays.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../kvcore.h"
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------ growable columns */
-typedef struct { double *d; int64_t n, cap; } vecd;
-typedef struct { int64_t *d; int64_t n, cap; } veci;
-typedef struct { int32_t *d; int64_t n, cap; } veci32;
-typedef struct { int8_t *d; int64_t n, cap; } veci8;
-
-#define GROW(v, T)                                                                     \
-    do {                                                                               \
-        if ((v)->n == (v)->cap) {                                                      \
-            int64_t nc = (v)->cap ? (v)->cap * 2 : 1024;                               \
-            T *p = (T *)realloc((v)->d, (size_t)nc * sizeof(T));                       \
-            if (!p) return -1;                                                         \
-            (v)->d = p; (v)->cap = nc;                                                 \
-        }                                                                              \
-    } while (0)
-
-static int pushd(vecd *v, double x) { GROW(v, double); v->d[v->n++] = x; return 0; }
-static int pushi(veci *v, int64_t x) { GROW(v, int64_t); v->d[v->n++] = x; return 0; }
-static int pushi32(veci32 *v, int32_t x) { GROW(v, int32_t); v->d[v->n++] = x; return 0; }
-static int pushi8(veci8 *v, int8_t x) { GROW(v, int8_t); v->d[v->n++] = x; return 0; }
-
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* Python's -(-a // b) for b > 0: C division truncates, which is the ceiling for a <= 0. */
 static inline int64_t cdiv(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : a / b; }
 
@@ -52,12 +26,6 @@ static inline int64_t cdiv(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / 
  * A Python dict's semantics without its order (nothing iterates `cached`): open addressing,
  * linear probing, backward-shift deletion, doubling when half full. */
 typedef struct { int64_t *keys; int32_t *vals; uint64_t mask; int64_t count; } imap;
-
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static int imap_alloc(imap *m, uint64_t cap) {
     m->keys = (int64_t *)malloc(cap * sizeof(int64_t));
@@ -377,37 +345,19 @@ static inline int is_cached_live(const Pool *p, int64_t key) {
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
 /* Event kinds: indices into replay.loop.EVENT_KINDS. */
-enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
-       EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5 };
 enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };
 enum { A_OK = 0, A_LATER = 1, A_NEVER = 2 };   /* AllocStatus */
 enum { ERR = -1, SWAP_FULL = -2 };               /* phase return codes */
-#define K_BITS 24
 #define LIVELOCK_REPEATS 5
 
 typedef struct {
-    int64_t n;
-    Py_buffer bufs[24];
-    int nbufs;
-    const double *arrival;
-    const int64_t *prompt, *out_len;
-    int8_t *status;
-    int64_t *num_computed, *num_output, *recomputed, *cached_prompt, *computed_at_pre;
-    int32_t *num_pre, *num_swaps, *num_rec;
-    double *first_sched, *first_tok, *finish, *max_tbt;
-    const int64_t *prio;
+    Req q;                /* request arrays */
+    Keys keys;
+    Cost cost;
+    Views views;
     /* Spec. */
     int64_t bs, num_gpu, num_cpu, max_seqs, max_batched, L, watermark_blocks;
     int chunked, caching, mode, policy, abort_on_full;
-    /* Keys: 0 unique per request, 1 trace prefix chains. */
-    int keys_mode;
-    int64_t hbt;
-    const int64_t *chain_off, *chain_ids, *num_shared;
-    /* Cost model (replay/cost_model.py, folded constants). */
-    double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
-        overhead_s, ar_fixed, ar_per_token;
-    int64_t kv_bytes_per_token, kv_bytes_per_block;
-    double swap_per_block;
     /* Block manager. */
     Pool gpu, cpu;
     int32_t **tbl; int64_t *tlen, *tcap;
@@ -440,35 +390,15 @@ typedef struct {
     int64_t nswap_out, nswap_in;           /* pair counts */
     int32_t *dst_ids; int64_t ndst; uint8_t *dst_mark;   /* swap-in destinations (GPU ids) */
     int64_t ab_row, ab_needed, ab_free;    /* SwapAbort */
-    /* Loop. */
-    int64_t *evicted; int64_t evicted_count, evicted_total;
-    int8_t *last_mode;
-    double t;
-    int64_t cursor, step, idle_spins;
-    int done, aborted;
+    Loop lp;
+    int aborted;
     double abort_s;
-    double *last_tok, *preempted_at;
     int32_t *fin; int64_t nfin;
-    /* Outputs. */
-    vecd st_start, st_dur;
-    veci32 st_run, st_wait, st_pre;
-    veci st_prefill, st_decode, st_gpu, st_cpu, st_evblk;
-    veci32 st_swapped, st_sout, st_sin, st_evreq;
-    veci8 sl_mode;
-    vecd ev_t; veci ev_step, ev_row, ev_blocks; veci8 ev_kind;
-    veci sl_row; vecd sl_pre, sl_res, sl_stall;
-    vecd tbt_v; veci tbt_w;
+    Tables out;
 } Core;
 
-static inline int64_t key_of(const Core *c, int64_t row, int64_t k) {
-    if (c->keys_mode == 1 && k < c->num_shared[row]) {
-        int64_t j = ((k + 1) * c->bs - 1) / c->hbt;
-        return (c->chain_ids[c->chain_off[row] + j] << K_BITS) | k;
-    }
-    return -((row << K_BITS) | k) - 1;
-}
 
-static inline int64_t seq_len(const Core *c, int64_t row) { return c->prompt[row] + c->num_output[row]; }
+static inline int64_t seq_len(const Core *c, int64_t row) { return c->q.prompt[row] + c->q.num_output[row]; }
 
 /* ------------------------------------------------------------------ block manager */
 static inline int64_t touched_by_append(int64_t full, int64_t num_new, int64_t bs) {
@@ -511,7 +441,7 @@ static int bm_allocate(Core *c, int64_t row, int64_t num_tokens) {
         allocate_many(&c->gpu, ids, n);
     } else {
         for (int64_t k = 0; k < nfull; k++)
-            if ((ids[k] = allocate_full(&c->gpu, key_of(c, row, k))) < 0) return -1;
+            if ((ids[k] = allocate_full(&c->gpu, key_of(&c->keys, row, k))) < 0) return -1;
         if (num_tokens % bs && (ids[nfull] = allocate_new(&c->gpu)) < 0) return -1;
     }
     c->tlen[row] = n;
@@ -544,7 +474,7 @@ static int append_slots(Core *c, int64_t row, int64_t sl) {
     if (c->caching) {
         int32_t *ids = c->tbl[row];
         for (int64_t k = full / bs; k < sl / bs; k++)
-            if ((ids[k] = promote(&c->gpu, ids[k], key_of(c, row, k))) < 0) return -1;
+            if ((ids[k] = promote(&c->gpu, ids[k], key_of(&c->keys, row, k))) < 0) return -1;
     }
     c->nfs[row] = sl;
     return 0;
@@ -558,7 +488,7 @@ static int bm_release(Core *c, Pool *p, int64_t row, const int32_t *ids, int64_t
     }
     for (int64_t k = 0; k < n; k++) {
         int has_key = k < num_full;
-        if (pool_free_block(p, ids[k], has_key, has_key ? key_of(c, row, k) : 0, (k + 1) * c->bs) < 0)
+        if (pool_free_block(p, ids[k], has_key, has_key ? key_of(&c->keys, row, k) : 0, (k + 1) * c->bs) < 0)
             return -1;
     }
     return 0;
@@ -588,7 +518,7 @@ static int can_swap(const Core *c, int64_t row, int64_t sl, const Pool *dst, int
     int64_t full = c->nfs[row], nd = touched_by_append(full, sl - full, c->bs);
     int64_t num_full = full / c->bs;
     if (c->caching) {
-        for (int64_t k = 0; k < num_full; k++) nd += !is_cached_live(dst, key_of(c, row, k));
+        for (int64_t k = 0; k < num_full; k++) nd += !is_cached_live(dst, key_of(&c->keys, row, k));
     } else {
         nd += min64(num_full, c->tlen[row]);
     }
@@ -611,7 +541,7 @@ static int64_t bm_swap(Core *c, int64_t row, Pool *src, Pool *dst, int to_gpu) {
         allocate_many(dst, ids, n);
     } else {
         for (int64_t k = 0; k < n; k++) {
-            int32_t b = k < num_full ? allocate_full(dst, key_of(c, row, k)) : allocate_new(dst);
+            int32_t b = k < num_full ? allocate_full(dst, key_of(&c->keys, row, k)) : allocate_new(dst);
             if (b < 0) return -1;
             ids[k] = b;
         }
@@ -634,7 +564,7 @@ static int64_t get_num_cached_tokens(Core *c, int64_t row, int64_t sl) {
     int64_t lo = 0, hi = sl / c->bs;
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
-        int32_t b = imap_get(&c->gpu.cached, key_of(c, row, mid));
+        int32_t b = imap_get(&c->gpu.cached, key_of(&c->keys, row, mid));
         if (b >= 0 && is_computed(&c->gpu, b)) lo = mid + 1;
         else hi = mid;
     }
@@ -676,7 +606,7 @@ static void num_new_tokens(Core *c, int64_t row, int chunking, int swapped, int6
     if (!c->in_prefill[row]) {
         uncached = 1;
     } else {
-        int64_t computed = c->num_computed[row], sl = seq_len(c, row);
+        int64_t computed = c->q.num_computed[row], sl = seq_len(c, row);
         int64_t all_new = sl - computed;
         int64_t hit = swapped ? 0 : get_num_cached_tokens(c, row, sl);
         cached = max64(0, hit - computed);
@@ -694,8 +624,8 @@ static void num_new_tokens(Core *c, int64_t row, int chunking, int swapped, int6
 
 static inline int key_gt(const Core *c, int64_t a, int64_t b) {
     /* (priority, arrival_s) of a > that of b */
-    if (c->prio[a] != c->prio[b]) return c->prio[a] > c->prio[b];
-    return c->arrival[a] > c->arrival[b];
+    if (c->q.prio[a] != c->q.prio[b]) return c->q.prio[a] > c->q.prio[b];
+    return c->q.arrival[a] > c->q.arrival[b];
 }
 
 /* sorted(q, key=_priority_key): stable insertion sort (the queues stay nearly sorted). */
@@ -714,7 +644,7 @@ static void dq_sort(Core *c, dq *q) {
 }
 
 static inline void reject(Core *c, int64_t row) {
-    c->status[row] = ST_REJECTED;
+    c->q.status[row] = ST_REJECTED;
     c->rej_rows[c->nrej++] = (int32_t)row;
 }
 
@@ -724,7 +654,7 @@ static void release_reservation(Core *c, int64_t row) {
 }
 
 static inline int64_t whole_sequence_blocks(const Core *c, int64_t row) {
-    int64_t total = min64(c->prompt[row] + c->out_len[row], c->L);
+    int64_t total = min64(c->q.prompt[row] + c->q.out_len[row], c->L);
     return cdiv(max64(total, seq_len(c, row)), c->bs);
 }
 
@@ -740,7 +670,7 @@ static int can_admit(const Core *c, int64_t row) {
 
 static int admit(Core *c, int64_t row, int64_t cached) {
     if (bm_allocate(c, row, seq_len(c, row)) < 0) return -1;
-    c->status[row] = ST_RUNNING;
+    c->q.status[row] = ST_RUNNING;
     c->admit_hit[row] = cached;
     if (c->mode == MODE_NONE) {
         c->final_blocks[row] = whole_sequence_blocks(c, row);
@@ -748,11 +678,11 @@ static int admit(Core *c, int64_t row, int64_t cached) {
     }
     if (!c->admitted_once[row]) {
         c->admitted_once[row] = 1;
-        c->cached_prompt[row] = cached;
+        c->q.cached_prompt[row] = cached;
     }
     if (c->resume_pending[row]) {
         c->resume_pending[row] = 0;
-        c->recomputed[row] += c->computed_at_pre[row] - cached;
+        c->q.recomputed[row] += c->q.computed_at_pre[row] - cached;
     }
     return 0;
 }
@@ -794,9 +724,9 @@ static int preempt(Core *c, int64_t row) {
             int64_t pairs = bm_swap(c, row, &c->gpu, &c->cpu, 0);
             if (pairs < 0) return ERR;
             c->nswap_out += pairs;
-            c->status[row] = ST_SWAPPED;
-            c->num_pre[row] += 1;
-            c->num_swaps[row] += 1;
+            c->q.status[row] = ST_SWAPPED;
+            c->q.num_pre[row] += 1;
+            c->q.num_swaps[row] += 1;
             record_preemption(c, row, 2, num_blocks, 0);
             return 2;
         }
@@ -808,11 +738,11 @@ static int preempt(Core *c, int64_t row) {
     }
     int64_t num_blocks = c->tlen[row];
     if (bm_free(c, row) < 0) return ERR;
-    c->status[row] = ST_WAITING;
-    c->computed_at_pre[row] = c->num_computed[row];
-    c->num_computed[row] = 0;
-    c->num_pre[row] += 1;
-    c->num_rec[row] += 1;
+    c->q.status[row] = ST_WAITING;
+    c->q.computed_at_pre[row] = c->q.num_computed[row];
+    c->q.num_computed[row] = 0;
+    c->q.num_pre[row] += 1;
+    c->q.num_rec[row] += 1;
     c->in_prefill[row] = 1;
     c->resume_pending[row] = 1;
     record_preemption(c, row, 1, num_blocks, fallback);
@@ -908,7 +838,7 @@ static int schedule_swapped(Core *c, int chunking) {
         if (pairs < 0) return ERR;
         c->nswap_in += pairs;
         c->si_rows[c->nsi++] = row;
-        c->status[row] = ST_RUNNING;
+        c->q.status[row] = ST_RUNNING;
         if (sched_append(c, row, sl) < 0) return ERR;
         if (c->in_prefill[row]) {
             c->s_pre_row[c->ns_pre] = row; c->s_pre_u[c->ns_pre] = unc; c->s_pre_c[c->ns_pre++] = cac;
@@ -1003,11 +933,11 @@ static int schedule_chunked(Core *c) {
     /* Prefills that complete in this step first, so they decode first next step. */
     for (int64_t j = 0; j < c->nr_pre; j++) {
         int32_t r = c->r_pre_row[j];
-        if (seq_len(c, r) - c->num_computed[r] == c->r_pre_n[j]) dq_push(&c->running, r);
+        if (seq_len(c, r) - c->q.num_computed[r] == c->r_pre_n[j]) dq_push(&c->running, r);
     }
     for (int64_t j = 0; j < c->nr_pre; j++) {
         int32_t r = c->r_pre_row[j];
-        if (seq_len(c, r) - c->num_computed[r] != c->r_pre_n[j]) dq_push(&c->running, r);
+        if (seq_len(c, r) - c->q.num_computed[r] != c->r_pre_n[j]) dq_push(&c->running, r);
     }
     for (int64_t j = 0; j < c->np_; j++) dq_push(&c->running, c->p_row[j]);
     for (int64_t j = 0; j < c->nr_swout; j++) dq_push(&c->swapped, c->r_swout[j]);
@@ -1032,9 +962,9 @@ static int schedule(Core *c) {
     int rc = c->chunked ? schedule_chunked(c) : schedule_default(c);
     if (rc == SWAP_FULL) {
         /* _abort: every request the engine holds is aborted. */
-        for (int64_t r = 0; r < c->n; r++) {
-            int8_t s = c->status[r];
-            if (s == ST_WAITING || s == ST_RUNNING || s == ST_SWAPPED) c->status[r] = ST_ABORTED;
+        for (int64_t r = 0; r < c->q.n; r++) {
+            int8_t s = c->q.status[r];
+            if (s == ST_WAITING || s == ST_RUNNING || s == ST_SWAPPED) c->q.status[r] = ST_ABORTED;
         }
         return SWAP_FULL;
     }
@@ -1043,7 +973,7 @@ static int schedule(Core *c) {
     double now = (double)c->num_steps;
     for (int64_t j = 0; j < c->nb_; j++) bm_touch(c, c->b_row[j], now);
     if (c->nb_ && c->caching) pool_mark_computed(&c->gpu);
-    for (int64_t j = 0; j < c->nb_; j++) c->b_ctx[j] += c->num_computed[c->b_row[j]];
+    for (int64_t j = 0; j < c->nb_; j++) c->b_ctx[j] += c->q.num_computed[c->b_row[j]];
     return 0;
 }
 
@@ -1054,22 +984,22 @@ static int update(Core *c) {
     for (int64_t j = 0; j < c->nb_; j++) {
         int32_t r = c->b_row[j];
         c->b_sampled[j] = 0;
-        if (c->status[r] != ST_RUNNING) continue;
+        if (c->q.status[r] != ST_RUNNING) continue;
         int64_t computed = c->b_new[j] + c->b_ctx[j];
-        int64_t nout = c->num_output[r], sl = c->prompt[r] + nout;
-        c->num_computed[r] = computed;
+        int64_t nout = c->q.num_output[r], sl = c->q.prompt[r] + nout;
+        c->q.num_computed[r] = computed;
         if (computed == sl) c->in_prefill[r] = 0;
         if (c->b_prefill[j] && computed < sl) continue;
         c->b_sampled[j] = 1;
-        c->num_output[r] = nout + 1;
-        if (nout + 1 >= c->out_len[r] || sl + 1 >= c->L) { c->status[r] = ST_FINISHED; any_fin = 1; }
+        c->q.num_output[r] = nout + 1;
+        if (nout + 1 >= c->q.out_len[r] || sl + 1 >= c->L) { c->q.status[r] = ST_FINISHED; any_fin = 1; }
     }
     if (any_fin) {
         dq *run = &c->running;
         int64_t w = 0, n = run->len;
         for (int64_t i = 0; i < n; i++) {
             int32_t r = dq_at(run, i);
-            if (c->status[r] == ST_FINISHED) {
+            if (c->q.status[r] == ST_FINISHED) {
                 release_reservation(c, r);
                 if (bm_free(c, r) < 0) return -1;
                 c->fin[c->nfin++] = r;
@@ -1083,43 +1013,47 @@ static int update(Core *c) {
     return 0;
 }
 
-/* ---------------- cost model (_step_s: same terms, same order) */
-static double step_s(const Core *c, int64_t tokens, int64_t samples, int64_t attn, int64_t kv,
-                     int64_t swaps) {
-    double compute = ((double)tokens * c->lin_per_token + (double)samples * c->lm_per_sample
-                      + (double)attn * c->attn_per_unit) / c->flops_rate;
-    double memory = (c->weight_bytes + (double)(kv * c->kv_bytes_per_token)) / c->bytes_rate;
-    double m = memory > compute ? memory : compute;
-    return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token)
-           + (double)swaps * c->swap_per_block;
+
+static inline int event(Core *c, int kind, int64_t row, int64_t blocks) {
+    return tables_event(&c->out, c->lp.t, c->lp.step, kind, row, blocks);
 }
 
-static int event(Core *c, int kind, int64_t row, int64_t blocks) {
-    if (pushd(&c->ev_t, c->t) || pushi(&c->ev_step, c->step) || pushi(&c->ev_row, row) ||
-        pushi8(&c->ev_kind, (int8_t)kind) || pushi(&c->ev_blocks, blocks)) return -1;
-    return 0;
+static void add_request(void *core, int32_t r) {
+    Core *c = (Core *)core;
+    /* A prompt longer than max_model_len is rejected before the scheduler sees it (reported
+     * with the next schedule()). */
+    if (c->q.prompt[r] > c->L) {
+        c->q.status[r] = ST_REJECTED;
+        c->pending_rej[c->npending++] = r;
+    } else {
+        c->q.status[r] = ST_WAITING;
+        dq_push(&c->waiting, r);
+    }
 }
 
-/* One engine step of the loop (loop.py's step-by-step branch). 1 when the run ends. */
-static int one_step(Core *c) {
+static int has_unfinished(const void *core) {
+    const Core *c = (const Core *)core;
+    return c->waiting.len || c->running.len || c->swapped.len;
+}
+
+/* One engine step: schedule(), the executor's duration, update() (loop.py's step-by-step branch;
+ * the loop's own bookkeeping is in kvcore.h). 1 when the run ends (trace done or engine abort). */
+static int one_step(void *core) {
+    Core *c = (Core *)core;
     int rc = schedule(c);
     if (rc == SWAP_FULL) {
         if (event(c, EV_SWAP_FULL_ABORT, c->ab_row, c->ab_needed)) return -1;
         c->aborted = 1;
-        c->abort_s = c->t;
+        c->abort_s = c->lp.t;
         return 1;
     }
     if (rc < 0) return -1;
-    for (int64_t j = 0; j < c->nrej; j++)
-        if (event(c, EV_REJECT, c->rej_rows[j], 0)) return -1;
-    for (int64_t j = 0; j < c->npre; j++) {
-        int64_t r = c->pre_rows[j];
-        if (c->pre_fallback[j] && event(c, EV_SWAP_FULL_FALLBACK, r, c->pre_blocks[j])) return -1;
-        if (event(c, c->pre_mode[j] == 2 ? EV_PREEMPT_SWAP : EV_PREEMPT_RECOMPUTE, r,
-                  c->pre_blocks[j])) return -1;
-        if (isnan(c->preempted_at[r])) c->preempted_at[r] = c->t;
-        c->last_mode[r] = c->pre_mode[j];
-    }
+    Plan pl = {.rows = c->b_row, .num_new = c->b_new, .num_computed = c->b_ctx,
+               .prefill = c->b_prefill, .sampled = c->b_sampled, .nrows = c->nb_,
+               .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
+               .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
+               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
+    if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
     /* _swapped_in_blocks: the swap-in destinations in each swapped-in row's table (as the
      * tables stand after schedule()), each counted for the first such row only. */
     for (int64_t j = 0; j < c->nsi; j++) {
@@ -1132,140 +1066,29 @@ static int one_step(Core *c) {
     }
     for (int64_t j = 0; j < c->ndst; j++) c->dst_mark[c->dst_ids[j]] = 0;
     c->ndst = 0;
-    /* Resumed (scheduled again, swapped in or dropped): no longer evicted; then this step's
-     * swap victims. */
-    if (c->evicted_count) {
-        for (int64_t j = 0; j < c->nb_ + c->nrej; j++) {
-            int64_t r = j < c->nb_ ? c->b_row[j] : c->rej_rows[j - c->nb_];
-            if (!c->evicted[r]) continue;
-            c->evicted_total -= c->evicted[r];
-            c->evicted_count--;
-            c->evicted[r] = 0;
-        }
-    }
-    for (int64_t j = 0; j < c->npre; j++) {
-        int64_t r = c->pre_rows[j];
-        if (c->pre_mode[j] != 2 || c->evicted[r]) continue;
-        c->evicted[r] = max64(c->pre_blocks[j], 1);
-        c->evicted_total += c->evicted[r];
-        c->evicted_count++;
-    }
-    int64_t num_prefill = 0, num_decode = 0, tokens = 0, attn = 0, kv = 0, num_sampled = 0;
-    for (int64_t j = 0; j < c->nb_; j++) {
-        int64_t r = c->b_row[j], nn = c->b_new[j], cc = c->b_ctx[j];
-        if (isnan(c->first_sched[r])) c->first_sched[r] = c->t;
-        if (c->b_prefill[j]) num_prefill += nn; else num_decode += nn;
-        tokens += nn;
-        attn += nn * cc + nn * (nn + 1) / 2;
-        kv += cc;
-        num_sampled += cc + nn >= c->prompt[r] + c->num_output[r];
-    }
-    kv += tokens;
-    int32_t q_run = (int32_t)c->running.len, q_wait = (int32_t)c->waiting.len;
-    int32_t q_swapped = (int32_t)c->swapped.len;
-    double dt = step_s(c, tokens, num_sampled, attn, kv, c->nswap_out + c->nswap_in);
-    double t = c->t, end = t + dt;
+    loop_evictions(&c->lp, &pl);
+    StepSums sums = loop_sums(&c->lp, &c->q, &pl);
+    StepRow row = {
+        .duration_s = cost_step_s(&c->cost, sums.tokens, sums.num_sampled, sums.attn, sums.kv,
+                                  c->nswap_out + c->nswap_in),
+        .num_running = (int32_t)c->running.len, .num_waiting = (int32_t)c->waiting.len,
+        .num_swapped = (int32_t)c->swapped.len, .num_prefill_tokens = sums.num_prefill,
+        .num_decode_tokens = sums.num_decode};
     if (update(c) < 0) return -1;
-    /* Sampled rows; those that also sampled in the previous step (last token at t) share one
-     * weighted TBT sample. */
-    int64_t same = 0, got = 0;
-    for (int64_t j = 0; j < c->nb_; j++) {
-        if (!c->b_sampled[j]) continue;
-        int64_t r = c->b_row[j];
-        got++;
-        if (!isnan(c->first_tok[r])) same += c->last_tok[r] == t;
-    }
-    if (got != num_sampled) {
-        PyErr_Format(PyExc_AssertionError, "step %lld: executor costed %lld sampled rows, "
-                     "scheduler sampled %lld", (long long)(c->step + 1), (long long)num_sampled,
-                     (long long)got);
-        return -1;
-    }
-    if (pushd(&c->st_start, t) || pushd(&c->st_dur, dt) || pushi32(&c->st_run, q_run) ||
-        pushi32(&c->st_wait, q_wait) || pushi(&c->st_prefill, num_prefill) ||
-        pushi(&c->st_decode, num_decode) || pushi(&c->st_gpu, pool_num_used(&c->gpu)) ||
-        pushi32(&c->st_pre, (int32_t)c->npre) || pushi32(&c->st_swapped, q_swapped) ||
-        pushi(&c->st_cpu, pool_num_used(&c->cpu)) || pushi32(&c->st_sout, (int32_t)c->nswap_out) ||
-        pushi32(&c->st_sin, (int32_t)c->nswap_in) ||
-        pushi32(&c->st_evreq, (int32_t)c->evicted_count) || pushi(&c->st_evblk, c->evicted_total))
-        return -1;
-    /* TBT samples (loop.add_gaps): one weighted sample for the rows that also sampled in the
-     * previous step, then the others one by one in batch order. */
-    if (same && (pushd(&c->tbt_v, end - t) || pushi(&c->tbt_w, same))) return -1;
-    for (int64_t j = 0; j < c->nb_; j++) {
-        int64_t r = c->b_row[j];
-        if (!c->b_sampled[j]) continue;
-        if (isnan(c->first_tok[r])) {
-            c->first_tok[r] = end;
-        } else {
-            double prev = c->last_tok[r], gap = end - prev;
-            if (prev != t && (pushd(&c->tbt_v, gap) || pushi(&c->tbt_w, 1))) return -1;
-            if (gap > c->max_tbt[r]) c->max_tbt[r] = gap;
-            if (!isnan(c->preempted_at[r])) {
-                if (pushi(&c->sl_row, r) || pushd(&c->sl_pre, c->preempted_at[r]) ||
-                    pushd(&c->sl_res, end) || pushd(&c->sl_stall, gap) ||
-                    pushi8(&c->sl_mode, c->last_mode[r] == 2 ? 2 : 1)) return -1;
-            }
-        }
-        c->preempted_at[r] = NAN;
-        c->last_tok[r] = end;
-    }
-    for (int64_t j = 0; j < c->nfin; j++) c->finish[c->fin[j]] = end;
-    int progressed = c->nb_ || c->npre || c->nrej || c->nswap_in;
-    c->idle_spins = progressed ? 0 : c->idle_spins + 1;
-    c->t = end;
-    c->step++;
-    if (c->idle_spins >= 2) {
-        if (c->cursor < c->n) {
-            double a = c->arrival[c->cursor];
-            if (a > c->t) c->t = a;
-            c->idle_spins = 0;
-        } else {
-            return 1;
-        }
-    }
-    return 0;
+    row.gpu_blocks_used = pool_num_used(&c->gpu);
+    row.cpu_blocks_used = pool_num_used(&c->cpu);
+    return loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin, c->nfin);
 }
 
-/* Run until the trace is done or `max_steps` more steps were taken. 1 when done. */
-static int run_steps(Core *c, int64_t max_steps) {
-    int64_t stop = c->step + max_steps, next_check = c->step + 4096;
-    while (!c->done && c->step < stop) {
-        if (c->step >= next_check) {
-            /* Ctrl-C: Python's handler only sets a flag; raise it here, between two steps. */
-            if (PyErr_CheckSignals() < 0) return -1;
-            next_check = c->step + 4096;
-        }
-        /* add_request: a prompt longer than max_model_len is rejected before the scheduler
-         * sees it (reported with the next schedule()). */
-        while (c->cursor < c->n && c->arrival[c->cursor] <= c->t) {
-            int32_t r = (int32_t)c->cursor++;
-            if (c->prompt[r] > c->L) {
-                c->status[r] = ST_REJECTED;
-                c->pending_rej[c->npending++] = r;
-            } else {
-                c->status[r] = ST_WAITING;
-                dq_push(&c->waiting, r);
-            }
-        }
-        if (!(c->waiting.len || c->running.len || c->swapped.len)) {
-            if (c->cursor >= c->n) { c->done = 1; break; }
-            double a = c->arrival[c->cursor];
-            if (a > c->t) c->t = a;
-            continue;
-        }
-        int rc = one_step(c);
-        if (rc < 0) return -1;
-        if (rc == 1) c->done = 1;
-    }
-    return c->done;
-}
+static const CoreOps OPS = {add_request, has_unfinished, one_step};
 
 /* ------------------------------------------------------------------ Python glue */
 static void core_free(Core *c) {
     if (!c) return;
-    for (int i = 0; i < c->nbufs; i++) PyBuffer_Release(&c->bufs[i]);
-    if (c->tbl) { for (int64_t r = 0; r < c->n; r++) free(c->tbl[r]); }
+    views_release(&c->views);
+    tables_free(&c->out);
+    loop_free(&c->lp);
+    if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     pool_free(&c->gpu);
     pool_free(&c->cpu);
     void *ps[] = {c->tbl, c->tlen, c->tcap, c->has_tbl, c->nfs, c->has_la, c->la, c->has_memo,
@@ -1276,13 +1099,7 @@ static void core_free(Core *c) {
                   c->s_pre_row, c->s_infeas, c->s_pre_u, c->s_pre_c, c->p_row, c->p_u, c->p_c,
                   c->tmp, c->b_row, c->b_new, c->b_ctx, c->b_prefill, c->b_sampled, c->pre_rows,
                   c->pre_blocks, c->pre_mode, c->pre_fallback, c->rej_rows, c->si_rows,
-                  c->dst_ids, c->dst_mark, c->evicted, c->last_mode, c->last_tok,
-                  c->preempted_at, c->fin,
-                  c->st_start.d, c->st_dur.d, c->st_run.d, c->st_wait.d, c->st_pre.d,
-                  c->st_prefill.d, c->st_decode.d, c->st_gpu.d, c->st_cpu.d, c->st_evblk.d,
-                  c->st_swapped.d, c->st_sout.d, c->st_sin.d, c->st_evreq.d, c->sl_mode.d,
-                  c->ev_t.d, c->ev_step.d, c->ev_row.d, c->ev_blocks.d, c->ev_kind.d, c->sl_row.d,
-                  c->sl_pre.d, c->sl_res.d, c->sl_stall.d, c->tbt_v.d, c->tbt_w.d};
+                  c->dst_ids, c->dst_mark, c->fin};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
     free(c);
 }
@@ -1291,20 +1108,6 @@ static void capsule_free(PyObject *cap) {
     core_free((Core *)PyCapsule_GetPointer(cap, "kvcap.core0"));
 }
 
-/* Take a buffer of n items of `itemsize` bytes (writable if asked); keeps the view. */
-static void *take(Core *c, PyObject *obj, int64_t n, Py_ssize_t itemsize, int writable,
-                  const char *name) {
-    Py_buffer *v = &c->bufs[c->nbufs];
-    if (PyObject_GetBuffer(obj, v, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    c->nbufs++;
-    if (v->len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "core: %s has %zd bytes, expected %lld", name, v->len,
-                     (long long)(n * itemsize));
-        return NULL;
-    }
-    return v->buf;
-}
 
 #define CALLOC(p, n, T) do { (p) = (T *)calloc((size_t)(n) > 0 ? (size_t)(n) : 1, sizeof(T)); \
                              if (!(p)) { PyErr_NoMemory(); goto fail; } } while (0)
@@ -1315,32 +1118,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOO", &arrays, &spec, &cost, &keys)) return NULL;
     Core *c = (Core *)calloc(1, sizeof(Core));
     if (!c) return PyErr_NoMemory();
-    PyObject *a[17];
-    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
-                          &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
-                          &a[15], &a[16])) goto fail;
-    Py_buffer probe;
-    if (PyObject_GetBuffer(a[0], &probe, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-    c->n = probe.len / (Py_ssize_t)sizeof(double);
-    PyBuffer_Release(&probe);
-    int64_t n = c->n;
-    if (!(c->arrival = take(c, a[0], n, 8, 0, "arrival_s")) ||
-        !(c->prompt = take(c, a[1], n, 8, 0, "prompt_len")) ||
-        !(c->out_len = take(c, a[2], n, 8, 0, "output_len")) ||
-        !(c->status = take(c, a[3], n, 1, 1, "status")) ||
-        !(c->num_computed = take(c, a[4], n, 8, 1, "num_computed")) ||
-        !(c->num_output = take(c, a[5], n, 8, 1, "num_output")) ||
-        !(c->num_pre = take(c, a[6], n, 4, 1, "num_preemptions")) ||
-        !(c->num_swaps = take(c, a[7], n, 4, 1, "num_swaps")) ||
-        !(c->num_rec = take(c, a[8], n, 4, 1, "num_recomputes")) ||
-        !(c->recomputed = take(c, a[9], n, 8, 1, "recomputed_tokens")) ||
-        !(c->cached_prompt = take(c, a[10], n, 8, 1, "cached_prompt_tokens")) ||
-        !(c->computed_at_pre = take(c, a[11], n, 8, 1, "computed_at_preemption")) ||
-        !(c->first_sched = take(c, a[12], n, 8, 1, "first_scheduled_s")) ||
-        !(c->first_tok = take(c, a[13], n, 8, 1, "first_token_s")) ||
-        !(c->finish = take(c, a[14], n, 8, 1, "finish_s")) ||
-        !(c->max_tbt = take(c, a[15], n, 8, 1, "max_tbt_s")) ||
-        !(c->prio = take(c, a[16], n, 8, 0, "priority"))) goto fail;
+    if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
+    int64_t n = c->q.n;
     long long bs, ng, nc, ms, mb, L, wm;
     int ch, ca, mode, policy, abort_on_full;
     if (!PyArg_ParseTuple(spec, "LLLLLLLppiip", &bs, &ng, &nc, &ms, &mb, &L, &wm, &ch, &ca, &mode,
@@ -1348,25 +1127,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     c->bs = bs; c->num_gpu = ng; c->num_cpu = nc; c->max_seqs = ms; c->max_batched = mb;
     c->L = L; c->watermark_blocks = wm; c->chunked = ch; c->caching = ca; c->mode = mode;
     c->policy = policy; c->abort_on_full = abort_on_full;
-    long long kvbpt, kvbpb;
-    if (!PyArg_ParseTuple(cost, "dddddddddLLd", &c->lin_per_token, &c->lm_per_sample,
-                          &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
-                          &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb,
-                          &c->swap_per_block))
-        goto fail;
-    c->kv_bytes_per_token = kvbpt; c->kv_bytes_per_block = kvbpb;
-    PyObject *off, *ids, *shared;
-    long long hbt;
-    if (!PyArg_ParseTuple(keys, "iLOOO", &c->keys_mode, &hbt, &off, &ids, &shared)) goto fail;
-    c->hbt = hbt;
-    if (c->keys_mode == 1) {
-        if (!(c->chain_off = take(c, off, n + 1, 8, 0, "chain_off")) ||
-            !(c->num_shared = take(c, shared, n, 8, 0, "num_shared"))) goto fail;
-        Py_buffer *v = &c->bufs[c->nbufs];
-        if (PyObject_GetBuffer(ids, v, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-        c->nbufs++;
-        c->chain_ids = (const int64_t *)v->buf;
-    }
+    if (cost_parse(cost, &c->cost) < 0) goto fail;
+    if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     if (pool_init(&c->gpu, 0, (int32_t)ng, ca) < 0 || pool_init(&c->cpu, (int32_t)ng, (int32_t)nc, ca) < 0) {
         PyErr_NoMemory();
         goto fail;
@@ -1400,11 +1162,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->rej_rows, 2 * n, int32_t);
     CALLOC(c->si_rows, n, int32_t);
     CALLOC(c->dst_ids, ng, int32_t); CALLOC(c->dst_mark, ng, uint8_t);
-    CALLOC(c->evicted, n, int64_t); CALLOC(c->last_mode, n, int8_t);
-    CALLOC(c->last_tok, n, double); CALLOC(c->preempted_at, n, double);
-    for (int64_t r = 0; r < n; r++) c->last_tok[r] = c->preempted_at[r] = NAN;
     CALLOC(c->fin, n, int32_t);
-    c->t = n ? c->arrival[0] : 0.0;
+    if (loop_init(&c->lp, &c->q) < 0) { PyErr_NoMemory(); goto fail; }
     PyObject *cap = PyCapsule_New(c, "kvcap.core0", capsule_free);
     if (!cap) goto fail;
     return cap;
@@ -1420,17 +1179,14 @@ static PyObject *core_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OL", &cap, &max_steps)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core0");
     if (!c) return NULL;
-    int rc = run_steps(c, max_steps);
+    int rc = loop_run(&c->lp, &c->q, c, &OPS, max_steps);
     if (rc < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;
     }
-    return Py_BuildValue("(iLdL)", rc, (long long)c->step, c->t, (long long)c->cursor);
+    return Py_BuildValue("(iLdL)", rc, (long long)c->lp.step, c->lp.t, (long long)c->lp.cursor);
 }
 
-static PyObject *bytes_of(const void *p, int64_t n, size_t item) {
-    return PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * (int64_t)item));
-}
 
 static PyObject *core_results(PyObject *self, PyObject *args) {
     (void)self;
@@ -1438,37 +1194,15 @@ static PyObject *core_results(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core0");
     if (!c) return NULL;
-    return Py_BuildValue(
-        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsN" "sdsisdsLsLsL}",
-        "start_s", bytes_of(c->st_start.d, c->st_start.n, 8),
-        "duration_s", bytes_of(c->st_dur.d, c->st_dur.n, 8),
-        "num_running", bytes_of(c->st_run.d, c->st_run.n, 4),
-        "num_waiting", bytes_of(c->st_wait.d, c->st_wait.n, 4),
-        "num_prefill_tokens", bytes_of(c->st_prefill.d, c->st_prefill.n, 8),
-        "num_decode_tokens", bytes_of(c->st_decode.d, c->st_decode.n, 8),
-        "gpu_blocks_used", bytes_of(c->st_gpu.d, c->st_gpu.n, 8),
-        "num_preempted", bytes_of(c->st_pre.d, c->st_pre.n, 4),
-        "num_swapped", bytes_of(c->st_swapped.d, c->st_swapped.n, 4),
-        "cpu_blocks_used", bytes_of(c->st_cpu.d, c->st_cpu.n, 8),
-        "swap_out_blocks", bytes_of(c->st_sout.d, c->st_sout.n, 4),
-        "swap_in_blocks", bytes_of(c->st_sin.d, c->st_sin.n, 4),
-        "evicted_requests", bytes_of(c->st_evreq.d, c->st_evreq.n, 4),
-        "evicted_blocks", bytes_of(c->st_evblk.d, c->st_evblk.n, 8),
-        "sl_mode", bytes_of(c->sl_mode.d, c->sl_mode.n, 1),
-        "ev_t", bytes_of(c->ev_t.d, c->ev_t.n, 8),
-        "ev_step", bytes_of(c->ev_step.d, c->ev_step.n, 8),
-        "ev_row", bytes_of(c->ev_row.d, c->ev_row.n, 8),
-        "ev_kind", bytes_of(c->ev_kind.d, c->ev_kind.n, 1),
-        "ev_blocks", bytes_of(c->ev_blocks.d, c->ev_blocks.n, 8),
-        "sl_row", bytes_of(c->sl_row.d, c->sl_row.n, 8),
-        "sl_pre", bytes_of(c->sl_pre.d, c->sl_pre.n, 8),
-        "sl_res", bytes_of(c->sl_res.d, c->sl_res.n, 8),
-        "sl_stall", bytes_of(c->sl_stall.d, c->sl_stall.n, 8),
-        "tbt_v", bytes_of(c->tbt_v.d, c->tbt_v.n, 8),
-        "tbt_w", bytes_of(c->tbt_w.d, c->tbt_w.n, 8),
-        "t", c->t, "aborted", c->aborted, "abort_s", c->abort_s,
-        "abort_row", (long long)c->ab_row, "abort_needed", (long long)c->ab_needed,
-        "abort_free", (long long)c->ab_free);
+    PyObject *d = tables_dict(&c->out);
+    if (!d) return NULL;
+    PyObject *extra = Py_BuildValue("{sdsisdsLsLsL}", "t", c->lp.t, "aborted", c->aborted,
+                                    "abort_s", c->abort_s, "abort_row", (long long)c->ab_row,
+                                    "abort_needed", (long long)c->ab_needed,
+                                    "abort_free", (long long)c->ab_free);
+    if (!extra || PyDict_Update(d, extra) < 0) { Py_XDECREF(extra); Py_DECREF(d); return NULL; }
+    Py_DECREF(extra);
+    return d;
 }
 
 /* Block-accounting invariants of both pools (the property tests call this after a run): every
@@ -1481,7 +1215,7 @@ static const char *check_pool(const Core *c, const Pool *p, char *msg, size_t le
     uint8_t *inq = (uint8_t *)calloc((size_t)nb + 1, 1);
     const char *err = NULL;
     if (!refs || !inq) { free(refs); free(inq); return "out of memory"; }
-    for (int64_t r = 0; r < c->n; r++) {
+    for (int64_t r = 0; r < c->q.n; r++) {
         if (!c->has_tbl[r]) continue;
         for (int64_t k = 0; k < c->tlen[r]; k++) {
             int32_t b = c->tbl[r][k];
@@ -1527,7 +1261,7 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
     char msg[160];
     const char *err = check_pool(c, &c->gpu, msg, sizeof msg);
     if (!err) err = check_pool(c, &c->cpu, msg, sizeof msg);
-    for (int64_t r = 0; r < c->n && !err; r++) {
+    for (int64_t r = 0; r < c->q.n && !err; r++) {
         if (!c->has_tbl[r]) continue;
         for (int64_t k = 0; k < c->tlen[r] && !err; k++)
             for (int64_t j = 0; j < k; j++)

@@ -14,33 +14,9 @@
  * up to a number of steps, core_results() hands the step/event/stall/TBT columns back as
  * bytearrays. Nothing here allocates per step except amortised growth of the output columns.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../kvcore.h"
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------ growable columns */
-typedef struct { double *d; int64_t n, cap; } vecd;
-typedef struct { int64_t *d; int64_t n, cap; } veci;
-typedef struct { int32_t *d; int64_t n, cap; } veci32;
-typedef struct { int8_t *d; int64_t n, cap; } veci8;
-
-#define GROW(v, T)                                                                     \
-    do {                                                                               \
-        if ((v)->n == (v)->cap) {                                                      \
-            int64_t nc = (v)->cap ? (v)->cap * 2 : 1024;                               \
-            T *p = (T *)realloc((v)->d, (size_t)nc * sizeof(T));                       \
-            if (!p) return -1;                                                         \
-            (v)->d = p; (v)->cap = nc;                                                 \
-        }                                                                              \
-    } while (0)
-
-static int pushd(vecd *v, double x) { GROW(v, double); v->d[v->n++] = x; return 0; }
-static int pushi(veci *v, int64_t x) { GROW(v, int64_t); v->d[v->n++] = x; return 0; }
-static int pushi32(veci32 *v, int32_t x) { GROW(v, int32_t); v->d[v->n++] = x; return 0; }
-static int pushi8(veci8 *v, int8_t x) { GROW(v, int8_t); v->d[v->n++] = x; return 0; }
 
 /* ------------------------------------------------------------------ key -> block map
  * Open addressing, linear probing, backward-shift deletion; at most one entry per hashed block,
@@ -48,12 +24,6 @@ static int pushi8(veci8 *v, int8_t x) { GROW(v, int8_t); v->d[v->n++] = x; retur
  * read from the block itself (`kbase + val * kstride`), which the caller touches anyway: a
  * quarter of the memory of key+value slots, so the table stays in L2. */
 typedef struct { int32_t *slots; uint64_t mask; const char *kbase; size_t kstride; } map_t;
-
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static int map_init(map_t *m, int64_t num_blocks, const void *kbase, size_t kstride) {
     uint64_t cap = 16;
@@ -115,38 +85,18 @@ typedef struct {
 
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
-/* Event kinds: indices into replay.loop.EVENT_KINDS. */
-enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
-       EV_REJECT = 5 };
 enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };
 enum { POLICY_FCFS = 0, POLICY_PRIORITY = 1 };
-#define K_BITS 24
 
 typedef struct {
-    int64_t n;
-    /* Request arrays (numpy buffers, written in place). */
-    Py_buffer bufs[24];   /* 17 request arrays + 3 key arrays */
-    int nbufs;
-    const double *arrival;
-    const int64_t *prompt, *out_len;
-    int8_t *status;
-    int64_t *num_computed, *num_output, *recomputed, *cached_prompt, *computed_at_pre;
-    int32_t *num_pre, *num_swaps, *num_rec;
-    double *first_sched, *first_tok, *finish, *max_tbt;
-    const int64_t *prio;
+    Req q;                /* request arrays */
+    Keys keys;
+    Cost cost;
+    Views views;          /* 17 request arrays + 3 key arrays */
     /* Spec. */
     int64_t bs, num_blocks, max_active, max_batched, L, thr_knob, watermark_blocks;
     int chunked, caching, reserve_full_isl, mode, policy;
     int64_t num_cpu;
-    /* Keys: 0 unique per request, 1 trace prefix chains. */
-    int keys_mode;
-    int64_t hbt;
-    const int64_t *chain_off, *chain_ids, *num_shared;
-    /* Cost model (replay/cost_model.py, folded constants). */
-    double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
-        overhead_s, ar_fixed, ar_per_token;
-    int64_t kv_bytes_per_token, kv_bytes_per_block;
-    double swap_per_block;
     /* Block pool. */
     Blk *blk;          /* index num_blocks is the free queue's sentinel */
     int64_t num_free;
@@ -167,14 +117,8 @@ typedef struct {
     int64_t *hkey; int32_t *hprev, *hnext;
     int64_t host_used, host_next_free;
     uint8_t *swapped; int64_t nswapped;             /* waiting rows whose KV went to the host */
-    /* Loop: KV of swap-preempted requests not yet resumed (size-swap's demand series). */
-    int64_t *evicted; int64_t evicted_count, evicted_total;
-    int8_t *last_mode;                              /* 1 recompute, 2 swap: last preemption */
-    /* Loop state. */
-    double t;
-    int64_t cursor, step, idle_spins;
-    int done;
-    double *last_tok, *preempted_at;
+    Loop lp;
+    int32_t *fin; int64_t nfin;                     /* update(): rows finished this step */
     /* Per-step scratch. */
     int32_t *s_rows; int64_t *s_new, *s_before; uint8_t *s_prefill, *s_sampled; int64_t ns;
     int32_t *pre_rows; int64_t *pre_blocks; int64_t npre;
@@ -184,56 +128,14 @@ typedef struct {
     int64_t nload;                                  /* admission: blocks found in the host tier */
     int32_t *rej_rows; int64_t nrej;
     int32_t *hits; int64_t hits_cap;
-    /* Outputs. */
-    vecd st_start, st_dur;
-    veci32 st_run, st_wait, st_pre;
-    veci st_prefill, st_decode, st_gpu, st_cpu, st_evblk;
-    veci32 st_swapped, st_sout, st_sin, st_evreq;
-    veci8 sl_mode;
-    vecd ev_t; veci ev_step, ev_row, ev_blocks; veci8 ev_kind;
-    veci sl_row; vecd sl_pre, sl_res, sl_stall;
-    vecd tbt_v; veci tbt_w;
+    Tables out;
 } Core;
 
 static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-static inline int64_t key_of(const Core *c, int64_t row, int64_t k) {
-    if (c->keys_mode == 1 && k < c->num_shared[row]) {
-        int64_t j = ((k + 1) * c->bs - 1) / c->hbt;
-        return (c->chain_ids[c->chain_off[row] + j] << K_BITS) | k;
-    }
-    return -((row << K_BITS) | k) - 1;
-}
 
-/* key_of for k = start, start + 1, ... of one row without a division per block (the trace block
- * index j only moves every hash_block_tokens / block_size blocks): prefix-cache scans and
- * registrations go through millions of blocks. */
-typedef struct { int64_t row, k, shared, j, jend; const int64_t *chain; } KeyIt;
 
-static inline void keyit_init(const Core *c, KeyIt *it, int64_t row, int64_t start) {
-    it->row = row;
-    it->k = start;
-    it->shared = c->keys_mode == 1 ? c->num_shared[row] : 0;
-    it->j = it->jend = 0;
-    it->chain = NULL;
-    if (start < it->shared) {
-        it->chain = c->chain_ids + c->chain_off[row];
-        it->j = ((start + 1) * c->bs - 1) / c->hbt;
-        /* The first block whose j is larger: ((k + 1) * bs - 1) / hbt > j. */
-        it->jend = cdiv((it->j + 1) * c->hbt + 1, c->bs) - 1;
-    }
-}
 
-static inline int64_t keyit_next(const Core *c, KeyIt *it) {
-    int64_t k = it->k++;
-    if (k < it->shared) {
-        while (k >= it->jend) { it->j++; it->jend = cdiv((it->j + 1) * c->hbt + 1, c->bs) - 1; }
-        return (it->chain[it->j] << K_BITS) | k;
-    }
-    return -((it->row << K_BITS) | k) - 1;
-}
 
 /* ---------------- free queue (doubly linked, sentinel = num_blocks) */
 static inline void fq_unlink(Core *c, int32_t b) {
@@ -312,8 +214,8 @@ static void cache_blocks(Core *c, int64_t row, int64_t num_tokens) {
     int64_t nfull = num_tokens / c->bs, nc = c->ncached[row];
     if (nc >= nfull) return;
     KeyIt it;
-    keyit_init(c, &it, row, nc);
-    for (int64_t k = nc; k < nfull; k++) cache_register(c, c->tbl[row][k], keyit_next(c, &it));
+    keyit_init(&c->keys, &it, row, nc);
+    for (int64_t k = nc; k < nfull; k++) cache_register(c, c->tbl[row][k], keyit_next(&c->keys, &it));
     c->ncached[row] = nfull;
 }
 
@@ -342,9 +244,9 @@ static int64_t get_computed_blocks(Core *c, int64_t row, int64_t num_tokens) {
     if (!c->caching) return 0;
     int64_t max_blocks = (num_tokens - 1) / c->bs, nh = 0;
     KeyIt it;
-    keyit_init(c, &it, row, 0);
+    keyit_init(&c->keys, &it, row, 0);
     for (int64_t k = 0; k < max_blocks; k++) {
-        int32_t b = map_get(&c->map, keyit_next(c, &it));
+        int32_t b = map_get(&c->map, keyit_next(&c->keys, &it));
         if (b < 0) break;
         c->hits[nh++] = b;
     }
@@ -354,8 +256,8 @@ static int64_t get_computed_blocks(Core *c, int64_t row, int64_t num_tokens) {
 /* ---------------- scheduler */
 /* Waiting queue (queues.py): FCFS deque, or a heap ordered by (priority, arrival_s, row). */
 static inline int heap_less(const Core *c, int32_t a, int32_t b) {
-    if (c->prio[a] != c->prio[b]) return c->prio[a] < c->prio[b];
-    if (c->arrival[a] != c->arrival[b]) return c->arrival[a] < c->arrival[b];
+    if (c->q.prio[a] != c->q.prio[b]) return c->q.prio[a] < c->q.prio[b];
+    if (c->q.arrival[a] != c->q.arrival[b]) return c->q.arrival[a] < c->q.arrival[b];
     return a < b;
 }
 static void heap_up(Core *c, int64_t i) {
@@ -428,7 +330,7 @@ static inline void host_append(Core *c, int32_t h) {
 static int64_t host_store(Core *c, int64_t row, int64_t n_full) {
     int64_t n = min64(n_full, c->num_cpu), copies = 0;
     for (int64_t i = n - 1; i >= 0; i--) {
-        int64_t k = key_of(c, row, i);
+        int64_t k = key_of(&c->keys, row, i);
         uint64_t slot = map_find(&c->hmap, k);
         int32_t h = c->hmap.slots[slot];
         if (h >= 0) { host_unlink(c, h); host_append(c, h); continue; }
@@ -451,7 +353,7 @@ static int64_t host_store(Core *c, int64_t row, int64_t n_full) {
 }
 
 static int never_runs(const Core *c, int64_t row) {
-    int64_t p = c->prompt[row], o = c->out_len[row], L = c->L, need;
+    int64_t p = c->q.prompt[row], o = c->q.out_len[row], L = c->L, need;
     if (p >= L) return 1;
     if (!c->chunked && p > c->max_batched) return 1;
     if (c->mode == MODE_NONE) need = cdiv(min64(p + o, L), c->bs);
@@ -469,7 +371,7 @@ static int64_t none_reserved(const Core *c) {
  * c->hits[0:*nh]. */
 static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t *nh_out) {
     int64_t bs = c->bs, L = c->L;
-    int64_t nt = c->prompt[row] + c->num_output[row];
+    int64_t nt = c->q.prompt[row] + c->q.num_output[row];
     int64_t nh = get_computed_blocks(c, row, nt);
     *nh_out = nh;
     c->nload = 0;
@@ -477,7 +379,7 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
         /* The offload tier continues the GPU hit (a connector's longer external match). */
         int64_t max_blocks = (nt - 1) / bs;
         for (int64_t k = nh; k < max_blocks; k++) {
-            if (map_get(&c->hmap, key_of(c, row, k)) < 0) break;
+            if (map_get(&c->hmap, key_of(&c->keys, row, k)) < 0) break;
             c->nload++;
         }
     }
@@ -495,7 +397,7 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
     int64_t need = max64(cdiv(min64(total_computed + n, L), bs) - nh, 0) + evictable;
     if (need + wm > free) return -1;
     if (c->mode == MODE_NONE) {
-        int64_t whole = cdiv(min64(c->prompt[row] + c->out_len[row], L), bs);
+        int64_t whole = cdiv(min64(c->q.prompt[row] + c->q.out_len[row], L), bs);
         int64_t need2 = max64(whole - nh, 0) + evictable;
         if (need2 + none_reserved(c) > free) return -1;
     }
@@ -503,8 +405,8 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
 }
 
 static int preempt(Core *c, int64_t row) {
-    int64_t cc = c->num_computed[row];
-    c->computed_at_pre[row] = cc;
+    int64_t cc = c->q.num_computed[row];
+    c->q.computed_at_pre[row] = cc;
     int mode = 1, fallback = 0;
     if (c->mode == MODE_SWAP) {
         int64_t n_full = cc / c->bs;
@@ -517,10 +419,10 @@ static int preempt(Core *c, int64_t row) {
         }
     }
     int64_t blocks = kv_free(c, row);
-    c->num_computed[row] = 0;
-    c->status[row] = ST_WAITING;
-    c->num_pre[row] += 1;
-    if (mode == 2) c->num_swaps[row] += 1; else c->num_rec[row] += 1;
+    c->q.num_computed[row] = 0;
+    c->q.status[row] = ST_WAITING;
+    c->q.num_pre[row] += 1;
+    if (mode == 2) c->q.num_swaps[row] += 1; else c->q.num_rec[row] += 1;
     c->prefilling[row] = 0;
     wq_prepend(c, (int32_t)row);
     c->pre_rows[c->npre] = (int32_t)row;
@@ -547,7 +449,7 @@ static int schedule(Core *c) {
         int32_t r = c->arrived[i];
         if (never_runs(c, r)) {
             wq_remove(c, r);
-            c->status[r] = ST_REJECTED;
+            c->q.status[r] = ST_REJECTED;
             c->rej_rows[c->nrej++] = r;
         }
     }
@@ -558,7 +460,7 @@ static int schedule(Core *c) {
     int64_t i = 0;
     while (i < c->nrun && budget > 0) {
         int64_t r = c->running[i];
-        int64_t cc = c->num_computed[r], nt = c->prompt[r] + c->num_output[r];
+        int64_t cc = c->q.num_computed[r], nt = c->q.prompt[r] + c->q.num_output[r];
         int64_t n = nt - cc;
         if (0 < thr && thr < n) n = thr;
         n = min64(min64(n, budget), L - cc - 1);
@@ -583,8 +485,8 @@ static int schedule(Core *c) {
                 int64_t vi = 0;
                 for (int64_t j = 1; j < c->nrun; j++) {
                     int32_t x = c->running[j], y = c->running[vi];
-                    if (c->prio[x] > c->prio[y] ||
-                        (c->prio[x] == c->prio[y] && c->arrival[x] > c->arrival[y])) vi = j;
+                    if (c->q.prio[x] > c->q.prio[y] ||
+                        (c->q.prio[x] == c->q.prio[y] && c->q.arrival[x] > c->q.arrival[y])) vi = j;
                 }
                 victim = c->running[vi];
                 memmove(c->running + vi, c->running + vi + 1,
@@ -606,7 +508,7 @@ static int schedule(Core *c) {
             if (victim == r) break;
         }
         if (!ok) {
-            if (c->policy && c->status[r] == ST_WAITING) continue;   /* it preempted itself */
+            if (c->policy && c->q.status[r] == ST_WAITING) continue;   /* it preempted itself */
             break;
         }
         sched_add(c, r, n);
@@ -621,12 +523,12 @@ static int schedule(Core *c) {
             if (n < 0) {
                 if (c->nrun || c->ns) break;
                 wq_pop(c);
-                c->status[r] = ST_REJECTED;
+                c->q.status[r] = ST_REJECTED;
                 unswap(c, r);
                 c->rej_rows[c->nrej++] = (int32_t)r;
                 continue;
             }
-            int64_t nt = c->prompt[r] + c->num_output[r];
+            int64_t nt = c->q.prompt[r] + c->q.num_output[r];
             /* allocate_slots with the admission: touch the hits, they head the new table. */
             if (nh > c->tcap[r]) {
                 int32_t *p = (int32_t *)realloc(c->tbl[r], (size_t)nh * sizeof(int32_t));
@@ -650,7 +552,7 @@ static int schedule(Core *c) {
             if (nload) {
                 /* Load the host copies back (marked recently used, in table order). */
                 for (int64_t k = nh; k < nh + nload; k++) {
-                    int32_t h = map_get(&c->hmap, key_of(c, r, k));
+                    int32_t h = map_get(&c->hmap, key_of(&c->keys, r, k));
                     host_unlink(c, h);
                     host_append(c, h);
                 }
@@ -660,15 +562,15 @@ static int schedule(Core *c) {
             }
             unswap(c, r);
             if (c->mode == MODE_NONE) {
-                int64_t whole = cdiv(min64(c->prompt[r] + c->out_len[r], L), bs);
+                int64_t whole = cdiv(min64(c->q.prompt[r] + c->q.out_len[r], L), bs);
                 c->promised[r] = whole;
                 c->promised_total += whole;
             }
             int64_t hit = (nh + nload) * bs;
-            if (c->num_pre[r] > 0) c->recomputed[r] += c->computed_at_pre[r] - hit;
-            else c->cached_prompt[r] = hit;
-            c->status[r] = ST_RUNNING;
-            c->num_computed[r] = hit;
+            if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
+            else c->q.cached_prompt[r] = hit;
+            c->q.status[r] = ST_RUNNING;
+            c->q.num_computed[r] = hit;
             c->prefilling[r] = 1;
             sched_add(c, r, n);
             budget -= n;
@@ -676,213 +578,99 @@ static int schedule(Core *c) {
     }
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
-        c->s_before[j] = c->num_computed[r];
-        c->num_computed[r] += c->s_new[j];
+        c->s_before[j] = c->q.num_computed[r];
+        c->q.num_computed[r] += c->s_new[j];
         c->s_prefill[j] = c->prefilling[r];
     }
     return 0;
 }
 
-/* ---------------- cost model (_step_s: same terms, same order) */
-static double step_s(const Core *c, int64_t tokens, int64_t samples, int64_t attn, int64_t kv,
-                     int64_t swaps) {
-    double compute = ((double)tokens * c->lin_per_token + (double)samples * c->lm_per_sample
-                      + (double)attn * c->attn_per_unit) / c->flops_rate;
-    double memory = (c->weight_bytes + (double)(kv * c->kv_bytes_per_token)) / c->bytes_rate;
-    double m = memory > compute ? memory : compute;
-    return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token)
-           + (double)swaps * c->swap_per_block;
+
+static inline int event(Core *c, int kind, int64_t row, int64_t blocks) {
+    return tables_event(&c->out, c->lp.t, c->lp.step, kind, row, blocks);
 }
 
-static int event(Core *c, int kind, int64_t row, int64_t blocks) {
-    if (pushd(&c->ev_t, c->t) || pushi(&c->ev_step, c->step) || pushi(&c->ev_row, row) ||
-        pushi8(&c->ev_kind, (int8_t)kind) || pushi(&c->ev_blocks, blocks)) return -1;
-    return 0;
+static void add_request(void *core, int32_t r) {
+    Core *c = (Core *)core;
+    c->q.status[r] = ST_WAITING;
+    wq_push(c, r);
+    c->arrived[c->narrived++] = r;
 }
 
-/* One engine step of the loop (loop.py's step-by-step branch). 1 when the run ends. */
-static int one_step(Core *c) {
+static int has_unfinished(const void *core) {
+    const Core *c = (const Core *)core;
+    return c->nrun || c->wq_len;
+}
+
+/* One engine step: schedule(), the executor's duration, update() (loop.py's step-by-step branch;
+ * the loop's own bookkeeping is in kvcore.h). 1 when the run ends. */
+static int one_step(void *core) {
+    Core *c = (Core *)core;
     if (schedule(c) < 0) return -1;
-    for (int64_t j = 0; j < c->nrej; j++)
-        if (event(c, EV_REJECT, c->rej_rows[j], 0)) return -1;
-    for (int64_t j = 0; j < c->npre; j++) {
-        int64_t r = c->pre_rows[j];
-        if (c->pre_fallback[j] && event(c, EV_SWAP_FULL_FALLBACK, r, c->pre_blocks[j])) return -1;
-        if (event(c, c->pre_mode[j] == 2 ? EV_PREEMPT_SWAP : EV_PREEMPT_RECOMPUTE, r,
-                  c->pre_blocks[j])) return -1;
-        if (isnan(c->preempted_at[r])) c->preempted_at[r] = c->t;
-        c->last_mode[r] = c->pre_mode[j];
-    }
+    Plan pl = {.rows = c->s_rows, .num_new = c->s_new, .num_computed = c->s_before,
+               .prefill = c->s_prefill, .sampled = c->s_sampled, .nrows = c->ns,
+               .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
+               .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
+               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
+    if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
     for (int64_t j = 0; j < c->nsi; j++)
         if (event(c, EV_SWAP_IN, c->si_rows[j], c->si_blocks[j])) return -1;
-    /* Resumed (scheduled again) or dropped: no longer evicted; then this step's swap victims. */
-    if (c->evicted_count) {
-        for (int64_t j = 0; j < c->ns + c->nrej; j++) {
-            int64_t r = j < c->ns ? c->s_rows[j] : c->rej_rows[j - c->ns];
-            if (!c->evicted[r]) continue;
-            c->evicted_total -= c->evicted[r];
-            c->evicted_count--;
-            c->evicted[r] = 0;
-        }
-    }
-    for (int64_t j = 0; j < c->npre; j++) {
-        int64_t r = c->pre_rows[j];
-        if (c->pre_mode[j] != 2 || c->evicted[r]) continue;
-        c->evicted[r] = max64(c->pre_blocks[j], 1);
-        c->evicted_total += c->evicted[r];
-        c->evicted_count++;
-    }
-    int64_t num_prefill = 0, num_decode = 0, tokens = 0, attn = 0, kv = 0, num_sampled = 0;
-    for (int64_t j = 0; j < c->ns; j++) {
-        int64_t r = c->s_rows[j], nn = c->s_new[j], cc = c->s_before[j];
-        if (isnan(c->first_sched[r])) c->first_sched[r] = c->t;
-        if (c->s_prefill[j]) num_prefill += nn; else num_decode += nn;
-        tokens += nn;
-        attn += nn * cc + nn * (nn + 1) / 2;
-        kv += cc;
-        num_sampled += cc + nn >= c->prompt[r] + c->num_output[r];
-    }
-    kv += tokens;
-    int32_t q_run = (int32_t)c->nrun, q_wait = (int32_t)c->wq_len, q_swapped = (int32_t)c->nswapped;
-    double dt = step_s(c, tokens, num_sampled, attn, kv, c->nswap_out + c->nswap_in);
-    double t = c->t, end = t + dt;
-    /* update(): sample, then free the finished in batch order. */
-    int64_t same = 0, nfin = 0;
-    int32_t *fin = c->pre_rows;      /* scratch reuse: preemption rows are consumed above */
+    loop_evictions(&c->lp, &pl);
+    StepSums sums = loop_sums(&c->lp, &c->q, &pl);
+    StepRow row = {
+        .duration_s = cost_step_s(&c->cost, sums.tokens, sums.num_sampled, sums.attn, sums.kv,
+                                  c->nswap_out + c->nswap_in),
+        .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)c->wq_len,
+        .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
+        .num_decode_tokens = sums.num_decode};
+    /* update(): one token for every row whose chunk reached the end of its known tokens; finish
+     * at output_len or max_model_len; free the finished in batch order. */
+    c->nfin = 0;
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
-        c->s_sampled[j] = c->num_computed[r] >= c->prompt[r] + c->num_output[r];
+        c->s_sampled[j] = c->q.num_computed[r] >= c->q.prompt[r] + c->q.num_output[r];
         if (!c->s_sampled[j]) continue;
-        int64_t out = ++c->num_output[r];
+        int64_t out = ++c->q.num_output[r];
         c->prefilling[r] = 0;
-        if (out >= c->out_len[r] || c->prompt[r] + out >= c->L) fin[nfin++] = (int32_t)r;
-        if (!isnan(c->first_tok[r])) same += c->last_tok[r] == t;
+        if (out >= c->q.out_len[r] || c->q.prompt[r] + out >= c->L) c->fin[c->nfin++] = (int32_t)r;
     }
-    for (int64_t j = 0; j < nfin; j++) {
-        int64_t r = fin[j];
-        kv_free(c, r);
-        c->status[r] = ST_FINISHED;
+    for (int64_t j = 0; j < c->nfin; j++) {
+        kv_free(c, c->fin[j]);
+        c->q.status[c->fin[j]] = ST_FINISHED;
     }
-    if (nfin) {
+    if (c->nfin) {
         int64_t w = 0;
         for (int64_t j = 0; j < c->nrun; j++) {
             int32_t r = c->running[j];
-            if (c->status[r] != ST_FINISHED) c->running[w++] = r;
+            if (c->q.status[r] != ST_FINISHED) c->running[w++] = r;
         }
         c->nrun = w;
     }
-    if (pushd(&c->st_start, t) || pushd(&c->st_dur, dt) || pushi32(&c->st_run, q_run) ||
-        pushi32(&c->st_wait, q_wait) || pushi(&c->st_prefill, num_prefill) ||
-        pushi(&c->st_decode, num_decode) ||
-        pushi(&c->st_gpu, c->num_blocks - 1 - c->num_free) ||
-        pushi32(&c->st_pre, (int32_t)c->npre) || pushi32(&c->st_swapped, q_swapped) ||
-        pushi(&c->st_cpu, c->host_used) || pushi32(&c->st_sout, (int32_t)c->nswap_out) ||
-        pushi32(&c->st_sin, (int32_t)c->nswap_in) ||
-        pushi32(&c->st_evreq, (int32_t)c->evicted_count) || pushi(&c->st_evblk, c->evicted_total))
-        return -1;
-    /* TBT samples (loop.add_gaps): one weighted sample for the rows that also sampled in the
-     * previous step, then the others one by one in batch order. */
-    if (same && (pushd(&c->tbt_v, end - t) || pushi(&c->tbt_w, same))) return -1;
-    for (int64_t j = 0; j < c->ns; j++) {
-        int64_t r = c->s_rows[j];
-        if (!c->s_sampled[j]) continue;
-        if (isnan(c->first_tok[r])) {
-            c->first_tok[r] = end;
-        } else {
-            double prev = c->last_tok[r], gap = end - prev;
-            if (prev != t && (pushd(&c->tbt_v, gap) || pushi(&c->tbt_w, 1))) return -1;
-            if (gap > c->max_tbt[r]) c->max_tbt[r] = gap;
-            if (!isnan(c->preempted_at[r])) {
-                if (pushi(&c->sl_row, r) || pushd(&c->sl_pre, c->preempted_at[r]) ||
-                    pushd(&c->sl_res, end) || pushd(&c->sl_stall, gap) ||
-                    pushi8(&c->sl_mode, c->last_mode[r])) return -1;
-            }
-        }
-        c->preempted_at[r] = NAN;
-        c->last_tok[r] = end;
-    }
-    for (int64_t j = 0; j < nfin; j++) c->finish[fin[j]] = end;
-    int progressed = c->ns || c->npre || c->nrej || c->nswap_in;
-    c->idle_spins = progressed ? 0 : c->idle_spins + 1;
-    c->t = end;
-    c->step++;
-    if (c->idle_spins >= 2) {
-        if (c->cursor < c->n) {
-            double a = c->arrival[c->cursor];
-            if (a > c->t) c->t = a;
-            c->idle_spins = 0;
-        } else {
-            return 1;
-        }
-    }
-    return 0;
+    row.gpu_blocks_used = c->num_blocks - 1 - c->num_free;
+    row.cpu_blocks_used = c->host_used;
+    return loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin, c->nfin);
 }
 
-/* Run until the trace is done or `max_steps` more steps were taken. 1 when done. */
-static int run_steps(Core *c, int64_t max_steps) {
-    int64_t stop = c->step + max_steps, next_check = c->step + 4096;
-    while (!c->done && c->step < stop) {
-        if (c->step >= next_check) {
-            /* Ctrl-C: Python's handler only sets a flag; raise it here, between two steps. */
-            if (PyErr_CheckSignals() < 0) return -1;
-            next_check = c->step + 4096;
-        }
-        while (c->cursor < c->n && c->arrival[c->cursor] <= c->t) {
-            int32_t r = (int32_t)c->cursor++;
-            c->status[r] = ST_WAITING;
-            wq_push(c, r);
-            c->arrived[c->narrived++] = r;
-        }
-        if (!(c->nrun || c->wq_len)) {
-            if (c->cursor >= c->n) { c->done = 1; break; }
-            double a = c->arrival[c->cursor];
-            if (a > c->t) c->t = a;
-            continue;
-        }
-        int rc = one_step(c);
-        if (rc < 0) return -1;
-        if (rc == 1) c->done = 1;
-    }
-    return c->done;
-}
+static const CoreOps OPS = {add_request, has_unfinished, one_step};
 
 /* ------------------------------------------------------------------ Python glue */
 static void core_free(Core *c) {
     if (!c) return;
-    for (int i = 0; i < c->nbufs; i++) PyBuffer_Release(&c->bufs[i]);
-    if (c->tbl) { for (int64_t r = 0; r < c->n; r++) free(c->tbl[r]); }
+    views_release(&c->views);
+    tables_free(&c->out);
+    loop_free(&c->lp);
+    if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
-                  c->arrived, c->prefilling, c->promised, c->last_tok, c->preempted_at,
+                  c->arrived, c->prefilling, c->promised, c->fin,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->pre_rows, c->pre_blocks,
-                  c->rej_rows, c->hits, c->st_start.d, c->st_dur.d, c->st_run.d, c->st_wait.d,
-                  c->st_pre.d, c->st_prefill.d, c->st_decode.d, c->st_gpu.d, c->ev_t.d,
-                  c->ev_step.d, c->ev_row.d, c->ev_blocks.d, c->ev_kind.d, c->sl_row.d,
-                  c->sl_pre.d, c->sl_res.d, c->sl_stall.d, c->tbt_v.d, c->tbt_w.d,
-                  c->hmap.slots, c->hkey, c->hprev, c->hnext, c->swapped, c->evicted,
-                  c->last_mode, c->pre_mode, c->pre_fallback, c->si_rows, c->si_blocks,
-                  c->st_cpu.d, c->st_evblk.d, c->st_swapped.d, c->st_sout.d, c->st_sin.d,
-                  c->st_evreq.d, c->sl_mode.d};
+                  c->rej_rows, c->hits, 
+                  c->hmap.slots, c->hkey, c->hprev, c->hnext, c->swapped, c->pre_mode, c->pre_fallback, c->si_rows, c->si_blocks};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
     free(c);
 }
 
 static void capsule_free(PyObject *cap) {
     core_free((Core *)PyCapsule_GetPointer(cap, "kvcap.core"));
-}
-
-/* Take a buffer of n items of `itemsize` bytes (writable if asked); keeps the view. */
-static void *take(Core *c, PyObject *obj, int64_t n, Py_ssize_t itemsize, int writable,
-                  const char *name) {
-    Py_buffer *v = &c->bufs[c->nbufs];
-    if (PyObject_GetBuffer(obj, v, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    c->nbufs++;
-    if (v->len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "core: %s has %zd bytes, expected %lld", name, v->len,
-                     (long long)(n * itemsize));
-        return NULL;
-    }
-    return v->buf;
 }
 
 #define CALLOC(p, n, T) do { (p) = (T *)calloc((size_t)(n) > 0 ? (size_t)(n) : 1, sizeof(T)); \
@@ -893,32 +681,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOO", &arrays, &spec, &cost, &keys)) return NULL;
     Core *c = (Core *)calloc(1, sizeof(Core));
     if (!c) return PyErr_NoMemory();
-    PyObject *a[17];
-    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
-                          &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
-                          &a[15], &a[16])) goto fail;
-    Py_buffer probe;
-    if (PyObject_GetBuffer(a[0], &probe, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-    c->n = probe.len / (Py_ssize_t)sizeof(double);
-    PyBuffer_Release(&probe);
-    int64_t n = c->n;
-    if (!(c->arrival = take(c, a[0], n, 8, 0, "arrival_s")) ||
-        !(c->prompt = take(c, a[1], n, 8, 0, "prompt_len")) ||
-        !(c->out_len = take(c, a[2], n, 8, 0, "output_len")) ||
-        !(c->status = take(c, a[3], n, 1, 1, "status")) ||
-        !(c->num_computed = take(c, a[4], n, 8, 1, "num_computed")) ||
-        !(c->num_output = take(c, a[5], n, 8, 1, "num_output")) ||
-        !(c->num_pre = take(c, a[6], n, 4, 1, "num_preemptions")) ||
-        !(c->num_swaps = take(c, a[7], n, 4, 1, "num_swaps")) ||
-        !(c->num_rec = take(c, a[8], n, 4, 1, "num_recomputes")) ||
-        !(c->recomputed = take(c, a[9], n, 8, 1, "recomputed_tokens")) ||
-        !(c->cached_prompt = take(c, a[10], n, 8, 1, "cached_prompt_tokens")) ||
-        !(c->computed_at_pre = take(c, a[11], n, 8, 1, "computed_at_preemption")) ||
-        !(c->first_sched = take(c, a[12], n, 8, 1, "first_scheduled_s")) ||
-        !(c->first_tok = take(c, a[13], n, 8, 1, "first_token_s")) ||
-        !(c->finish = take(c, a[14], n, 8, 1, "finish_s")) ||
-        !(c->max_tbt = take(c, a[15], n, 8, 1, "max_tbt_s")) ||
-        !(c->prio = take(c, a[16], n, 8, 0, "priority"))) goto fail;
+    if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
+    int64_t n = c->q.n;
     long long bs, nb, ma, mb, L, thr, wm, ncpu;
     int ch, ca, rf, mode, policy;
     if (!PyArg_ParseTuple(spec, "LLLLLLLpppiiL", &bs, &nb, &ma, &mb, &L, &thr, &wm, &ch, &ca, &rf,
@@ -928,26 +692,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
     c->thr_knob = thr; c->watermark_blocks = wm; c->chunked = ch; c->caching = ca;
     c->reserve_full_isl = rf; c->mode = mode;
-    long long kvbpt, kvbpb;
-    if (!PyArg_ParseTuple(cost, "dddddddddLLd", &c->lin_per_token, &c->lm_per_sample,
-                          &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
-                          &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb,
-                          &c->swap_per_block))
-        goto fail;
-    c->kv_bytes_per_token = kvbpt; c->kv_bytes_per_block = kvbpb;
-    PyObject *off, *ids, *shared;
-    long long hbt;
-    if (!PyArg_ParseTuple(keys, "iLOOO", &c->keys_mode, &hbt, &off, &ids, &shared)) goto fail;
-    c->hbt = hbt;
-    if (c->keys_mode == 1) {
-        Py_buffer *v = &c->bufs[c->nbufs];
-        if (!(c->chain_off = take(c, off, n + 1, 8, 0, "chain_off")) ||
-            !(c->num_shared = take(c, shared, n, 8, 0, "num_shared"))) goto fail;
-        v = &c->bufs[c->nbufs];
-        if (PyObject_GetBuffer(ids, v, PyBUF_C_CONTIGUOUS) < 0) goto fail;
-        c->nbufs++;
-        c->chain_ids = (const int64_t *)v->buf;
-    }
+    if (cost_parse(cost, &c->cost) < 0) goto fail;
+    if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
     CALLOC(c->blk, nb + 1, Blk);
     if (map_init(&c->map, nb, &c->blk[0].key, sizeof(Blk)) < 0) { PyErr_NoMemory(); goto fail; }
@@ -962,8 +708,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->running, n, int32_t); CALLOC(c->wq, n + 1, int32_t); c->wq_cap = n + 1;
     CALLOC(c->arrived, n, int32_t); CALLOC(c->prefilling, n, uint8_t);
     CALLOC(c->promised, n, int64_t);
-    CALLOC(c->last_tok, n, double); CALLOC(c->preempted_at, n, double);
-    for (int64_t r = 0; r < n; r++) c->last_tok[r] = c->preempted_at[r] = NAN;
+    CALLOC(c->fin, n, int32_t);
+    if (loop_init(&c->lp, &c->q) < 0) { PyErr_NoMemory(); goto fail; }
     CALLOC(c->s_rows, n, int32_t); CALLOC(c->s_new, n, int64_t);
     CALLOC(c->s_before, n, int64_t); CALLOC(c->s_prefill, n, uint8_t);
     CALLOC(c->s_sampled, n, uint8_t);
@@ -971,14 +717,13 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->rej_rows, n, int32_t);
     CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
     CALLOC(c->si_rows, n, int32_t); CALLOC(c->si_blocks, n, int64_t);
-    CALLOC(c->swapped, n, uint8_t); CALLOC(c->evicted, n, int64_t); CALLOC(c->last_mode, n, int8_t);
+    CALLOC(c->swapped, n, uint8_t);
     CALLOC(c->hkey, c->num_cpu + 1, int64_t);
     if (map_init(&c->hmap, c->num_cpu, c->hkey, sizeof(int64_t)) < 0) { PyErr_NoMemory(); goto fail; } CALLOC(c->hprev, c->num_cpu + 1, int32_t);
     CALLOC(c->hnext, c->num_cpu + 1, int32_t);
     c->hprev[c->num_cpu] = c->hnext[c->num_cpu] = (int32_t)c->num_cpu;
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
     CALLOC(c->hits, c->hits_cap, int32_t);
-    c->t = n ? c->arrival[0] : 0.0;
     PyObject *cap = PyCapsule_New(c, "kvcap.core", capsule_free);
     if (!cap) goto fail;
     return cap;
@@ -993,16 +738,12 @@ static PyObject *core_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OL", &cap, &max_steps)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
     if (!c) return NULL;
-    int rc = run_steps(c, max_steps);
+    int rc = loop_run(&c->lp, &c->q, c, &OPS, max_steps);
     if (rc < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;
     }
-    return Py_BuildValue("(iLdL)", rc, (long long)c->step, c->t, (long long)c->cursor);
-}
-
-static PyObject *bytes_of(const void *p, int64_t n, size_t item) {
-    return PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * (int64_t)item));
+    return Py_BuildValue("(iLdL)", rc, (long long)c->lp.step, c->lp.t, (long long)c->lp.cursor);
 }
 
 static PyObject *core_results(PyObject *self, PyObject *args) {
@@ -1010,35 +751,10 @@ static PyObject *core_results(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
     if (!c) return NULL;
-    return Py_BuildValue(
-        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsN" "sd}",
-        "start_s", bytes_of(c->st_start.d, c->st_start.n, 8),
-        "duration_s", bytes_of(c->st_dur.d, c->st_dur.n, 8),
-        "num_running", bytes_of(c->st_run.d, c->st_run.n, 4),
-        "num_waiting", bytes_of(c->st_wait.d, c->st_wait.n, 4),
-        "num_prefill_tokens", bytes_of(c->st_prefill.d, c->st_prefill.n, 8),
-        "num_decode_tokens", bytes_of(c->st_decode.d, c->st_decode.n, 8),
-        "gpu_blocks_used", bytes_of(c->st_gpu.d, c->st_gpu.n, 8),
-        "num_preempted", bytes_of(c->st_pre.d, c->st_pre.n, 4),
-        "num_swapped", bytes_of(c->st_swapped.d, c->st_swapped.n, 4),
-        "cpu_blocks_used", bytes_of(c->st_cpu.d, c->st_cpu.n, 8),
-        "swap_out_blocks", bytes_of(c->st_sout.d, c->st_sout.n, 4),
-        "swap_in_blocks", bytes_of(c->st_sin.d, c->st_sin.n, 4),
-        "evicted_requests", bytes_of(c->st_evreq.d, c->st_evreq.n, 4),
-        "evicted_blocks", bytes_of(c->st_evblk.d, c->st_evblk.n, 8),
-        "sl_mode", bytes_of(c->sl_mode.d, c->sl_mode.n, 1),
-        "ev_t", bytes_of(c->ev_t.d, c->ev_t.n, 8),
-        "ev_step", bytes_of(c->ev_step.d, c->ev_step.n, 8),
-        "ev_row", bytes_of(c->ev_row.d, c->ev_row.n, 8),
-        "ev_kind", bytes_of(c->ev_kind.d, c->ev_kind.n, 1),
-        "ev_blocks", bytes_of(c->ev_blocks.d, c->ev_blocks.n, 8),
-        "sl_row", bytes_of(c->sl_row.d, c->sl_row.n, 8),
-        "sl_pre", bytes_of(c->sl_pre.d, c->sl_pre.n, 8),
-        "sl_res", bytes_of(c->sl_res.d, c->sl_res.n, 8),
-        "sl_stall", bytes_of(c->sl_stall.d, c->sl_stall.n, 8),
-        "tbt_v", bytes_of(c->tbt_v.d, c->tbt_v.n, 8),
-        "tbt_w", bytes_of(c->tbt_w.d, c->tbt_w.n, 8),
-        "t", c->t);
+    PyObject *d = tables_dict(&c->out), *t = PyFloat_FromDouble(c->lp.t);
+    if (!d || !t || PyDict_SetItemString(d, "t", t) < 0) { Py_XDECREF(d); Py_XDECREF(t); return NULL; }
+    Py_DECREF(t);
+    return d;
 }
 
 /* Block-accounting invariants (the property tests call this after a run): every block is free
@@ -1054,7 +770,7 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
     const char *err = NULL;
     char msg[160];
     if (!refs || !inq) { free(refs); free(inq); return PyErr_NoMemory(); }
-    for (int64_t r = 0; r < c->n && !err; r++)
+    for (int64_t r = 0; r < c->q.n && !err; r++)
         for (int64_t j = 0; j < c->held[r]; j++) {
             int32_t b = c->tbl[r][j];
             if (b <= 0 || b >= nb) { err = "table holds an invalid block"; break; }

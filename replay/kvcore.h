@@ -1,0 +1,490 @@
+/* What the two compiled replay cores (replay/v1/_core.c, replay/v0/_core.c) share: growable
+ * columns, the tables a replay produces (steps, events, stalls, fleet TBT samples: the columns of
+ * replay.loop.RawRun), the hash that spreads block keys, and the Python glue (buffer views of the
+ * request arrays, columns handed back as bytearrays). Header-only: each core is one translation
+ * unit, so everything here is static.
+ */
+#ifndef KVCAP_KVCORE_H
+#define KVCAP_KVCORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------ growable columns */
+typedef struct { double *d; int64_t n, cap; } vecd;
+typedef struct { int64_t *d; int64_t n, cap; } veci;
+typedef struct { int32_t *d; int64_t n, cap; } veci32;
+typedef struct { int8_t *d; int64_t n, cap; } veci8;
+
+#define KV_GROW(v, T)                                                                  \
+    do {                                                                               \
+        if ((v)->n == (v)->cap) {                                                      \
+            int64_t nc = (v)->cap ? (v)->cap * 2 : 1024;                               \
+            T *p = (T *)realloc((v)->d, (size_t)nc * sizeof(T));                       \
+            if (!p) return -1;                                                         \
+            (v)->d = p; (v)->cap = nc;                                                 \
+        }                                                                              \
+    } while (0)
+
+static inline int pushd(vecd *v, double x) { KV_GROW(v, double); v->d[v->n++] = x; return 0; }
+static inline int pushi(veci *v, int64_t x) { KV_GROW(v, int64_t); v->d[v->n++] = x; return 0; }
+static inline int pushi32(veci32 *v, int32_t x) { KV_GROW(v, int32_t); v->d[v->n++] = x; return 0; }
+static inline int pushi8(veci8 *v, int8_t x) { KV_GROW(v, int8_t); v->d[v->n++] = x; return 0; }
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* splitmix64's finaliser: block keys are structured (chain id << 24 | block index), so they
+ * need mixing before they index an open-addressing table. */
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* ------------------------------------------------------------------ the run's tables */
+/* Event kinds: indices into replay.loop.EVENT_KINDS. */
+enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
+       EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5 };
+
+typedef struct {
+    /* One row per step: replay.loop.STEP_COLUMNS. */
+    vecd start_s, duration_s;
+    veci32 num_running, num_waiting, num_swapped, swap_out_blocks, swap_in_blocks, num_preempted,
+        evicted_requests;
+    veci num_prefill_tokens, num_decode_tokens, gpu_blocks_used, cpu_blocks_used, evicted_blocks;
+    /* Events. */
+    vecd ev_t; veci ev_step, ev_row, ev_blocks; veci8 ev_kind;
+    /* Preemption stalls (mode 1 recompute, 2 swap). */
+    veci sl_row; vecd sl_pre, sl_res, sl_stall; veci8 sl_mode;
+    /* Fleet TBT samples as (value, weight). */
+    vecd tbt_v; veci tbt_w;
+} Tables;
+
+typedef struct {
+    double start_s, duration_s;
+    int32_t num_running, num_waiting, num_swapped, swap_out_blocks, swap_in_blocks,
+        num_preempted, evicted_requests;
+    int64_t num_prefill_tokens, num_decode_tokens, gpu_blocks_used, cpu_blocks_used,
+        evicted_blocks;
+} StepRow;
+
+static int tables_step(Tables *o, const StepRow *r) {
+    if (pushd(&o->start_s, r->start_s) || pushd(&o->duration_s, r->duration_s) ||
+        pushi32(&o->num_running, r->num_running) || pushi32(&o->num_waiting, r->num_waiting) ||
+        pushi32(&o->num_swapped, r->num_swapped) ||
+        pushi(&o->num_prefill_tokens, r->num_prefill_tokens) ||
+        pushi(&o->num_decode_tokens, r->num_decode_tokens) ||
+        pushi(&o->gpu_blocks_used, r->gpu_blocks_used) ||
+        pushi(&o->cpu_blocks_used, r->cpu_blocks_used) ||
+        pushi32(&o->swap_out_blocks, r->swap_out_blocks) ||
+        pushi32(&o->swap_in_blocks, r->swap_in_blocks) ||
+        pushi32(&o->num_preempted, r->num_preempted) ||
+        pushi32(&o->evicted_requests, r->evicted_requests) ||
+        pushi(&o->evicted_blocks, r->evicted_blocks)) return -1;
+    return 0;
+}
+
+static int tables_event(Tables *o, double t, int64_t step, int kind, int64_t row, int64_t blocks) {
+    if (pushd(&o->ev_t, t) || pushi(&o->ev_step, step) || pushi(&o->ev_row, row) ||
+        pushi8(&o->ev_kind, (int8_t)kind) || pushi(&o->ev_blocks, blocks)) return -1;
+    return 0;
+}
+
+static int tables_stall(Tables *o, int64_t row, double preempted_s, double resumed_s,
+                        double stall_s, int8_t mode) {
+    if (pushi(&o->sl_row, row) || pushd(&o->sl_pre, preempted_s) || pushd(&o->sl_res, resumed_s) ||
+        pushd(&o->sl_stall, stall_s) || pushi8(&o->sl_mode, mode)) return -1;
+    return 0;
+}
+
+static int tables_tbt(Tables *o, double value, int64_t weight) {
+    if (pushd(&o->tbt_v, value) || pushi(&o->tbt_w, weight)) return -1;
+    return 0;
+}
+
+static void tables_free(Tables *o) {
+    void *ps[] = {o->start_s.d, o->duration_s.d, o->num_running.d, o->num_waiting.d,
+                  o->num_swapped.d, o->swap_out_blocks.d, o->swap_in_blocks.d, o->num_preempted.d,
+                  o->evicted_requests.d, o->num_prefill_tokens.d, o->num_decode_tokens.d,
+                  o->gpu_blocks_used.d, o->cpu_blocks_used.d, o->evicted_blocks.d, o->ev_t.d,
+                  o->ev_step.d, o->ev_row.d, o->ev_blocks.d, o->ev_kind.d, o->sl_row.d,
+                  o->sl_pre.d, o->sl_res.d, o->sl_stall.d, o->sl_mode.d, o->tbt_v.d, o->tbt_w.d};
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
+}
+
+static PyObject *bytes_of(const void *p, int64_t n, size_t item) {
+    return PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * (int64_t)item));
+}
+
+/* The columns as a dict of bytearrays (replay/v1/core.py turns them into numpy); the core adds
+ * its own scalars (final time, abort) to it. */
+static PyObject *tables_dict(const Tables *o) {
+#define COL(name, v, item) #name, bytes_of((v).d, (v).n, item)
+    return Py_BuildValue(
+        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsN}",
+        COL(start_s, o->start_s, 8), COL(duration_s, o->duration_s, 8),
+        COL(num_running, o->num_running, 4), COL(num_waiting, o->num_waiting, 4),
+        COL(num_swapped, o->num_swapped, 4), COL(num_prefill_tokens, o->num_prefill_tokens, 8),
+        COL(num_decode_tokens, o->num_decode_tokens, 8),
+        COL(gpu_blocks_used, o->gpu_blocks_used, 8), COL(cpu_blocks_used, o->cpu_blocks_used, 8),
+        COL(swap_out_blocks, o->swap_out_blocks, 4), COL(swap_in_blocks, o->swap_in_blocks, 4),
+        COL(num_preempted, o->num_preempted, 4), COL(evicted_requests, o->evicted_requests, 4),
+        COL(evicted_blocks, o->evicted_blocks, 8),
+        COL(ev_t, o->ev_t, 8), COL(ev_step, o->ev_step, 8), COL(ev_row, o->ev_row, 8),
+        COL(ev_kind, o->ev_kind, 1), COL(ev_blocks, o->ev_blocks, 8),
+        COL(sl_row, o->sl_row, 8), COL(sl_pre, o->sl_pre, 8), COL(sl_res, o->sl_res, 8),
+        COL(sl_stall, o->sl_stall, 8), COL(sl_mode, o->sl_mode, 1),
+        COL(tbt_v, o->tbt_v, 8), COL(tbt_w, o->tbt_w, 8));
+#undef COL
+}
+
+/* ------------------------------------------------------------------ buffer views */
+/* The numpy arrays a core reads and writes in place; the views keep them alive. */
+typedef struct { Py_buffer v[24]; int n; } Views;
+
+/* A C-contiguous buffer of n items of `itemsize` bytes (n < 0: any length). */
+static void *views_take(Views *vs, PyObject *obj, int64_t n, Py_ssize_t itemsize, int writable,
+                        const char *name) {
+    if (vs->n == (int)(sizeof(vs->v) / sizeof(vs->v[0]))) {
+        PyErr_SetString(PyExc_ValueError, "core: too many arrays");
+        return NULL;
+    }
+    Py_buffer *v = &vs->v[vs->n];
+    if (PyObject_GetBuffer(obj, v, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    vs->n++;
+    if (n >= 0 && v->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "core: %s has %zd bytes, expected %lld", name, v->len,
+                     (long long)(n * itemsize));
+        return NULL;
+    }
+    return v->buf;
+}
+
+static void views_release(Views *vs) {
+    for (int i = 0; i < vs->n; i++) PyBuffer_Release(&vs->v[i]);
+    vs->n = 0;
+}
+
+/* ------------------------------------------------------------------ request arrays */
+/* replay.state.RequestState's arrays and the loop's per-request outputs (numpy buffers, written
+ * in place), in the order replay/v1/core.py passes them. */
+typedef struct {
+    int64_t n;
+    const double *arrival;
+    const int64_t *prompt, *out_len, *prio;
+    int8_t *status;
+    int64_t *num_computed, *num_output, *recomputed, *cached_prompt, *computed_at_pre;
+    int32_t *num_pre, *num_swaps, *num_rec;
+    double *first_sched, *first_tok, *finish, *max_tbt;
+} Req;
+
+static int req_take(Views *vs, PyObject *arrays, Req *q) {
+    PyObject *a[17];
+    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                          &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
+                          &a[15], &a[16])) return -1;
+    if (!(q->arrival = views_take(vs, a[0], -1, 8, 0, "arrival_s"))) return -1;
+    int64_t n = q->n = vs->v[vs->n - 1].len / 8;
+    if (!(q->prompt = views_take(vs, a[1], n, 8, 0, "prompt_len")) ||
+        !(q->out_len = views_take(vs, a[2], n, 8, 0, "output_len")) ||
+        !(q->status = views_take(vs, a[3], n, 1, 1, "status")) ||
+        !(q->num_computed = views_take(vs, a[4], n, 8, 1, "num_computed")) ||
+        !(q->num_output = views_take(vs, a[5], n, 8, 1, "num_output")) ||
+        !(q->num_pre = views_take(vs, a[6], n, 4, 1, "num_preemptions")) ||
+        !(q->num_swaps = views_take(vs, a[7], n, 4, 1, "num_swaps")) ||
+        !(q->num_rec = views_take(vs, a[8], n, 4, 1, "num_recomputes")) ||
+        !(q->recomputed = views_take(vs, a[9], n, 8, 1, "recomputed_tokens")) ||
+        !(q->cached_prompt = views_take(vs, a[10], n, 8, 1, "cached_prompt_tokens")) ||
+        !(q->computed_at_pre = views_take(vs, a[11], n, 8, 1, "computed_at_preemption")) ||
+        !(q->first_sched = views_take(vs, a[12], n, 8, 1, "first_scheduled_s")) ||
+        !(q->first_tok = views_take(vs, a[13], n, 8, 1, "first_token_s")) ||
+        !(q->finish = views_take(vs, a[14], n, 8, 1, "finish_s")) ||
+        !(q->max_tbt = views_take(vs, a[15], n, 8, 1, "max_tbt_s")) ||
+        !(q->prio = views_take(vs, a[16], n, 8, 0, "priority"))) return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ block keys */
+/* replay/prefix.py: request-unique keys, or keys from the trace's prefix-hash chains. */
+#define K_BITS 24
+
+typedef struct {
+    int mode;                    /* 0 unique per request, 1 trace prefix chains */
+    int64_t bs, hbt;
+    const int64_t *chain_off, *chain_ids, *num_shared;
+} Keys;
+
+static int keys_take(Views *vs, PyObject *keys, int64_t n, int64_t block_size, Keys *k) {
+    PyObject *off, *ids, *shared;
+    long long hbt;
+    if (!PyArg_ParseTuple(keys, "iLOOO", &k->mode, &hbt, &off, &ids, &shared)) return -1;
+    k->bs = block_size;
+    k->hbt = hbt;
+    if (k->mode == 1 &&
+        (!(k->chain_off = views_take(vs, off, n + 1, 8, 0, "chain_off")) ||
+         !(k->num_shared = views_take(vs, shared, n, 8, 0, "num_shared")) ||
+         !(k->chain_ids = views_take(vs, ids, -1, 8, 0, "chain_ids")))) return -1;
+    return 0;
+}
+
+static inline int64_t key_of(const Keys *ks, int64_t row, int64_t k) {
+    if (ks->mode == 1 && k < ks->num_shared[row]) {
+        int64_t j = ((k + 1) * ks->bs - 1) / ks->hbt;
+        return (ks->chain_ids[ks->chain_off[row] + j] << K_BITS) | k;
+    }
+    return -((row << K_BITS) | k) - 1;
+}
+
+/* key_of for k = start, start + 1, ... of one row without a division per block (the trace block
+ * index j only moves every hash_block_tokens / block_size blocks): prefix-cache scans and
+ * registrations go through millions of blocks. */
+typedef struct { int64_t row, k, shared, j, jend; const int64_t *chain; } KeyIt;
+
+static inline int64_t kv_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }   /* a >= 0 */
+
+static inline void keyit_init(const Keys *ks, KeyIt *it, int64_t row, int64_t start) {
+    it->row = row;
+    it->k = start;
+    it->shared = ks->mode == 1 ? ks->num_shared[row] : 0;
+    it->j = it->jend = 0;
+    it->chain = NULL;
+    if (start < it->shared) {
+        it->chain = ks->chain_ids + ks->chain_off[row];
+        it->j = ((start + 1) * ks->bs - 1) / ks->hbt;
+        /* The first block whose j is larger: ((k + 1) * bs - 1) / hbt > j. */
+        it->jend = kv_cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1;
+    }
+}
+
+static inline int64_t keyit_next(const Keys *ks, KeyIt *it) {
+    int64_t k = it->k++;
+    if (k < it->shared) {
+        while (k >= it->jend) { it->j++; it->jend = kv_cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1; }
+        return (it->chain[it->j] << K_BITS) | k;
+    }
+    return -((it->row << K_BITS) | k) - 1;
+}
+
+/* ------------------------------------------------------------------ cost model */
+/* replay/cost_model.py's constants, folded as there; `cost_step_s` is `_step_s` with the same
+ * terms in the same order (built with -ffp-contract=off: bit-identical durations). */
+typedef struct {
+    double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
+        overhead_s, ar_fixed, ar_per_token, swap_per_block;
+    int64_t kv_bytes_per_token, kv_bytes_per_block;
+} Cost;
+
+static int cost_parse(PyObject *cost, Cost *c) {
+    long long kvbpt, kvbpb;
+    if (!PyArg_ParseTuple(cost, "dddddddddLLd", &c->lin_per_token, &c->lm_per_sample,
+                          &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
+                          &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb,
+                          &c->swap_per_block)) return -1;
+    c->kv_bytes_per_token = kvbpt;
+    c->kv_bytes_per_block = kvbpb;
+    return 0;
+}
+
+static inline double cost_step_s(const Cost *c, int64_t tokens, int64_t samples, int64_t attn,
+                                 int64_t kv, int64_t swaps) {
+    double compute = ((double)tokens * c->lin_per_token + (double)samples * c->lm_per_sample
+                      + (double)attn * c->attn_per_unit) / c->flops_rate;
+    double memory = (c->weight_bytes + (double)(kv * c->kv_bytes_per_token)) / c->bytes_rate;
+    double m = memory > compute ? memory : compute;
+    return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token)
+           + (double)swaps * c->swap_per_block;
+}
+
+/* ------------------------------------------------------------------ the replay loop */
+/* replay/loop.py's step-by-step branch around a core's schedule() and update(): the virtual
+ * clock, arrivals, events, evicted-KV gauges, step rows, TBT samples and stalls. */
+typedef struct {
+    double t;                             /* virtual clock */
+    int64_t cursor, step, idle_spins;     /* next trace row to arrive; steps taken */
+    int done;
+    double *last_tok, *preempted_at;      /* per row */
+    int8_t *last_mode;                    /* per row: 1 recompute, 2 swap (its last preemption) */
+    int64_t *evicted;                     /* per row: blocks of a swap victim not yet resumed */
+    int64_t evicted_count, evicted_total;
+} Loop;
+
+static int loop_init(Loop *lp, const Req *q) {
+    int64_t n = q->n > 0 ? q->n : 1;
+    lp->last_tok = (double *)malloc((size_t)n * sizeof(double));
+    lp->preempted_at = (double *)malloc((size_t)n * sizeof(double));
+    lp->last_mode = (int8_t *)calloc((size_t)n, 1);
+    lp->evicted = (int64_t *)calloc((size_t)n, sizeof(int64_t));
+    if (!lp->last_tok || !lp->preempted_at || !lp->last_mode || !lp->evicted) return -1;
+    for (int64_t r = 0; r < n; r++) lp->last_tok[r] = lp->preempted_at[r] = NAN;
+    lp->t = q->n ? q->arrival[0] : 0.0;
+    return 0;
+}
+
+static void loop_free(Loop *lp) {
+    free(lp->last_tok); free(lp->preempted_at); free(lp->last_mode); free(lp->evicted);
+}
+
+/* One step's plan as the loop reads it (each core points these at its own arrays). */
+typedef struct {
+    const int32_t *rows; const int64_t *num_new, *num_computed; const uint8_t *prefill;
+    const uint8_t *sampled;               /* set by the core's update() */
+    int64_t nrows;
+    const int32_t *pre_rows; const int64_t *pre_blocks; const int8_t *pre_mode;
+    const uint8_t *pre_fallback; int64_t npre;
+    const int32_t *rej_rows; int64_t nrej;
+    int64_t nswap_out, nswap_in;          /* block pairs copied */
+} Plan;
+
+/* Rejections, then each preemption (its swap-full fallback first); marks when and how the
+ * victims were preempted. The core adds its swap-in events after these. */
+static int loop_preemption_events(Loop *lp, Tables *o, const Plan *pl) {
+    for (int64_t j = 0; j < pl->nrej; j++)
+        if (tables_event(o, lp->t, lp->step, EV_REJECT, pl->rej_rows[j], 0)) return -1;
+    for (int64_t j = 0; j < pl->npre; j++) {
+        int64_t r = pl->pre_rows[j], b = pl->pre_blocks[j];
+        if (pl->pre_fallback[j] && tables_event(o, lp->t, lp->step, EV_SWAP_FULL_FALLBACK, r, b))
+            return -1;
+        if (tables_event(o, lp->t, lp->step,
+                         pl->pre_mode[j] == 2 ? EV_PREEMPT_SWAP : EV_PREEMPT_RECOMPUTE, r, b))
+            return -1;
+        if (isnan(lp->preempted_at[r])) lp->preempted_at[r] = lp->t;
+        lp->last_mode[r] = pl->pre_mode[j];
+    }
+    return 0;
+}
+
+/* Resumed (scheduled again, swapped in) or dropped rows are no longer evicted; then this step's
+ * swap victims are. */
+static void loop_evictions(Loop *lp, const Plan *pl) {
+    if (lp->evicted_count) {
+        for (int64_t j = 0; j < pl->nrows + pl->nrej; j++) {
+            int64_t r = j < pl->nrows ? pl->rows[j] : pl->rej_rows[j - pl->nrows];
+            if (!lp->evicted[r]) continue;
+            lp->evicted_total -= lp->evicted[r];
+            lp->evicted_count--;
+            lp->evicted[r] = 0;
+        }
+    }
+    for (int64_t j = 0; j < pl->npre; j++) {
+        int64_t r = pl->pre_rows[j];
+        if (pl->pre_mode[j] != 2 || lp->evicted[r]) continue;
+        lp->evicted[r] = max64(pl->pre_blocks[j], 1);
+        lp->evicted_total += lp->evicted[r];
+        lp->evicted_count++;
+    }
+}
+
+/* The step's aggregates for the cost model (before update(): a row samples when its chunk
+ * reaches the end of its known tokens); stamps first_scheduled_s. */
+typedef struct { int64_t num_prefill, num_decode, tokens, attn, kv, num_sampled; } StepSums;
+
+static StepSums loop_sums(const Loop *lp, Req *q, const Plan *pl) {
+    StepSums s = {0, 0, 0, 0, 0, 0};
+    for (int64_t j = 0; j < pl->nrows; j++) {
+        int64_t r = pl->rows[j], nn = pl->num_new[j], cc = pl->num_computed[j];
+        if (isnan(q->first_sched[r])) q->first_sched[r] = lp->t;
+        if (pl->prefill[j]) s.num_prefill += nn; else s.num_decode += nn;
+        s.tokens += nn;
+        s.attn += nn * cc + nn * (nn + 1) / 2;
+        s.kv += cc;
+        s.num_sampled += cc + nn >= q->prompt[r] + q->num_output[r];
+    }
+    s.kv += s.tokens;
+    return s;
+}
+
+/* After update(): record the step row (`row`, completed here with the loop's own columns), the
+ * TBT samples (one weighted sample for the rows that also sampled in the previous step, then
+ * the others one by one in batch order), stalls, finish times; advance the clock. Returns 1 when
+ * the run must stop (nothing can move and nothing will arrive), 0 to go on, -1 on error. */
+static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow *row,
+                            int64_t num_sampled, const int32_t *fin, int64_t nfin) {
+    double t = lp->t, end = t + row->duration_s;
+    int64_t same = 0, got = 0;
+    for (int64_t j = 0; j < pl->nrows; j++) {
+        if (!pl->sampled[j]) continue;
+        int64_t r = pl->rows[j];
+        got++;
+        if (!isnan(q->first_tok[r])) same += lp->last_tok[r] == t;
+    }
+    if (got != num_sampled) {
+        PyErr_Format(PyExc_AssertionError, "step %lld: executor costed %lld sampled rows, "
+                     "scheduler sampled %lld", (long long)(lp->step + 1), (long long)num_sampled,
+                     (long long)got);
+        return -1;
+    }
+    row->start_s = t;
+    row->num_preempted = (int32_t)pl->npre;
+    row->swap_out_blocks = (int32_t)pl->nswap_out;
+    row->swap_in_blocks = (int32_t)pl->nswap_in;
+    row->evicted_requests = (int32_t)lp->evicted_count;
+    row->evicted_blocks = lp->evicted_total;
+    if (tables_step(o, row)) return -1;
+    if (same && tables_tbt(o, end - t, same)) return -1;
+    for (int64_t j = 0; j < pl->nrows; j++) {
+        if (!pl->sampled[j]) continue;
+        int64_t r = pl->rows[j];
+        if (isnan(q->first_tok[r])) {
+            q->first_tok[r] = end;
+        } else {
+            double prev = lp->last_tok[r], gap = end - prev;
+            if (prev != t && tables_tbt(o, gap, 1)) return -1;
+            if (gap > q->max_tbt[r]) q->max_tbt[r] = gap;
+            if (!isnan(lp->preempted_at[r]) &&
+                tables_stall(o, r, lp->preempted_at[r], end, gap, lp->last_mode[r] == 2 ? 2 : 1))
+                return -1;
+        }
+        lp->preempted_at[r] = NAN;
+        lp->last_tok[r] = end;
+    }
+    for (int64_t j = 0; j < nfin; j++) q->finish[fin[j]] = end;
+    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in;
+    lp->idle_spins = progressed ? 0 : lp->idle_spins + 1;
+    lp->t = end;
+    lp->step++;
+    if (lp->idle_spins >= 2) {
+        /* Nothing can move until something arrives: jump there, or stop. */
+        if (lp->cursor >= q->n) return 1;
+        if (q->arrival[lp->cursor] > lp->t) lp->t = q->arrival[lp->cursor];
+        lp->idle_spins = 0;
+    }
+    return 0;
+}
+
+/* What the loop needs from a core. */
+typedef struct {
+    void (*add_request)(void *core, int32_t row);
+    int (*has_unfinished)(const void *core);
+    int (*step)(void *core);              /* one engine step: 1 when the run ends, -1 on error */
+} CoreOps;
+
+/* Run until the trace is done or `max_steps` more steps were taken. 1 when done, -1 on error. */
+static int loop_run(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t max_steps) {
+    int64_t stop = lp->step + max_steps, next_check = lp->step + 4096;
+    while (!lp->done && lp->step < stop) {
+        if (lp->step >= next_check) {
+            /* Ctrl-C: Python's handler only sets a flag; raise it here, between two steps. */
+            if (PyErr_CheckSignals() < 0) return -1;
+            next_check = lp->step + 4096;
+        }
+        /* Arrivals due by now enter in trace order. */
+        while (lp->cursor < q->n && q->arrival[lp->cursor] <= lp->t)
+            ops->add_request(core, (int32_t)lp->cursor++);
+        if (!ops->has_unfinished(core)) {
+            if (lp->cursor >= q->n) { lp->done = 1; break; }
+            if (q->arrival[lp->cursor] > lp->t) lp->t = q->arrival[lp->cursor];   /* idle gap */
+            continue;
+        }
+        int rc = ops->step(core);
+        if (rc < 0) return -1;
+        if (rc == 1) lp->done = 1;
+    }
+    return lp->done;
+}
+
+#endif
