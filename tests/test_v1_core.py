@@ -10,12 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core_helpers import assert_identical, make_engine, run_both_with
 from replay import loop
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
-from replay.state import RequestState, Status
+from replay.prefix import UniqueBlockKeys
+from replay.state import Status
 from replay.v1 import core
 from replay.v1.scheduler import V1Scheduler
-from replay_helpers import tiny_cost_model, tiny_spec
+from replay_helpers import tiny_spec
 from test_replay_loop import assert_same, workloads
 
 
@@ -27,23 +28,11 @@ def test_core_is_built():
 
 
 def _engine(spec, arrival, prompt, output, hashes, priority=None):
-    state = RequestState(arrival_s=np.asarray(arrival, float), prompt_len=prompt, output_len=output,
-                         priority=priority)
-    keys = (UniqueBlockKeys() if hashes is None else
-            TraceBlockKeys(block_size=spec.block_size, prompt_len=prompt, prefix_hashes=hashes,
-                           hash_block_tokens=8))
-    return state, V1Scheduler(spec, state, keys), tiny_cost_model(block_size=spec.block_size)
+    return make_engine(V1Scheduler, spec, arrival, prompt, output, hashes, priority)
 
 
 def run_both(spec, arrival, prompt, output, hashes=None, priority=None):
-    """(compiled core with invariant checks, Python step by step) on fresh engines."""
-    state, sched, ex = _engine(spec, arrival, prompt, output, hashes, priority)
-    assert core.ineligible(sched, ex) is None, core.ineligible(sched, ex)
-    fast = core.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block, check=True)
-    state, sched, ex = _engine(spec, arrival, prompt, output, hashes, priority)
-    slow = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block,
-                    step_by_step=True)
-    return fast, slow
+    return run_both_with(core, V1Scheduler, spec, arrival, prompt, output, hashes, priority)
 
 
 @st.composite
@@ -69,10 +58,7 @@ def core_specs(draw):
 def test_core_equals_python_step_by_step(w, spec):
     arrival, prompt, output, prio, hashes = w
     fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
-    assert_same(fast, slow)
-    # The TBT samples come in the same order and weights, not only as the same multiset.
-    np.testing.assert_array_equal(fast.tbt_values, slow.tbt_values)
-    np.testing.assert_array_equal(fast.tbt_weights, slow.tbt_weights)
+    assert_identical(fast, slow)
     # Every request ends exactly once.
     assert np.all(np.isin(fast.state.status, [Status.FINISHED, Status.REJECTED]))
 
