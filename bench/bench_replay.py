@@ -2,7 +2,7 @@
 model) on the shared traces and a large synthetic one (recorded results, not a timed test).
 
 Cases, each in a fresh subprocess so its peak RSS (`resource.getrusage`) is its own:
-- Azure conv (19,366 requests) and Azure code, no prefix information;
+- Azure conv (19,366 requests) and Azure code, no prefix information; conv again on V0;
 - Mooncake `conversation_trace.jsonl` (12,031 requests, ~12k-token prompts, prefix hashes; V1's
   prefix caching is on by default);
 - a synthetic Poisson trace of --synth-requests requests (default 1,000,000; targets: <= 60 s and
@@ -29,7 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
 REAL = {"azure-conv": "AzureLLMInferenceTrace_conv.csv", "azure-code": "AzureLLMInferenceTrace_code.csv",
-        "mooncake": "conversation_trace.jsonl"}
+        "mooncake": "conversation_trace.jsonl",
+        # The same conv trace on the V0 scheduler (its own compiled core).
+        "azure-conv-v0": "AzureLLMInferenceTrace_conv.csv"}
 SYNTH_RATE_RPS = 15.0      # below the ~30 req/s the default engine sustains (traces/synth.py)
 
 
@@ -62,7 +64,8 @@ def one(name: str, mode: str, synth_requests: int) -> dict:
     if mode == "python":
         import os
         os.environ["KVCAP_CORE"] = "python"
-    r = run_mod.replay(trace, EngineConfig(), step_by_step=(mode == "step-by-step"))
+    config = EngineConfig(scheduler="v0") if name.endswith("-v0") else EngineConfig()
+    r = run_mod.replay(trace, config, step_by_step=(mode == "step-by-step"))
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
     return {"trace": name, "mode": mode, "requests": trace.height, "steps": r.run["num_steps"],
