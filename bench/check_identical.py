@@ -48,6 +48,12 @@ CASES = {
     "conv_v1_none3000": ("conv", dict(preemption_mode="none", num_gpu_blocks_override=3000)),
     "conv_v1_1000_seqs64": ("conv", dict(num_gpu_blocks_override=1000, max_num_seqs=64)),
     "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
+    # Priority scheduling with preemption (the priority-mix scenario: interactive + batch).
+    "prio_v1_2000": ("prio", dict(scheduling_policy="priority", num_gpu_blocks_override=2000)),
+    "prio_v1_swap2000": ("prio", dict(scheduling_policy="priority", preemption_mode="swap",
+                                      num_gpu_blocks_override=2000)),
+    "prio_v0_2000": ("prio", dict(scheduler="v0", scheduling_policy="priority",
+                                  num_gpu_blocks_override=2000)),
     # The compiled V0 core under swap pressure: prefix caching + swap-ins, chunked + fallbacks.
     "mooncake_v0_cache_swap3000": ("mooncake", dict(scheduler="v0", enable_prefix_caching=True,
                                                     preemption_mode="swap", on_swap_full="recompute",
@@ -65,6 +71,9 @@ def _trace(name: str, cache: dict) -> pl.DataFrame:
         if name == "synth":
             from traces.synth import synthesize
             cache[name] = synthesize("poisson", rate_rps=60, duration_s=120)
+        elif name == "prio":
+            from traces.synth import synthesize
+            cache[name] = synthesize("priority-mix", duration_s=600)
         else:
             cache[name] = load_trace(TRACES[name])
     return cache[name]
