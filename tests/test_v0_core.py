@@ -7,6 +7,8 @@ deterministic runs that force swap-out / swap-in, an abort, a fallback, priority
 kvcap's documented departures from vLLM; eligibility."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -60,7 +62,9 @@ def v0_specs(draw):
     return tiny_spec(**kw)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# KVCAP_CORE_EXAMPLES=N runs a longer differential fuzz (e.g. 5000 before touching the core).
+@settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 600)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), spec=v0_specs())
 def test_core_equals_python_step_by_step(w, spec):
     arrival, prompt, output, prio, hashes = w

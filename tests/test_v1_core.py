@@ -5,6 +5,8 @@ accounting invariants checked after each run (free + used = total, no block owne
 cache map only points at hashed blocks); real-trace heads; eligibility and progress."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,7 +55,9 @@ def core_specs(draw):
     return tiny_spec(**kw)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# KVCAP_CORE_EXAMPLES=N runs a longer differential fuzz (e.g. 5000 before touching the core).
+@settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 300)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), spec=core_specs())
 def test_core_equals_python_step_by_step(w, spec):
     arrival, prompt, output, prio, hashes = w
