@@ -67,8 +67,9 @@ def cost_args(ex: CostModel, kv_bytes_per_block: int) -> tuple:
 
 
 def replay(ext, state: RequestState, spec_args: tuple, executor: CostModel, keys, *,
-           kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None,
-           progress_every_steps: int, check: bool) -> tuple[RawRun, dict]:
+           block_size: int, kv_bytes_per_block: int,
+           on_progress: Callable[[float, int], None] | None, progress_every_steps: int,
+           check: bool) -> tuple[RawRun, dict]:
     """Replay every request of `state` in the core `ext`; returns the run and the core's raw
     output (for core-specific scalars such as V0's abort)."""
     n = state.n
@@ -81,7 +82,7 @@ def replay(ext, state: RequestState, spec_args: tuple, executor: CostModel, keys
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
               state.computed_at_preemption, first_sched, first_tok, finish, max_tbt, state.priority)
     core = ext.new(arrays, spec_args, cost_args(executor, kv_bytes_per_block),
-                   keys_args(keys, state, spec_args[0]))
+                   keys_args(keys, state, block_size))
     chunk = progress_every_steps if on_progress is not None else 1 << 40
     while True:
         done, _step, t, cursor = ext.run(core, chunk)

@@ -36,6 +36,8 @@ static inline int pushi8(veci8 *v, int8_t x) { KV_GROW(v, int8_t); v->d[v->n++] 
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+/* Python's -(-a // b) for b > 0: C division truncates, which is the ceiling for a <= 0. */
+static inline int64_t cdiv(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : a / b; }
 
 /* splitmix64's finaliser: block keys are structured (chain id << 24 | block index), so they
  * need mixing before they index an open-addressing table. */
@@ -245,8 +247,6 @@ static inline int64_t key_of(const Keys *ks, int64_t row, int64_t k) {
  * registrations go through millions of blocks. */
 typedef struct { int64_t row, k, shared, j, jend; const int64_t *chain; } KeyIt;
 
-static inline int64_t kv_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }   /* a >= 0 */
-
 static inline void keyit_init(const Keys *ks, KeyIt *it, int64_t row, int64_t start) {
     it->row = row;
     it->k = start;
@@ -257,14 +257,14 @@ static inline void keyit_init(const Keys *ks, KeyIt *it, int64_t row, int64_t st
         it->chain = ks->chain_ids + ks->chain_off[row];
         it->j = ((start + 1) * ks->bs - 1) / ks->hbt;
         /* The first block whose j is larger: ((k + 1) * bs - 1) / hbt > j. */
-        it->jend = kv_cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1;
+        it->jend = cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1;
     }
 }
 
 static inline int64_t keyit_next(const Keys *ks, KeyIt *it) {
     int64_t k = it->k++;
     if (k < it->shared) {
-        while (k >= it->jend) { it->j++; it->jend = kv_cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1; }
+        while (k >= it->jend) { it->j++; it->jend = cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1; }
         return (it->chain[it->j] << K_BITS) | k;
     }
     return -((it->row << K_BITS) | k) - 1;
@@ -485,6 +485,16 @@ static int loop_run(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t ma
         if (rc == 1) lp->done = 1;
     }
     return lp->done;
+}
+
+/* `run(core, max_steps)` of both modules: loop_run, then (done, step, t, cursor) for Python. */
+static PyObject *loop_run_py(Loop *lp, Req *q, void *core, const CoreOps *ops, long long max_steps) {
+    int rc = loop_run(lp, q, core, ops, max_steps);
+    if (rc < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    return Py_BuildValue("(iLdL)", rc, (long long)lp->step, lp->t, (long long)lp->cursor);
 }
 
 #endif

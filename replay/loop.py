@@ -119,16 +119,13 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         progress_every_steps: int = 20_000) -> RawRun:
     """Replay every request of `state` (rows sorted by arrival) through `scheduler`."""
     if not step_by_step:
-        # The compiled cores run the whole loop where they cover the engine (replay/v1/core.py,
-        # replay/v0/core.py).
-        from replay.v1 import core
-        if core.ineligible(scheduler, executor) is None:
-            return core.run(state, scheduler, executor, kv_bytes_per_block=kv_bytes_per_block,
-                            on_progress=on_progress, progress_every_steps=progress_every_steps)
-        from replay.v0 import core as core_v0
-        if core_v0.ineligible(scheduler, executor) is None:
-            return core_v0.run(state, scheduler, executor, kv_bytes_per_block=kv_bytes_per_block,
-                               on_progress=on_progress, progress_every_steps=progress_every_steps)
+        # A compiled core runs the whole loop where it covers the engine (replay/compiled.py).
+        from replay.v0 import core as v0_core
+        from replay.v1 import core as v1_core
+        for core in (v1_core, v0_core):
+            if core.ineligible(scheduler, executor) is None:
+                return core.run(state, scheduler, executor, kv_bytes_per_block=kv_bytes_per_block,
+                                on_progress=on_progress, progress_every_steps=progress_every_steps)
     n = state.n
     arrival = state.arrival_s
     if n and np.any(np.diff(arrival) < 0):

@@ -21,7 +21,7 @@ from replay.state import Status
 from replay.v0 import core
 from replay.v0.scheduler import V0Scheduler
 from replay_helpers import tiny_spec
-from test_replay_loop import assert_same, workloads
+from test_replay_loop import workloads
 
 
 def test_core_is_built():
@@ -269,24 +269,8 @@ def test_stale_evictor_entry_is_skipped_by_both_paths():
     assert fast.state.num_swaps.sum() > 0
 
 
-def test_progress_and_interrupt_chunks():
-    rng = np.random.default_rng(0)
-    n = 200
-    arrival = np.cumsum(rng.exponential(0.02, n))
-    prompt, output = rng.integers(5, 30, n), rng.integers(5, 30, n)
-    spec = tiny_spec(num_gpu_blocks=200, max_num_seqs=16, max_model_len=64,
-                     enable_chunked_prefill=False)
-    calls = []
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block,
-                   on_progress=lambda t, done: calls.append((t, done)), progress_every_steps=100)
-    assert sched.bm is None                          # the core ran
-    assert len(calls) == raw.num_steps // 100
-    ends = raw.steps["start_s"] + raw.steps["duration_s"]
-    assert calls[0][0] == ends[99]
-
-
-def test_ineligible_configs_run_the_python_loop(monkeypatch):
+def test_ineligible_configs():
+    """The V0-specific reasons (the shared ones: test_compiled.py)."""
     spec = tiny_spec()
     arrival, prompt, output = [0.0, 0.1], np.array([10, 12]), np.array([5, 6])
     from replay.v1.scheduler import V1Scheduler
@@ -297,24 +281,6 @@ def test_ineligible_configs_run_the_python_loop(monkeypatch):
     other = TraceBlockKeys(block_size=8, prompt_len=prompt, prefix_hashes=[None, None])
     assert core.ineligible(V0Scheduler(spec, state, other), ex) == \
         "trace keys built for another block size"
-    assert core.ineligible(sched, object()) == "not the cost-model executor"
     state, used, ex = _engine(spec, arrival, prompt, output, None)
     used.add_request(0)
     assert core.ineligible(used, ex) == "the scheduler has already run"
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    monkeypatch.setenv("KVCAP_CORE", "python")
-    assert core.ineligible(sched, ex) == "KVCAP_CORE=python"
-    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
-    assert sched.bm is not None                     # the Python scheduler really ran
-    monkeypatch.delenv("KVCAP_CORE")
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    raw2 = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
-    assert sched.bm is None                         # the core ran and retired the Python one
-    assert_same(raw, raw2)
-
-
-def test_core_rejects_unsorted_arrivals():
-    spec = tiny_spec()
-    state, sched, ex = _engine(spec, [0.2, 0.1], np.array([4, 4]), np.array([2, 2]), None)
-    with pytest.raises(ValueError, match="sorted by arrival_s"):
-        core.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)

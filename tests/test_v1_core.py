@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, make_engine, run_both_with
-from replay import loop
 from replay.prefix import UniqueBlockKeys
 from replay.state import Status
 from replay.v1 import core
@@ -98,25 +97,8 @@ def test_core_preempts_swaps_and_rehits(policy, mode):
         assert "swap" in set(fast.stalls["mode"])
 
 
-def test_progress_is_reported_at_step_multiples():
-    rng = np.random.default_rng(0)
-    n = 200
-    arrival = np.cumsum(rng.exponential(0.02, n))
-    prompt, output = rng.integers(5, 30, n), rng.integers(5, 30, n)
-    spec = tiny_spec(num_gpu_blocks=200, max_num_seqs=16, max_model_len=64)
-    calls = []
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block,
-                   on_progress=lambda t, done: calls.append((t, done)), progress_every_steps=100)
-    assert len(calls) == raw.num_steps // 100
-    ts = [c[0] for c in calls]
-    assert ts == sorted(ts) and all(0 < d <= n for _, d in calls)
-    # Each report is the end time of its 100th step.
-    ends = raw.steps["start_s"] + raw.steps["duration_s"]
-    assert ts[0] == ends[99]
-
-
-def test_ineligible_configs_run_the_python_loop(monkeypatch):
+def test_ineligible_configs():
+    """The V1-specific reasons (the shared ones: test_compiled.py)."""
     spec = tiny_spec()
     arrival, prompt, output = [0.0, 0.1], np.array([10, 12]), np.array([5, 6])
     from replay.prefix import TokenBlockKeys
@@ -125,21 +107,3 @@ def test_ineligible_configs_run_the_python_loop(monkeypatch):
     assert core.ineligible(V0Scheduler(spec, state, UniqueBlockKeys()), ex) == "not the V1 scheduler"
     tokens = V1Scheduler(spec, state, TokenBlockKeys(block_size=4, tokens=lambda r: []))
     assert core.ineligible(tokens, ex) == "block keys TokenBlockKeys"
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    assert core.ineligible(sched, object()) == "not the cost-model executor"
-    monkeypatch.setenv("KVCAP_CORE", "python")
-    assert core.ineligible(sched, ex) == "KVCAP_CORE=python"
-    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
-    assert sched.kv is not None                     # the Python scheduler really ran
-    monkeypatch.delenv("KVCAP_CORE")
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    raw2 = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
-    assert sched.kv is None                         # the core ran and retired the Python one
-    assert_same(raw, raw2)
-
-
-def test_core_rejects_unsorted_arrivals():
-    spec = tiny_spec()
-    state, sched, ex = _engine(spec, [0.2, 0.1], np.array([4, 4]), np.array([2, 2]), None)
-    with pytest.raises(ValueError, match="sorted by arrival_s"):
-        core.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)

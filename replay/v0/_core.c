@@ -19,8 +19,6 @@
 #include <math.h>
 #include <string.h>
 
-/* Python's -(-a // b) for b > 0: C division truncates, which is the ceiling for a <= 0. */
-static inline int64_t cdiv(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : a / b; }
 
 /* ------------------------------------------------------------------ int64 key -> int32 map
  * A Python dict's semantics without its order (nothing iterates `cached`): open addressing,
@@ -1179,12 +1177,7 @@ static PyObject *core_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OL", &cap, &max_steps)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core0");
     if (!c) return NULL;
-    int rc = loop_run(&c->lp, &c->q, c, &OPS, max_steps);
-    if (rc < 0) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
-        return NULL;
-    }
-    return Py_BuildValue("(iLdL)", rc, (long long)c->lp.step, c->lp.t, (long long)c->lp.cursor);
+    return loop_run_py(&c->lp, &c->q, c, &OPS, max_steps);
 }
 
 

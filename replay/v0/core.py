@@ -64,7 +64,7 @@ def run(state: RequestState, scheduler: V0Scheduler, executor: CostModel, *,
     # The Python scheduler object never sees these steps: drop its block manager so nothing reads
     # stale queues or tables.
     scheduler.bm = None
-    raw, out = compiled.replay(_core, state, spec_args, executor, keys,
+    raw, out = compiled.replay(_core, state, spec_args, executor, keys, block_size=spec.block_size,
                                kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
                                progress_every_steps=progress_every_steps, check=check)
     if out["aborted"]:

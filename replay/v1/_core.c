@@ -131,7 +131,6 @@ typedef struct {
     Tables out;
 } Core;
 
-static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 
 
@@ -738,12 +737,7 @@ static PyObject *core_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OL", &cap, &max_steps)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
     if (!c) return NULL;
-    int rc = loop_run(&c->lp, &c->q, c, &OPS, max_steps);
-    if (rc < 0) {
-        if (!PyErr_Occurred()) PyErr_NoMemory();
-        return NULL;
-    }
-    return Py_BuildValue("(iLdL)", rc, (long long)c->lp.step, c->lp.t, (long long)c->lp.cursor);
+    return loop_run_py(&c->lp, &c->q, c, &OPS, max_steps);
 }
 
 static PyObject *core_results(PyObject *self, PyObject *args) {

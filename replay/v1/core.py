@@ -53,7 +53,7 @@ def run(state: RequestState, scheduler: V1Scheduler, executor: CostModel, *,
     keys = scheduler.kv.keys
     # The Python scheduler object never sees these steps: drop it so nothing reads stale queues.
     scheduler.kv = None
-    raw, _ = compiled.replay(_core, state, spec_args, executor, keys,
+    raw, _ = compiled.replay(_core, state, spec_args, executor, keys, block_size=spec.block_size,
                              kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
                              progress_every_steps=progress_every_steps, check=check)
     return raw
