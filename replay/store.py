@@ -25,7 +25,7 @@ SCHEMA = {
         preemption_mode VARCHAR, swap_space_gib DOUBLE, on_swap_full VARCHAR, executor VARCHAR,
         status VARCHAR, sim_seconds DOUBLE, wall_seconds DOUBLE, config_json VARCHAR,
         kvcap_version VARCHAR, num_steps BIGINT, kv_bytes_per_block BIGINT, abort_s DOUBLE,
-        abort_reason VARCHAR""",
+        abort_reason VARCHAR, implementation VARCHAR""",
     "requests": """run_id VARCHAR, request_id BIGINT, arrival_s DOUBLE, priority INTEGER,
         tenant VARCHAR, prompt_tokens INTEGER, output_tokens INTEGER, first_scheduled_s DOUBLE,
         first_token_s DOUBLE, finish_s DOUBLE, status VARCHAR, num_preemptions INTEGER,
@@ -66,6 +66,8 @@ def connect(path: str | Path, *, read_only: bool = False):
 def ensure_schema(con) -> None:
     for table, cols in SCHEMA.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+    # Files written before runs.implementation ('compiled' | 'reference') existed gain it (NULL).
+    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS implementation VARCHAR")
 
 
 def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
