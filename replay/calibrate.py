@@ -256,9 +256,12 @@ def fit_constants(flops, nbytes, swap_bytes, t, swap_t, compute_bound0) -> dict:
         if np.array_equal(new, comp) or new.all() or (~new).all():
             break
         comp = new
-    return {"overhead_s": float(coef[0]), "flops_per_s": float(1.0 / inv_f),
-            "hbm_bytes_per_s": float(1.0 / inv_b), "host_link_bytes_per_s": float(host),
-            "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+    out = {"overhead_s": float(coef[0]), "flops_per_s": float(1.0 / inv_f),
+           "hbm_bytes_per_s": float(1.0 / inv_b), "host_link_bytes_per_s": float(host),
+           "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+    # Without swap measurements the host link is unknown: leave the catalog value (a NaN in the
+    # profile would make every replay that reads it spin on NaN step times).
+    return {k: v for k, v in out.items() if np.isfinite(v) and (v > 0 or k == "overhead_s")}
 
 
 # ------------------------------------------------------------------------------------ calibrate
