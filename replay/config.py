@@ -411,12 +411,18 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name}: {value!r} is not one of {', '.join(map(repr, allowed))}")
 
 
+# Counts are stored in 32-bit INTEGER columns of the run table (and int32 arrays in the cores).
+INT32_MAX = 2**31 - 1
+
+
 def _int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}: expected an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name}: {value} is below the minimum {minimum}; set it to at least "
                          f"{minimum}")
+    if value > INT32_MAX:
+        raise ValueError(f"{name}: {value} is above the maximum {INT32_MAX}; lower it")
 
 
 def _number(name: str, value: object) -> None:

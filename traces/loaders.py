@@ -26,6 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from traces import formats, validate
+from traces.atomic import atomic_path
 from traces.csvread import POLARS_ERRORS
 from traces.schema import SCHEMA, TraceError
 from traces.sources import Source, open_source, read_columns
@@ -188,11 +189,13 @@ def write_trace(df: pl.DataFrame, path: str | Path) -> None:
     missing = [c for c in SCHEMA if c not in df.columns]
     if missing:
         raise TraceError(f"cannot write {path}: not a canonical trace (missing {', '.join(missing)})")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
+    if path.is_dir():
+        raise TraceError(f"cannot write {path}: it is a directory; give a file name such as "
+                         f"{path / 'trace.parquet'}")
+    if not path.parent.is_dir():
+        raise TraceError(f"cannot write {path}: folder {path.parent} does not exist")
     try:
-        df.select(list(SCHEMA)).cast(SCHEMA).write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_path(path) as tmp:
+            df.select(list(SCHEMA)).cast(SCHEMA).write_parquet(tmp)
+    except OSError as exc:
+        raise TraceError(f"cannot write {path} ({exc.strerror or exc}); nothing was written") from None
