@@ -68,7 +68,7 @@ NOTEBOOKS["01-explore-trace"] = [
            "Set `trace_path` to a file of yours, or keep the built-in flash-crowd scenario (a "
            "4-minute slice by default)."),
     ("params", TRACE_PARAMS),
-    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity import nbviews\nfrom traces.stats import trace_info\n\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\nfrom traces.stats import trace_info\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\ninfo = trace_info(trace)\nnbviews.trace_table(info)"),
     ("md", "## Arrival rate and peaks\n\nRequests per second (mean per bin) and the token rate "
@@ -94,9 +94,9 @@ NOTEBOOKS["02-replay-and-preemption"] = [
            "and the matching Prometheus alert rule."),
     ("params", params(TRACE_PARAMS, ENGINE_PARAMS,
                       'preemption_mode = "recompute"   # recompute | swap | none (queue only)')),
-    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity import charts, nbviews\n"
-             "from capacity.classify import alert_rule, classify\nfrom capacity.metrics import summary\n"
-             "from capacity.stalls import attribute_stalls\nfrom replay.config import EngineConfig\n\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import charts, notebook as nbviews\n"
+             "from capacity.analyses.classify import alert_rule, classify\nfrom capacity.analyses.metrics import summary\n"
+             "from capacity.analyses.stalls import attribute_stalls\nfrom replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra=", preemption_mode=preemption_mode")),
     ("md", "## The replay\n\nRead back from `db_path` when this trace and config were replayed "
@@ -133,8 +133,8 @@ NOTEBOOKS["03-swap-space-sizing"] = [
                       "what_if_fraction = 0.75       # what-if replays at this fraction of the measured peak",
                       "sweep_fractions = [0.5, 1.0]  # host sizes (fractions of the peak) for the sweep chart",
                       "workers = 1                   # parallel replays (processes)")),
-    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity import charts, nbviews\n"
-             "from capacity.compare_modes import compare_modes\nfrom capacity.swap_sizing import size_swap\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import charts, notebook as nbviews\n"
+             "from capacity.analyses.modes import compare_modes\nfrom capacity.analyses.sizing import size_swap\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra="")),
@@ -172,8 +172,8 @@ NOTEBOOKS["04-max-num-seqs"] = [
                       "budget_per_minute = None      # and at most this many in any minute (None = no limit)",
                       "headroom_scales = [1.0, 1.25, 1.5]",
                       "workers = 1                   # parallel replays (processes)")),
-    ("code", "import dataclasses\n\nimport altair as alt\nimport polars as pl\n\nfrom capacity import nbviews\n"
-             "from capacity.headroom import headroom\nfrom capacity.tuning import Budget, tune\n"
+    ("code", "import dataclasses\n\nimport altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\n"
+             "from capacity.analyses.headroom import headroom\nfrom capacity.analyses.tuning import Budget, tune\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra="")),
@@ -209,7 +209,7 @@ NOTEBOOKS["05-priority-and-fairness"] = [
         '{"duration_s": 180, "rate_rps": 3.0, "batch_job_interval_s": 60,\n'
         '                   "batch_job_requests": 80}'), ENGINE_PARAMS,
         "workers = 1                   # parallel replays (processes)")),
-    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity import nbviews\nfrom capacity.priority import interference\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\nfrom capacity.analyses.priority import interference\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra="")),
@@ -247,9 +247,9 @@ NOTEBOOKS["06-production-evidence"] = [
         "num_gpu_blocks_override = 2048   # '# GPU blocks: 2048' in the log",
         "max_num_seqs = None",
         "swap_space = 4.0              # GiB per GPU, as production ran it")),
-    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity import evidence_charts, nbviews\n"
-             "from capacity.attribute import attribute\nfrom capacity.logs import ingest, read_evidence\n"
-             "from capacity.logs_swap import size_swap_from_logs\nfrom capacity.validate import validate\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import evidence as evidence_charts, notebook as nbviews\n"
+             "from capacity.evidence.attribute import attribute\nfrom capacity.evidence.logs import ingest, read_evidence\n"
+             "from capacity.evidence.logs_swap import size_swap_from_logs\nfrom capacity.evidence.validate import validate\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("md", "## Load the evidence"),

@@ -9,8 +9,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from capacity.attribute import NOT_PREEMPTION, attribute
-from capacity.logs import ingest
+from capacity.evidence.attribute import NOT_PREEMPTION, attribute
+from capacity.evidence.logs import ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "logs"
@@ -82,7 +82,8 @@ def test_untimed_client_results_are_counted_not_matched(tmp_path):
 
 
 def test_chart_and_report_section(db):
-    from capacity.evidence_charts import attribution_chart, attribution_section, spikes_for_chart
+    from capacity.report.sections import attribution_section
+    from capacity.views.evidence import attribution_chart, spikes_for_chart
     a = attribute(db, client="bench_v0.json")
     spec = attribution_chart(a).to_dict()
     assert spec["layer"][0]["mark"]["type"] == "point"

@@ -4,7 +4,7 @@ import polars as pl
 import pytest
 import yaml
 
-from capacity.classify import alert_rule, classify
+from capacity.analyses.classify import alert_rule, classify
 from replay.config import EngineConfig
 from replay.run import replay
 

@@ -12,9 +12,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from capacity.clientparse import ClientFormatError, generic_tokens, parse_client_file, vllm_bench_tokens
-from capacity.logparse import cumulative_at, parse_server_log, parse_stats_body, StatsLineError
-from capacity.logs import detect_kind, ingest
+from capacity.evidence.clientparse import ClientFormatError, generic_tokens, parse_client_file, vllm_bench_tokens
+from capacity.evidence.logparse import cumulative_at, parse_server_log, parse_stats_body, StatsLineError
+from capacity.evidence.logs import detect_kind, ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "logs"

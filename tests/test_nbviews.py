@@ -1,11 +1,11 @@
-"""capacity.nbviews: the notebook helpers (replay-or-reuse, tables, aggregated charts)."""
+"""capacity.views.notebook: the notebook helpers (replay-or-reuse, tables, aggregated charts)."""
 import dataclasses
 
 import polars as pl
 import pytest
 
-from capacity import nbviews
-from capacity.charts import MAX_ROWS, chart_rows
+from capacity.views import notebook as nbviews
+from capacity.views.charts import MAX_ROWS, chart_rows
 from replay.config import EngineConfig
 from replay.run import replay
 from traces.stats import trace_info
@@ -103,9 +103,9 @@ def test_stall_chart_lines_up_stalls_and_steps(trace, config):
 
 
 def test_analysis_charts_build(trace, config):
-    from capacity.headroom import headroom
-    from capacity.priority import interference
-    from capacity.tuning import tune
+    from capacity.analyses.headroom import headroom
+    from capacity.analyses.priority import interference
+    from capacity.analyses.tuning import tune
     tu = tune(trace, config, max_num_seqs_grid=[16, 64], slo_ttft_p99_s=2, slo_tbt_p99_s=0.2, workers=1)
     hr = headroom(trace, config, slo_ttft_p99_s=2, slo_tbt_p99_s=0.2, scales=(1.0, 2.0), workers=1)
     mix = synthesize("priority-mix", duration_s=60, rate_rps=2, batch_job_interval_s=20,
@@ -118,8 +118,8 @@ def test_analysis_charts_build(trace, config):
 def test_evidence_views(tmp_path, trace):
     from pathlib import Path
 
-    from capacity.logs import ingest, read_evidence
-    from capacity.validate import validate
+    from capacity.evidence.logs import ingest, read_evidence
+    from capacity.evidence.validate import validate
     logs = Path(__file__).parent / "data" / "logs"
     db = tmp_path / "ev.duckdb"
     res, _, _ = ingest([logs / "v0_server.log", logs / "bench_v0.json"], db, year=2025)

@@ -16,11 +16,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from capacity import charts
-from capacity.compare_modes import compare_modes
-from capacity.metrics import nearest_rank
-from capacity.report import Figure, Section, table, text, write_report
-from capacity.swap_sizing import size_swap
+from capacity.views import charts
+from capacity.analyses.modes import compare_modes
+from capacity.analyses.metrics import nearest_rank
+from capacity.report.render import Figure, Section, table, text, write_report
+from capacity.analyses.sizing import size_swap
 from replay.config import EngineConfig
 from replay.run import replay
 from traces.stats import trace_info

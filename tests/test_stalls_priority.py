@@ -1,8 +1,8 @@
 """Stall attribution and priority interference on small constructed runs."""
 import polars as pl
 
-from capacity.priority import interference
-from capacity.stalls import attribute_stalls
+from capacity.analyses.priority import interference
+from capacity.analyses.stalls import attribute_stalls
 from replay.config import EngineConfig
 from replay.run import replay
 from traces.synth import synthesize

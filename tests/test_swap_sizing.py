@@ -5,7 +5,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from capacity.swap_sizing import demand_series, round_up_gib, size_swap
+from capacity.analyses.sizing import demand_series, round_up_gib, size_swap
 from replay.config import EngineConfig
 from traces.loaders import load_trace
 from traces.synth import synthesize

@@ -1,6 +1,6 @@
 """`kvcap validate` (issue 8): a replay against the logged time series and client latencies. The
 "production" log here is rendered from the replay itself with vLLM's exact stats format (reference
-D2), independently of capacity.validate's resampling, so a perfect model scores ~0 error."""
+D2), independently of capacity.evidence.validate's resampling, so a perfect model scores ~0 error."""
 import json
 import subprocess
 import sys
@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from capacity.logs import ingest
-from capacity.validate import validate
+from capacity.evidence.logs import ingest
+from capacity.evidence.validate import validate
 from replay.config import EngineConfig
 from replay.run import replay
 from replay.store import write_run

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.metrics import GIB, nearest_rank, request_latencies, summary
-from capacity.sweep import Job, run_jobs
+from capacity.analyses.metrics import GIB, nearest_rank, request_latencies, summary
+from capacity.analyses.sweep import Job, run_jobs
 from replay.config import EngineConfig, resolve
 
 VARIANTS = (

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import polars as pl
 
-from capacity.logs import read_evidence
-from capacity.metrics import GIB
-from capacity.swap_sizing import round_up_gib
+from capacity.evidence.logs import read_evidence
+from capacity.analyses.metrics import GIB
+from capacity.analyses.sizing import round_up_gib
 from replay.catalog import get_model
 from replay.config import EngineConfig
 from replay.memory import kv_bytes_per_block, kv_bytes_per_token

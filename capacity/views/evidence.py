@@ -1,15 +1,14 @@
-"""Charts and the report section of production evidence (TBT spike attribution).
+"""The chart of production evidence (TBT spike attribution); its report section is in capacity.report.sections.
 
-Owns the Altair chart of attributed spikes and `attribution_section`, a `capacity.report.Section`.
 Series are aggregated before charting (at most MAX_ROWS marks). Altair lives here and in
-charts/report only; no SQL here (callers pass the `Attribution` from capacity.attribute).
+charts/report only; no SQL here (callers pass the `Attribution` from capacity.evidence.attribute).
 """
 from __future__ import annotations
 
 import altair as alt
 import polars as pl
 
-from capacity.attribute import NOT_PREEMPTION, VERDICTS, Attribution
+from capacity.evidence.attribute import NOT_PREEMPTION, VERDICTS, Attribution
 
 MAX_ROWS = 5000
 _COLORS = {"preemption": "#d62728", "likely preemption": "#ff7f0e", NOT_PREEMPTION: "#1f77b4",
@@ -43,20 +42,3 @@ def attribution_chart(a: Attribution) -> alt.Chart:
     rule = alt.Chart(pl.DataFrame({"y": [a.threshold_s]})).mark_rule(strokeDash=[4, 4], color="#555").encode(y="y:Q")
     return (points + rule).properties(width=820, height=260,
                                       title=f"TBT spikes above {a.threshold_s:.3f} s and their cause")
-
-
-def attribution_section(a: Attribution):
-    """The report section (capacity.report.Section) for `kvcap attribute`'s result."""
-    from capacity.report import Figure, Section, table, text
-    n = a.spikes
-    pre = a.verdicts.get("preemption", 0) + a.verdicts.get("likely preemption", 0)
-    lead = (f"{n} client ITL samples exceeded {a.threshold_s:.3f} s; {pre} line up with a logged "
-            f"preemption (window ±{a.window_s:g} s) and {a.verdicts.get(NOT_PREEMPTION, 0)} do not — "
-            "for those, look at the network path and load, not at KV capacity.")
-    rows = [[v, a.verdicts.get(v, 0)] for v in VERDICTS]
-    modes = ", ".join(f"{k}: {v}" for k, v in sorted(a.modes.items())) or "none"
-    body = text(lead) + table(rows, header=["verdict", "spikes"]) + text(f"Preemption modes: {modes}.")
-    fig = Figure(name="evidence-attribution", chart=attribution_chart(a),
-                 caption="Each point is one stalled token; colour: the log evidence found around it.")
-    return Section(title="Production evidence: TBT spikes vs. preemptions", body=body, charts=(fig,),
-                   anchor="evidence-attribution")

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from capacity.metrics import GIB, nearest_rank, summary
+from capacity.analyses.metrics import GIB, nearest_rank, summary
 from replay.config import EngineConfig, resolve
 from replay.memory import swap_host_ram_verdict
-from capacity.sweep import Job, run_jobs
+from capacity.analyses.sweep import Job, run_jobs
 
 # Rounding step of a recommendation (GiB): vLLM takes any float, people configure halves.
 ROUND_GIB = 0.5

@@ -11,7 +11,7 @@ Tables (times are naive UTC-or-as-logged datetimes plus `*epoch_s`, seconds on t
 - `log_preemptions(source_file, line, time, epoch_s, request_id, mode, cum_count)`
 - `log_unparsed(source_file, line, reason, text)`
 - `client_tokens`: one row per streamed token (see `clientparse.CLIENT_SCHEMA`)
-- `attribution`: written whole by `capacity.attribute` (one row per TBT spike)
+- `attribution`: written whole by `capacity.evidence.attribute` (one row per TBT spike)
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import polars as pl
 
-from capacity.clientparse import CLIENT_SCHEMA, ClientFormatError, looks_like_vllm_bench, parse_client_file
-from capacity.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
+from capacity.evidence.clientparse import CLIENT_SCHEMA, ClientFormatError, looks_like_vllm_bench, parse_client_file
+from capacity.evidence.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
                                VLLM_PREFIX, WARNING_MARK, parse_server_log, strip_ansi)
 from replay.store import connect
 

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli_common import emit_json, engine_flags, guarded, trace_input
+from capacity.cli.common import emit_json, engine_flags, guarded, trace_input
 
 err = Console(stderr=True)
 
@@ -79,7 +79,7 @@ def replay_cmd(
     import dataclasses
     import time
 
-    from capacity.metrics import summary
+    from capacity.analyses.metrics import summary
     from replay.store import write_run
     wall0 = time.perf_counter()
     trace, _ = trace_input(file, trace_format, rate_scale)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.classify import classify
-from capacity.sweep import Job, run_jobs
-from capacity.tuning import Budget, evaluate
+from capacity.analyses.classify import classify
+from capacity.analyses.sweep import Job, run_jobs
+from capacity.analyses.tuning import Budget, evaluate
 from replay.config import EngineConfig
 from traces.transforms import overlay_surge, scale_rate
 

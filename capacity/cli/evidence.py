@@ -1,6 +1,6 @@
 """`kvcap logs`, `kvcap attribute`, `kvcap validate` and `size-swap --from-logs` (production evidence).
 
-Thin: parse options, call capacity.logs / attribute / logs_swap / validate, print a rich table or
+Thin: parse options, call capacity.evidence.logs / attribute / logs_swap / validate, print a rich table or
 one JSON object (`--json`). Bad input -> one line `kvcap: error: ...`, exit 2 (cli_common.guarded).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli_common import CliError, emit_json, guarded
+from capacity.cli.common import CliError, emit_json, guarded
 
 err = Console(stderr=True)
 
@@ -45,7 +45,7 @@ def logs_cmd(
 ) -> None:
     """Load vLLM server logs and client benchmark results into DuckDB (log_stats, log_preemptions,
     log_unparsed, client_tokens)."""
-    from capacity.logs import ingest
+    from capacity.evidence.logs import ingest
     results, used_year, year_source = ingest(list(files), db, year=year, kind=kind,
                                              client_start=_client_start(client_start))
     unparsed = sum(r.unparsed for r in results)
@@ -84,7 +84,7 @@ def attribute_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Line client TBT spikes up with logged preemptions: preemption (which mode) or not."""
-    from capacity.attribute import attribute
+    from capacity.evidence.attribute import attribute
     a = attribute(db, threshold_s=threshold_s, window_s=window_s, server=server, client=client)
     if as_json:
         emit_json(a.as_dict())
@@ -113,7 +113,7 @@ def validate_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Compare a replay with the logged time series and client latencies; error per metric."""
-    from capacity.validate import validate
+    from capacity.evidence.validate import validate
     v = validate(db, run, offset_s=offset_s, source=source, engine=engine, client=client)
     if as_json:
         emit_json(v.as_dict())
@@ -137,8 +137,8 @@ def validate_cmd(
 
 def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optional[int],
                             headroom: float, as_json: bool) -> None:
-    """`kvcap size-swap --from-logs` (called from cli_capacity.size_swap_cmd)."""
-    from capacity.logs_swap import size_swap_from_logs
+    """`kvcap size-swap --from-logs` (called from capacity.cli.plan.size_swap_cmd)."""
+    from capacity.evidence.logs_swap import size_swap_from_logs
     if db is None:
         raise CliError("--from-logs needs --db PATH (the DuckDB file `kvcap logs` wrote)")
     s = size_swap_from_logs(db, engine, context_tokens=context_tokens, headroom=headroom)

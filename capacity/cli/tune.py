@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from capacity.cli_common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
+from capacity.cli.common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
 
 err = Console(stderr=True)
 
@@ -60,7 +60,7 @@ def tune_cmd(
     engine=None,
 ) -> None:
     """Sweep --max-num-seqs (and --max-num-batched-tokens) and recommend the value to deploy."""
-    from capacity.tuning import Budget, tune
+    from capacity.analyses.tuning import Budget, tune
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid")
     tokens = (parse_grid(max_num_batched_tokens_grid, "--max-num-batched-tokens-grid")
               if max_num_batched_tokens_grid else None)
@@ -100,7 +100,7 @@ def headroom_cmd(
     engine=None,
 ) -> None:
     """How much more traffic fits before preemption becomes structural (and replicas needed)."""
-    from capacity.headroom import headroom
+    from capacity.analyses.headroom import headroom
     try:
         factors = tuple(float(x) for x in scales.split(",") if x.strip())
     except ValueError:
@@ -143,7 +143,7 @@ def alerts_cmd(
     import os
     import tempfile
 
-    from capacity.classify import alert_rule, classify
+    from capacity.analyses.classify import alert_rule, classify
     from replay.run import replay
     trace, name = trace_input(file, trace_format, 1.0)
     with err.status("alerts: replaying normal traffic…"):

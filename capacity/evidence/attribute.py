@@ -19,9 +19,9 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from capacity.logparse import DEFAULT_INTERVAL_S
-from capacity.logs import read_evidence, replace_table
-from capacity.metrics import nearest_rank
+from capacity.evidence.logparse import DEFAULT_INTERVAL_S
+from capacity.evidence.logs import read_evidence, replace_table
+from capacity.analyses.metrics import nearest_rank
 
 NOT_PREEMPTION = "not preemption — check network / load"
 VERDICTS = ("preemption", "likely preemption", NOT_PREEMPTION, "no server log at this time")

@@ -3,7 +3,7 @@
 Owns: the notebook's trace from its parameters, replay-or-reuse against the DuckDB store (the run id
 is a hash of trace content + config, so a stored run with that id *is* that replay), storing the
 runs an analysis made, small key/value tables of the summaries, and Altair charts of the tables
-`capacity.charts` does not chart (trace arrivals and lengths, stalls against step times, the tuning
+`capacity.views.charts` does not chart (trace arrivals and lengths, stalls against step times, the tuning
 frontier, headroom, priority classes, logged stats, replay vs. log). Notebooks stay thin (no
 `def`, no loops): the logic is here and tested (tests/test_nbviews.py). Every chart aggregates
 first and stays under `MAX_ROWS` rows. Never imported by the packages themselves.
@@ -18,7 +18,7 @@ import altair as alt
 import numpy as np
 import polars as pl
 
-from capacity.charts import COLORS, HEIGHT, MAX_ROWS, WIDTH, bin_seconds, time_unit
+from capacity.views.charts import COLORS, HEIGHT, MAX_ROWS, WIDTH, bin_seconds, time_unit
 from replay.config import EngineConfig
 from replay.results import RunResult
 from replay.run import replay
@@ -89,7 +89,7 @@ def store_runs(db: str | Path, runs: list[RunResult]) -> pl.DataFrame:
 
 
 def ingested_table(results) -> pl.DataFrame:
-    """One row per file `capacity.logs.ingest` stored."""
+    """One row per file `capacity.evidence.logs.ingest` stored."""
     return pl.DataFrame([{k: v for k, v in r.as_dict().items() if k != "unparsed_lines"}
                          for r in results])
 
@@ -351,7 +351,7 @@ def log_stats_chart(stats: pl.DataFrame, source: str | None = None):
 
 
 def validation_table(v) -> pl.DataFrame:
-    """Error per metric of `capacity.validate.validate` (gauges, counters, latency percentiles)."""
+    """Error per metric of `capacity.evidence.validate.validate` (gauges, counters, latency percentiles)."""
     rows = [{"metric": k, "logged / client": m.log_mean, "replay": m.replay_mean, "MAE": m.mae,
              "relative error": m.relative_error} for k, m in v.metrics.items()]
     rows += [{"metric": k, "logged / client": m.client, "replay": m.replay,

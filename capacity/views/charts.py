@@ -3,7 +3,7 @@
 Owns the look of kvcap's charts (titles with units, axes, the small colour scheme) and the
 aggregation that keeps every chart at most `MAX_ROWS` rows: time series are binned (the bin width
 grows with the run), CDFs are evaluated at a fixed grid of quantiles (weighted for `tbt`).
-Rendering to SVG/PNG/HTML is the report's job. This module and `capacity.report` are the only ones
+Rendering to SVG/PNG/HTML is the report's job. This module and `capacity.report.render` are the only ones
 that import altair; it must not import replay/, duckdb or torch, and it never replays anything.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import altair as alt
 import numpy as np
 import polars as pl
 
-from capacity.metrics import GIB, preemptions_per_minute
+from capacity.analyses.metrics import GIB, preemptions_per_minute
 
 MAX_ROWS = 5000          # Altair's default limit; every chart stays under it
 MAX_BINS = 1200          # time bins per series (3 series x 1200 < MAX_ROWS)

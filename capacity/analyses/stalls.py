@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.metrics import nearest_rank
+from capacity.analyses.metrics import nearest_rank
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from capacity.cli_common import emit_json, guarded
+from capacity.cli.common import emit_json, guarded
 
 err = Console(stderr=True)
 

@@ -5,13 +5,15 @@ anything, nor import duckdb or torch.
 """
 from __future__ import annotations
 
-from capacity import analysis_charts as ac
-from capacity.classify import AlertRule, Classification
-from capacity.headroom import Headroom
-from capacity.priority import Interference
-from capacity.report import Figure, Section, bullets, code_block, pct, seconds, table, text
-from capacity.stalls import StallAttribution
-from capacity.tuning import Tuning
+from capacity.evidence.attribute import NOT_PREEMPTION, VERDICTS, Attribution
+from capacity.views import analysis as ac
+from capacity.views import evidence as ev
+from capacity.analyses.classify import AlertRule, Classification
+from capacity.analyses.headroom import Headroom
+from capacity.analyses.priority import Interference
+from capacity.report.render import Figure, Section, bullets, code_block, pct, seconds, table, text
+from capacity.analyses.stalls import StallAttribution
+from capacity.analyses.tuning import Tuning
 
 
 def tuning_section(tn: Tuning) -> Section:
@@ -87,3 +89,19 @@ def priority_section(i: Interference) -> Section:
     return Section(title="Priority interference", body=body,
                    charts=(Figure("priority", ac.priority_classes(i.by_class),
                                   "Lower priority value = more important."),))
+
+
+def attribution_section(a: Attribution):
+    """The report section for `kvcap attribute`'s result."""
+    n = a.spikes
+    pre = a.verdicts.get("preemption", 0) + a.verdicts.get("likely preemption", 0)
+    lead = (f"{n} client ITL samples exceeded {a.threshold_s:.3f} s; {pre} line up with a logged "
+            f"preemption (window ±{a.window_s:g} s) and {a.verdicts.get(NOT_PREEMPTION, 0)} do not — "
+            "for those, look at the network path and load, not at KV capacity.")
+    rows = [[v, a.verdicts.get(v, 0)] for v in VERDICTS]
+    modes = ", ".join(f"{k}: {v}" for k, v in sorted(a.modes.items())) or "none"
+    body = text(lead) + table(rows, header=["verdict", "spikes"]) + text(f"Preemption modes: {modes}.")
+    fig = Figure(name="evidence-attribution", chart=ev.attribution_chart(a),
+                 caption="Each point is one stalled token; colour: the log evidence found around it.")
+    return Section(title="Production evidence: TBT spikes vs. preemptions", body=body, charts=(fig,),
+                   anchor="evidence-attribution")

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from capacity.logparse import DEFAULT_INTERVAL_S
-from capacity.logs import read_evidence
-from capacity.metrics import nearest_rank, request_latencies
+from capacity.evidence.logparse import DEFAULT_INTERVAL_S
+from capacity.evidence.logs import read_evidence
+from capacity.analyses.metrics import nearest_rank, request_latencies
 from replay.store import connect
 
 GAUGES = ("running", "waiting", "swapped", "gpu_kv_usage", "cpu_kv_usage")

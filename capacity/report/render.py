@@ -4,8 +4,8 @@ Owns the report's layout (sections, tables, the flags block), its rendering (cha
 vl-convert: SVG embedded as data URIs in the HTML, one PNG per chart beside it) and
 `summary.json`. The page loads nothing from the network: no scripts, no external CSS or fonts.
 Later analyses add `Section`s through `extra_sections`; the body helpers (`text`, `table`,
-`code_block`, `bullets`) escape what they are given. Charts come from `capacity.charts`; this
-module, that one and the other chart modules (analysis_charts, evidence_charts, nbviews) are the importers of altair. Must not replay anything, nor import duckdb
+`code_block`, `bullets`) escape what they are given. Charts come from `capacity.views.charts`; this
+module, that one and the other chart modules (capacity.views.*) are the importers of altair. Must not replay anything, nor import duckdb
 or torch.
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Iterable, Sequence
 import altair as alt
 import vl_convert as vlc
 
-from capacity import charts
-from capacity.compare_modes import ModeComparison
-from capacity.metrics import summary as run_summary
-from capacity.swap_sizing import SwapSizing
+from capacity.views import charts
+from capacity.analyses.modes import ModeComparison
+from capacity.analyses.metrics import summary as run_summary
+from capacity.analyses.sizing import SwapSizing
 from replay.results import RunResult
 
 PNG_SCALE = 2

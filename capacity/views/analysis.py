@@ -8,7 +8,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from capacity.charts import COLORS, HEIGHT, WIDTH, _style
+from capacity.views.charts import COLORS, HEIGHT, WIDTH, _style
 
 MAX_POINTS = 4000
 

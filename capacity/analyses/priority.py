@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.metrics import nearest_rank, request_latencies
-from capacity.sweep import Job, run_jobs
+from capacity.analyses.metrics import nearest_rank, request_latencies
+from capacity.analyses.sweep import Job, run_jobs
 from replay.config import EngineConfig
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from capacity.metrics import nearest_rank
+from capacity.analyses.metrics import nearest_rank
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

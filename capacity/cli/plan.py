@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli_common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
+from capacity.cli.common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
 
 err = Console(stderr=True)
 
@@ -50,12 +50,12 @@ def size_swap_cmd(
 ) -> None:
     """Measure peak concurrently swapped KV and recommend --swap-space / --kv-offloading-size."""
     if from_logs:
-        from capacity.cli_evidence import size_swap_from_logs_cli
+        from capacity.cli.evidence import size_swap_from_logs_cli
         return size_swap_from_logs_cli(db, engine, context_tokens=context_tokens, headroom=headroom,
                                        as_json=as_json)
     if file is None:
         raise CliError("size-swap needs a trace FILE (or --from-logs --db PATH)")
-    from capacity.swap_sizing import size_swap
+    from capacity.analyses.sizing import size_swap
     trace, _ = trace_input(file, trace_format, rate_scale)
     fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
     runs: list = []
@@ -83,7 +83,7 @@ def compare_modes_cmd(
     engine=None,
 ) -> None:
     """Swap vs. recompute (prefix caching on/off) vs. queue-only on the same trace."""
-    from capacity.compare_modes import compare_modes
+    from capacity.analyses.modes import compare_modes
     trace, _ = trace_input(file, trace_format, rate_scale)
     runs: list = []
     with err.status("compare-modes: replaying 4 variants…"):
@@ -151,18 +151,18 @@ def report_cmd(
     priority -> OUT/index.html (+ PNGs, summary.json)."""
     import time
 
-    from capacity import analysis_sections as sec
-    from capacity.classify import alert_rule, classify
-    from capacity.cli_tune import parse_grid
-    from capacity.compare_modes import compare_modes
-    from capacity.headroom import headroom
-    from capacity.metrics import summary
-    from capacity.priority import interference
-    from capacity.report import write_report
-    from capacity.stalls import attribute_stalls
-    from capacity.swap_sizing import demand_job, size_swap
-    from capacity.sweep import Job, run_jobs
-    from capacity.tuning import Budget, tune
+    from capacity.report import sections as sec
+    from capacity.analyses.classify import alert_rule, classify
+    from capacity.cli.tune import parse_grid
+    from capacity.analyses.modes import compare_modes
+    from capacity.analyses.headroom import headroom
+    from capacity.analyses.metrics import summary
+    from capacity.analyses.priority import interference
+    from capacity.report.render import write_report
+    from capacity.analyses.stalls import attribute_stalls
+    from capacity.analyses.sizing import demand_job, size_swap
+    from capacity.analyses.sweep import Job, run_jobs
+    from capacity.analyses.tuning import Budget, tune
     from replay.config import resolve
     from traces.stats import trace_info
     wall0 = time.perf_counter()
@@ -206,7 +206,7 @@ def report_cmd(
     psec = sec.priority_section(prio)
     if prio_note:
         from dataclasses import replace as _replace
-        from capacity.report import text
+        from capacity.report.render import text
         psec = _replace(psec, body=text(prio_note) + psec.body)
     extra.append(psec)
     store_runs(db, runs)

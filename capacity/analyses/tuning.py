@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.classify import classify
-from capacity.metrics import preemptions_per_minute, summary
-from capacity.sweep import default_workers, run_many
+from capacity.analyses.classify import classify
+from capacity.analyses.metrics import preemptions_per_minute, summary
+from capacity.analyses.sweep import default_workers, run_many
 from replay.results import RunResult
 from replay.config import EngineConfig, resolve
 
