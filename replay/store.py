@@ -78,8 +78,8 @@ def check_db_file(path: str | Path, *, must_exist: bool) -> None:
         raise StoreError(f"database {p} is a directory; pass a file path such as {p / DEFAULT_DB}")
     if not p.exists():
         if must_exist:
-            raise StoreError(f"database {p}: no such file; run `kvcap replay` (or another command "
-                             "that writes runs) with --db first, or check the path")
+            raise StoreError(f"{p}: no such database; write it first with --db (`kvcap replay`, "
+                             "`kvcap logs`) or check the path")
         if not p.parent.is_dir():
             raise StoreError(f"database {p}: folder {p.parent} does not exist; create it first")
         return

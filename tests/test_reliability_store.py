@@ -66,7 +66,7 @@ def test_sqlite_file_is_refused_without_an_extension_download(tmp_path):
 
 
 def test_missing_db_for_reading_and_directory(tmp_path):
-    one_line_store_error(store.list_runs, tmp_path / "missing.duckdb", match="no such file")
+    one_line_store_error(store.list_runs, tmp_path / "missing.duckdb", match="no such database")
     one_line_store_error(store.write_run, tmp_path, tables("a"), match="is a directory")
     one_line_store_error(store.write_run, tmp_path / "no" / "k.duckdb", tables("a"),
                          match="does not exist")
@@ -203,11 +203,31 @@ def test_parquet_output_failure_leaves_nothing(tmp_path, monkeypatch):
             fh.write(b"PAR1 half")
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(pl.DataFrame, "write_parquet", full)
-    with pytest.raises(TraceError, match="No space left on device"):
+    with pytest.raises(OSError, match="No space left on device") as exc:
         write_trace(small_trace(), tmp_path / "t.parquet")
+    assert exc.value.filename == str(tmp_path / "t.parquet")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_parquet_output_to_a_directory_is_one_line(tmp_path):
     with pytest.raises(TraceError, match="is a directory"):
         write_trace(small_trace(), tmp_path)
+
+
+def test_atomic_write_on_a_full_disk_leaves_nothing_and_names_the_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from traces import atomic
+    target = tmp_path / "index.html"
+    target.write_text("the old report")
+
+    def half(self, data, *args, **kwargs):
+        with open(self, "w") as fh:
+            fh.write(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", half)
+    with pytest.raises(OSError) as exc:
+        atomic.write_text(target, "<html>" + "x" * 1000)
+    monkeypatch.undo()
+    assert exc.value.filename == str(target) and "No space" in exc.value.strerror
+    assert target.read_text() == "the old report" and [p.name for p in tmp_path.iterdir()] == ["index.html"]

@@ -194,8 +194,6 @@ def write_trace(df: pl.DataFrame, path: str | Path) -> None:
                          f"{path / 'trace.parquet'}")
     if not path.parent.is_dir():
         raise TraceError(f"cannot write {path}: folder {path.parent} does not exist")
-    try:
-        with atomic_path(path) as tmp:
-            df.select(list(SCHEMA)).cast(SCHEMA).write_parquet(tmp)
-    except OSError as exc:
-        raise TraceError(f"cannot write {path} ({exc.strerror or exc}); nothing was written") from None
+    # A disk error propagates as OSError naming `path` (the CLI prints it as one line).
+    with atomic_path(path) as tmp:
+        df.select(list(SCHEMA)).cast(SCHEMA).write_parquet(tmp)

@@ -27,6 +27,8 @@ _EXT_KIND: dict[str, Kind] = {".csv": "csv", ".txt": "csv", ".jsonl": "jsonl", "
 
 def file_kind(path: Path) -> Kind:
     """Kind from the extension, else from the first bytes (Parquet magic, a JSON object, or CSV)."""
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory; pass a trace file")
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     kind = _EXT_KIND.get(path.suffix.lower())
