@@ -7,13 +7,13 @@ Cases, each in a fresh subprocess so its peak RSS (`resource.getrusage`) is its 
   prefix caching is on by default);
 - a synthetic Poisson trace of --synth-requests requests (default 1,000,000; targets: <= 60 s and
   <= 4 GiB peak RSS).
-Paths: `core` (the default: the compiled V1 core, replay/v1/_core.c), `python` (the Python fast
-path, steady decode runs in bulk: KVCAP_CORE=python) and `step-by-step` (the Python one-step
-path, the differential oracle); the three real traces run all three unless --no-step-by-step
-(core only). Prints a markdown table: engine-loop seconds (inside `replay.loop.run`), whole
-`replay()` seconds, steps/s and requests/s (of the whole replay), peak RSS.
+Implementations: `compiled` (the default: the compiled cores, replay/v*/_core.c) and `reference`
+(the Python schedulers and loop, the differential oracle); the real traces run both unless
+--no-reference (compiled only). Prints a markdown table: engine seconds (inside
+`replay.run.run_engine`), whole `replay()` seconds, steps/s and requests/s (of the whole replay),
+peak RSS.
 
-    .venv/bin/python bench/bench_replay.py [--synth-requests 1000000] [--no-step-by-step]
+    .venv/bin/python bench/bench_replay.py [--synth-requests 1000000] [--no-reference]
     .venv/bin/python bench/bench_replay.py --save-baseline DIR   # tables for the regression test
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def one(name: str, mode: str, synth_requests: int) -> dict:
 
     trace = load(name, synth_requests)
     loop_s = 0.0
-    inner = run_mod.run_loop
+    inner = run_mod.run_engine
 
     def timed_loop(*args, **kwargs):
         nonlocal loop_s
@@ -59,13 +59,10 @@ def one(name: str, mode: str, synth_requests: int) -> dict:
         loop_s = time.perf_counter() - t0
         return out
 
-    run_mod.run_loop = timed_loop
+    run_mod.run_engine = timed_loop
     t0 = time.perf_counter()
-    if mode == "python":
-        import os
-        os.environ["KVCAP_CORE"] = "python"
     config = EngineConfig(scheduler="v0") if name.endswith("-v0") else EngineConfig()
-    r = run_mod.replay(trace, config, step_by_step=(mode == "step-by-step"))
+    r = run_mod.replay(trace, config, implementation=mode)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
     return {"trace": name, "mode": mode, "requests": trace.height, "steps": r.run["num_steps"],
@@ -93,7 +90,7 @@ def row(res: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synth-requests", type=int, default=1_000_000)
-    ap.add_argument("--no-step-by-step", action="store_true")
+    ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--traces", nargs="*", default=[*REAL, "synthetic"])
     ap.add_argument("--save-baseline", type=Path)
     ap.add_argument("--one", nargs=2, metavar=("TRACE", "MODE"), help=argparse.SUPPRESS)
@@ -104,10 +101,11 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(*args.one, args.synth_requests)))
         return
-    cases = [(t, "core") for t in args.traces]
-    if not args.no_step_by_step:
-        cases += [(t, m) for m in ("python", "step-by-step") for t in args.traces if t in REAL]
-    print("| trace | path | requests | steps | loop s | replay() s | steps/s | requests/s | peak RSS |")
+    cases = [(t, "compiled") for t in args.traces]
+    if not args.no_reference:
+        cases += [(t, "reference") for t in args.traces if t in REAL]
+    print("| trace | implementation | requests | steps | engine s | replay() s | steps/s | requests/s "
+          "| peak RSS |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, mode in cases:
         out = subprocess.run([sys.executable, __file__, "--one", name, mode,

@@ -5,7 +5,10 @@
 
 Each case replays a real trace under one config and stores `requests`, `steps`, `events`,
 `stalls`, `tbt` as parquet plus the run id; `check` compares them with `DataFrame.equals`
-(NaNs equal), so any changed scheduling decision, step timing or block count shows up.
+(NaNs equal), so any changed scheduling decision, step timing or block count shows up, and names
+the first divergence (table, row, step / request, column, both values).
+`--reference` replays on the Python reference implementation instead of the compiled core (slow:
+use it on a few cases, e.g. `check BASE --reference conv_v1`).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from replay.config import EngineConfig
+from replay.divergence import first_table_divergence
 from replay.run import replay
 from traces.loaders import load_trace
 
@@ -41,7 +45,7 @@ CASES = {
     "conv_v0_chunked1000": ("conv", dict(scheduler="v0", enable_chunked_prefill=True,
                                          num_gpu_blocks_override=1000)),
     "synth_v1_1024": ("synth", dict(max_num_seqs=1024)),
-    # The compiled V1 core's configurations under pressure (KVCAP_CORE=python gives the baseline).
+    # The compiled V1 core's configurations under pressure (--reference gives the baseline).
     "mooncake_v1_3000": ("mooncake", dict(num_gpu_blocks_override=3000)),
     "mooncake_v1_nocache1500": ("mooncake", dict(enable_prefix_caching=False,
                                                  num_gpu_blocks_override=1500)),
@@ -80,6 +84,8 @@ def _trace(name: str, cache: dict) -> pl.DataFrame:
 
 
 def main(argv: list[str]) -> int:
+    impl = "reference" if "--reference" in argv else "compiled"
+    argv = [a for a in argv if a != "--reference"]
     mode, base, names = argv[0], Path(argv[1]), argv[2:] or list(CASES)
     cache: dict = {}
     bad = 0
@@ -87,7 +93,7 @@ def main(argv: list[str]) -> int:
         tname, kw = CASES[name]
         trace = _trace(tname, cache)
         c0 = time.process_time()
-        r = replay(trace, EngineConfig(**kw))
+        r = replay(trace, EngineConfig(**kw), implementation=impl)
         cpu = time.process_time() - c0
         d = base / name
         if mode == "save":
@@ -97,12 +103,16 @@ def main(argv: list[str]) -> int:
             (d / "run_id").write_text(r.run_id)
             print(f"{name}: saved ({cpu:.2f} s cpu, {r.steps.height} steps)")
             continue
-        diffs = [t for t in TABLES
-                 if not getattr(r, t).equals(pl.read_parquet(d / f"{t}.parquet"), null_equal=True)]
+        diffs = []
+        for t in TABLES:
+            got, want = getattr(r, t), pl.read_parquet(d / f"{t}.parquet")
+            if not got.equals(want, null_equal=True):
+                diffs.append(first_table_divergence(got, want, t) or f"{t}: dtypes differ")
         if (d / "run_id").read_text() != r.run_id:
             diffs.append("run_id")
         bad += bool(diffs)
-        print(f"{name}: {'DIFF ' + ','.join(diffs) if diffs else 'identical'} ({cpu:.2f} s cpu)")
+        print(f"{name}: {'DIFF ' + '; '.join(diffs) if diffs else 'identical'} "
+              f"({impl}, {cpu:.2f} s cpu)")
     return 1 if bad else 0
 
 

@@ -1,54 +1,107 @@
-"""What the Python wrappers of the compiled replay cores share (replay/v1/core.py,
-replay/v0/core.py; the C side is replay/kvcore.h): the checks every core needs, the arguments
-kvcore.h parses (request arrays, cost constants, block keys), driving a core in chunks of steps
-(progress, Ctrl-C) and turning its columns into the `RawRun` the Python loop would return.
+"""The one Python adapter for both compiled replay cores (replay/v1/_core.c, replay/v0/_core.c;
+their shared C is replay/kvcore.h): what a core cannot run (`unavailable`), the arguments it takes
+(request arrays, the resolved spec as a dict read by field name, cost constants, block keys),
+driving it in chunks of steps (progress, Ctrl-C) and turning its columns into the `RawRun` the
+reference loop (replay/loop.py) returns for the same replay.
+
+No silent fallback: a core removes every spec field it reads from the dict it is given, and
+`run` fails on any field left that `NOT_APPLICABLE` does not list for that core, so a new knob
+without C support fails (tests/test_compiled.py) instead of replaying something else.
 Must not import traces/, capacity/, polars, duckdb or torch.
 """
 from __future__ import annotations
 
-import os
+from dataclasses import fields
 from typing import Callable
 
 import numpy as np
 
 from replay.cost_model import CostModel
-from replay.loop import EVENT_KINDS, STEP_COLUMNS, RawRun
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
-from replay.state import RequestState, Status
+from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
+from replay.raw import EVENT_KINDS, STEP_COLUMNS, RawRun, abort_reason
+from replay.spec import SchedulerSpec
+from replay.state import RequestState
 
-MODES = {"recompute": 0, "none": 1, "swap": 2}
-POLICIES = {"fcfs": 0, "priority": 1}
+try:
+    from replay.v1 import _core as _v1_core
+except ImportError:             # not built (no C compiler at install time)
+    _v1_core = None
+try:
+    from replay.v0 import _core as _v0_core
+except ImportError:
+    _v0_core = None
+
+CORES = {"v1": _v1_core, "v0": _v0_core}
+
+# SchedulerSpec fields a core does not read, and why (the reference scheduler of that engine does
+# not read them either: tests/test_compiled.py checks both).
+_BYTES = "events' bytes are blocks x kv_bytes_per_block, computed here (the executor prices swaps)"
+NOT_APPLICABLE: dict[str, dict[str, str]] = {
+    "v1": {"on_swap_full": "V0 only: V1 recomputes a victim the host tier cannot take",
+           "v0_watermark": "V0's block-manager watermark", "kv_bytes_per_block": _BYTES},
+    "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
+           "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
+           "kv_bytes_per_block": _BYTES},
+}
 
 
-def ineligible(ext, executor, state: RequestState, keys, spec) -> str | None:
-    """The reasons common to both cores not to run a replay (None: no such reason)."""
-    block_size = spec.block_size
-    if spec.policy not in POLICIES:
-        return f"policy {spec.policy}"
-    if spec.preemption_mode not in MODES:
-        return f"preemption_mode {spec.preemption_mode}"
-    if ext is None:
-        return "the compiled core is not built"
-    if os.environ.get("KVCAP_CORE", "") == "python":
-        return "KVCAP_CORE=python"
+def spec_dict(spec: SchedulerSpec) -> dict:
+    """The resolved spec as {field name: value}, what a core reads by name."""
+    return {f.name: getattr(spec, f.name) for f in fields(spec)}
+
+
+def unavailable(engine: str, executor, keys, state: RequestState) -> str | None:
+    """Why the compiled core of `engine` cannot run this replay (None when it can)."""
+    if CORES.get(engine) is None:
+        return f"the compiled {engine} core is not built (no C compiler at install time?)"
     if type(executor) is not CostModel:
-        return "not the cost-model executor"
-    if type(keys) is TraceBlockKeys:
-        if keys.block_size != block_size:
-            return "trace keys built for another block size"
-    elif type(keys) is not UniqueBlockKeys:
-        return f"block keys {type(keys).__name__}"
+        return f"the {type(executor).__name__} executor is not the cost model the cores price with"
+    if type(keys) is TokenBlockKeys and keys.all_tokens is None:
+        return "token-id block keys without the requests' whole token lists"
+    if type(keys) not in (TraceBlockKeys, UniqueBlockKeys, TokenBlockKeys):
+        return f"{type(keys).__name__} block keys are not handed to C"
     if state.n >= 2**31 - 1:
         return "more than 2**31 requests (the cores keep rows as int32)"
-    if np.any(state.status != Status.PENDING):
-        return "the scheduler has already run"
     return None
 
 
+def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys,
+             outputs: tuple, *, fields_in: dict | None = None):
+    """(core handle, the spec fields it did not read) for one replay; raises if the core left a
+    field unread that it does not declare not applicable (`fields_in` overrides the spec dict:
+    tests)."""
+    ext = CORES[engine]
+    if keys is not None and type(keys) is TraceBlockKeys and keys.block_size != spec.block_size:
+        raise ValueError("trace keys were built for another block size")
+    if engine == "v0" and not spec.enable_prefix_caching:
+        # Without prefix caching V0 never looks at keys: unique ones keep the core's lookups cheap.
+        keys = UniqueBlockKeys()
+    arrays = (state.arrival_s, state.prompt_len, state.output_len, state.status,
+              state.num_computed, state.num_output, state.num_preemptions, state.num_swaps,
+              state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
+              state.computed_at_preemption, *outputs, state.priority)
+    left = dict(spec_dict(spec) if fields_in is None else fields_in)
+    core = ext.new(arrays, left, cost_args(executor), keys_args(keys, state, spec.block_size))
+    unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
+    if unread:
+        raise AssertionError(f"the compiled {engine} core does not read spec field(s) {unread}: "
+                             f"read them in replay/{engine}/_core.c or declare them in "
+                             "replay.compiled.NOT_APPLICABLE")
+    return core, left
+
+
 def keys_args(keys, state: RequestState, block_size: int) -> tuple:
-    """kvcore.h `keys_take`: (mode, hash_block_tokens, chain offsets, chain ids, shared blocks)."""
+    """kvcore.h `keys_take`: (mode, hash_block_tokens, chain offsets, chain ids, shared blocks);
+    token-id keys go as mode 2: every block key precomputed, per row in order."""
     if type(keys) is UniqueBlockKeys:
         return (0, 1, None, None, None)
+    if type(keys) is TokenBlockKeys:
+        per_row = keys.precomputed(state.n)
+        lens = np.fromiter(map(len, per_row), np.int64, len(per_row))
+        off = np.zeros(len(per_row) + 1, np.int64)
+        np.cumsum(lens, out=off[1:])
+        ids = np.fromiter((k for ks in per_row for k in ks), np.int64, int(off[-1]))
+        return (2, 1, off, ids if len(ids) else np.zeros(1, np.int64), lens)
     chains = keys._chain
     lens = np.fromiter((0 if c is None else len(c) for c in chains), np.int64, len(chains))
     off = np.zeros(len(chains) + 1, np.int64)
@@ -59,30 +112,26 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
     return (1, hbt, off, ids if len(ids) else np.zeros(1, np.int64), shared)
 
 
-def cost_args(ex: CostModel, kv_bytes_per_block: int) -> tuple:
+def cost_args(ex: CostModel) -> tuple:
     """kvcore.h `cost_parse`: the cost model's folded constants."""
     return (ex._linear_per_token, ex._lm_head_per_sample, ex._attn_per_unit, ex._flops_rate,
             ex._bytes_rate, ex._weight_bytes, ex.constants.overhead_s, ex._ar_fixed,
-            ex._ar_per_token, ex.kv_bytes_per_token, kv_bytes_per_block, ex._swap_per_block)
+            ex._ar_per_token, ex.kv_bytes_per_token, ex.kv_bytes_per_block, ex._swap_per_block)
 
 
-def replay(ext, state: RequestState, spec_args: tuple, executor: CostModel, keys, *,
-           block_size: int, kv_bytes_per_block: int,
-           on_progress: Callable[[float, int], None] | None, progress_every_steps: int,
-           check: bool) -> tuple[RawRun, dict]:
-    """Replay every request of `state` in the core `ext`; returns the run and the core's raw
-    output (for core-specific scalars such as V0's abort)."""
+def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
+        kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
+        progress_every_steps: int = 20_000, check: bool = False) -> RawRun:
+    """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
+    first). `check=True` verifies the block-accounting invariants at the end (tests)."""
     n = state.n
     if n and np.any(np.diff(state.arrival_s) < 0):
         raise ValueError("requests must be sorted by arrival_s")
     first_sched, first_tok, finish = (np.full(n, np.nan) for _ in range(3))
     max_tbt = np.zeros(n)
-    arrays = (state.arrival_s, state.prompt_len, state.output_len, state.status,
-              state.num_computed, state.num_output, state.num_preemptions, state.num_swaps,
-              state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
-              state.computed_at_preemption, first_sched, first_tok, finish, max_tbt, state.priority)
-    core = ext.new(arrays, spec_args, cost_args(executor, kv_bytes_per_block),
-                   keys_args(keys, state, block_size))
+    ext = CORES[engine]
+    core, _ = new_core(engine, state, spec, executor, keys,
+                       (first_sched, first_tok, finish, max_tbt))
     chunk = progress_every_steps if on_progress is not None else 1 << 40
     while True:
         done, _step, t, cursor = ext.run(core, chunk)
@@ -93,7 +142,11 @@ def replay(ext, state: RequestState, spec_args: tuple, executor: CostModel, keys
     if check:
         ext.check(core)
     out = ext.results(core)
-    return _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block), out
+    raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block)
+    if out.get("aborted"):
+        raw.status, raw.abort_s = "aborted", out["abort_s"]
+        raw.abort_reason = abort_reason(out["abort_row"], out["abort_needed"], out["abort_free"])
+    return raw
 
 
 def _col(out: dict, name: str, dtype) -> np.ndarray:
@@ -120,4 +173,135 @@ def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block
                   tbt_values=_col(out, "tbt_v", np.float64).copy(),
                   tbt_weights=_col(out, "tbt_w", np.int64).copy(),
                   sim_seconds=out["t"] - (float(state.arrival_s[0]) if state.n else 0.0),
-                  num_steps=len(steps["start_s"]))
+                  num_steps=len(steps["start_s"]), implementation="compiled")
+
+
+class StepCore:
+    """A compiled core driven one step at a time through the reference scheduler's contract
+    (`replay.plan.Scheduler` plus the oracle hooks `abort_request` and `snapshot`): the oracle
+    and golden scenarios run on both implementations with it. `run` is the same steps without
+    the round trips. The request counters live in `state` (the core writes its arrays in place).
+    V1 plans carry swap block pairs as counts only (rows of -1: its offload tier is priced by
+    count and its oracle scenarios print none); V0 plans carry the real pairs."""
+
+    def __init__(self, engine: str, spec: SchedulerSpec, state: RequestState, keys) -> None:
+        self.engine, self.spec, self.state = engine, spec, state
+        self._ext = CORES[engine]
+        if self._ext is None:
+            raise RuntimeError(f"the compiled {engine} core is not built")
+        n = state.n
+        self._outputs = (np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.zeros(n))
+        # No executor: the contract leaves pricing to the caller (the constants are never read).
+        self._core, _ = new_core(engine, state, spec, _NO_COST, keys, self._outputs)
+        self._rows = np.zeros(0, np.int64)
+        self._aborted = False
+
+    # ------------------------------------------------------------- the Scheduler protocol
+    def add_request(self, row: int) -> None:
+        self._ext.add(self._core, row)
+
+    def abort_request(self, row: int) -> None:
+        if self.engine != "v0":
+            raise NotImplementedError("client aborts are in the compiled V0 core only")
+        self._ext.abort(self._core, row)
+
+    def schedule(self):
+        from replay.plan import Preemption, Rejection, StepPlan, SwapAbort
+        p = self._ext.schedule(self._core)
+        if "abort" in p:
+            row, needed, free = p["abort"]
+            self._aborted = True
+            return StepPlan(abort=SwapAbort(row=row, num_cpu_blocks_needed=needed,
+                                            num_cpu_blocks_free=free))
+        rows = _col(p, "rows", np.int32).astype(np.int64)
+        self._rows = rows
+        mode = _col(p, "pre_mode", np.int8).tolist()
+        npre = len(mode)
+        prio = _col(p, "pre_prio", np.uint8).tolist() if "pre_prio" in p else [0] * npre
+        pre = tuple(Preemption(row=r, mode="swap" if m == 2 else "recompute", num_blocks=b,
+                               swap_full_fallback=bool(f), by_priority=bool(y))
+                    for r, m, b, f, y in zip(_col(p, "pre_rows", np.int32).tolist(), mode,
+                                             _col(p, "pre_blocks", np.int64).tolist(),
+                                             _col(p, "pre_fallback", np.uint8).tolist(), prio))
+        rej = tuple(Rejection(row=r, reason="") for r in _col(p, "rej_rows", np.int32).tolist())
+        if "swap_out" in p:
+            swap_out = _col(p, "swap_out", np.int64).reshape(-1, 2).copy()
+            swap_in = _col(p, "swap_in", np.int64).reshape(-1, 2).copy()
+        else:
+            swap_out = np.full((p["nswap_out"], 2), -1, np.int64)
+            swap_in = np.full((p["nswap_in"], 2), -1, np.int64)
+        return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
+                        num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
+                        is_prefill=_col(p, "prefill", np.uint8).astype(bool),
+                        swap_out=swap_out, swap_in=swap_in, preempted=pre,
+                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej)
+
+    def update(self, plan):
+        from replay.plan import StepOutput
+        sampled, fin = self._ext.update(self._core)
+        return StepOutput(sampled=np.frombuffer(sampled, np.uint8).astype(bool),
+                          finished=np.frombuffer(fin, np.int32).astype(np.int64))
+
+    def _snap(self) -> dict:
+        return self._ext.snapshot(self._core)
+
+    def has_unfinished(self) -> bool:
+        s = self._snap()
+        return not self._aborted and bool(s["running"] or s["waiting"] or s.get("swapped"))
+
+    @property
+    def num_running(self) -> int:
+        return len(self._snap()["running"])
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._snap()["waiting"])
+
+    @property
+    def num_swapped(self) -> int:
+        s = self._snap()
+        return len(s["swapped"]) if self.engine == "v0" else s["num_swapped"]
+
+    def block_table(self, row: int) -> list[int]:
+        return list(self._snap()["tables"].get(row, ()))
+
+    def gpu_blocks_used(self) -> int:
+        free = self._snap()["free_gpu"]
+        return self.spec.num_gpu_blocks - free - (self.engine == "v1")
+
+    def cpu_blocks_used(self) -> int:
+        s = self._snap()
+        return self.spec.num_cpu_blocks - s["free_cpu"] if self.engine == "v0" else s["cpu_used"]
+
+    def snapshot(self) -> dict:
+        """The oracle hook, as the reference scheduler of the engine returns it."""
+        s, spec = self._snap(), self.spec
+        if self.engine == "v0":
+            return {"waiting": s["waiting"], "running": s["running"], "swapped": s["swapped"],
+                    "free_gpu": s["free_gpu"], "free_cpu": s["free_cpu"], "blocks": s["tables"]}
+        waiting = s["waiting"]
+        if spec.policy == "priority":
+            # The heap array in vLLM's iteration order: sorted by (priority, arrival, row).
+            prio, arr = self.state.priority, self.state.arrival_s
+            waiting = sorted(waiting, key=lambda r: (prio[r], arr[r], r))
+        usable = spec.num_gpu_blocks - 1
+        host = spec.num_cpu_blocks if spec.preemption_mode == "swap" else None
+        return {"waiting": waiting, "running": s["running"], "swapped": [],
+                "free_gpu": s["free_gpu"],
+                "free_cpu": None if host is None else host - s["cpu_used"],
+                "blocks": s["tables"],
+                "computed": {r: int(self.state.num_computed[r]) for r in self._rows.tolist()},
+                "kv_usage": 0.0 if usable == 0 else 1.0 - s["free_gpu"] / usable,
+                "free_queue": s["free_queue"]}
+
+
+class _NoCost:
+    """Cost constants for a core that is stepped from Python (never priced in C)."""
+    _linear_per_token = _lm_head_per_sample = _attn_per_unit = 0.0
+    _flops_rate = _bytes_rate = 1.0
+    _weight_bytes = _ar_fixed = _ar_per_token = _swap_per_block = 0.0
+    kv_bytes_per_token = kv_bytes_per_block = 0
+    constants = type("C", (), {"overhead_s": 0.0})()
+
+
+_NO_COST = _NoCost()

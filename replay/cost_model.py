@@ -12,10 +12,9 @@ Per step (formulas and units in docs/cost-model.md):
     step_s       = overhead_s + max(compute_s, memory_s) + allreduce_s + swap_s
 
 with T = scheduled tokens, S = rows that sample, n_i / c_i = new / context tokens of row i, W = weight
-bytes per GPU, kv_token_bytes = KV bytes per token per GPU. A steady decode step is the same formula
-with n_i = 1, so `steady_step_s` evaluates it for k steps at once; both paths go through
-`_step_s` with the same operation order, so they agree to the last bit (the differential tests
-rely on it).
+bytes per GPU, kv_token_bytes = KV bytes per token per GPU. This is the one Python copy of the
+formula; the compiled cores' one copy is `cost_step_s` in replay/kvcore.h, with the same operation
+order, so both agree to the last bit (the differential tests rely on it).
 
 Must not import traces/, capacity/, polars, duckdb or torch.
 """
@@ -26,7 +25,6 @@ import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-import numpy as np
 
 from replay.plan import StepPlan
 
@@ -161,19 +159,12 @@ class CostModel:
         self._swap_per_block = kv_bytes_per_block / c.host_link_bytes_per_s
 
     def _step_s(self, tokens, samples, attn_units, kv_tokens, swap_blocks):
-        """The formula on Python numbers (one step). `_steady_s` is the same expression on numpy
-        vectors, term for term in the same order, so both give bit-identical floats."""
+        """The formula on Python numbers (one step); kvcore.h `cost_step_s` is the same expression,
+        term for term in the same order, so both give bit-identical floats."""
         compute = (tokens * self._linear_per_token + samples * self._lm_head_per_sample
                    + attn_units * self._attn_per_unit) / self._flops_rate
         memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
         return (self.constants.overhead_s + max(compute, memory)
-                + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
-
-    def _steady_s(self, tokens, samples, attn_units, kv_tokens, swap_blocks):
-        compute = (tokens * self._linear_per_token + samples * self._lm_head_per_sample
-                   + attn_units * self._attn_per_unit) / self._flops_rate
-        memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
-        return (self.constants.overhead_s + np.maximum(compute, memory)
                 + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
 
     def step_s(self, plan: StepPlan, num_sampled: int) -> float:
@@ -184,24 +175,3 @@ class CostModel:
         kv = sum(c) + tokens
         swaps = len(plan.swap_out) + len(plan.swap_in)
         return self._step_s(tokens, num_sampled, attn, kv, swaps)
-
-    def decode_step_s(self, batch: int, context_tokens: int) -> float:
-        """One pure decode step of `batch` rows holding `context_tokens` in all (scalar)."""
-        return self._step_s(batch, batch, context_tokens + batch, context_tokens + batch, 0)
-
-    def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray:
-        """Durations of `num_steps` pure decode steps of one batch whose contexts start at
-        `num_computed` (each step adds one token to every row)."""
-        b = len(num_computed)
-        ctx0 = int(num_computed.sum())
-        if num_steps <= 12:
-            # Short runs (most of them): the scalar formula per step costs less than a dozen
-            # numpy calls and gives the same floats (same terms, same order, no NaNs to differ on).
-            step = self._step_s
-            return np.array([step(b, b, c + b, c + b, 0)
-                             for c in range(ctx0, ctx0 + b * num_steps, b)] if b else
-                            [step(0, 0, 0, 0, 0)] * num_steps, dtype=np.float64)
-        ctx = ctx0 + b * np.arange(num_steps, dtype=np.int64)   # sum of contexts at step j
-        attn = ctx + b                                          # n_i = 1: c_i + 1 per row
-        kv = ctx + b
-        return self._steady_s(b, b, attn, kv, 0)

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ------------------------------------------------------------------ growable columns */
 typedef struct { double *d; int64_t n, cap; } vecd;
@@ -122,6 +123,17 @@ static PyObject *bytes_of(const void *p, int64_t n, size_t item) {
     return PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * (int64_t)item));
 }
 
+/* A Python list of ints from n int32 values. */
+static inline PyObject *list_i32(const int32_t *p, int64_t n) {
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (int64_t i = 0; l && i < n; i++) {
+        PyObject *x = PyLong_FromLong(p[i]);
+        if (!x) { Py_DECREF(l); return NULL; }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    return l;
+}
+
 /* The columns as a dict of bytearrays (replay/v1/core.py turns them into numpy); the core adds
  * its own scalars (final time, abort) to it. */
 static PyObject *tables_dict(const Tables *o) {
@@ -211,12 +223,86 @@ static int req_take(Views *vs, PyObject *arrays, Req *q) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ the resolved spec */
+/* replay.spec.SchedulerSpec as a dict of its fields (replay/compiled.py passes a fresh copy). A
+ * core takes each field it reads by name and removes it from the dict; the adapter then fails on
+ * any field left that the core does not declare not applicable, so a knob without C support can
+ * never be silently ignored. */
+static PyObject *spec_pop(PyObject *spec, const char *name) {
+    PyObject *v = PyDict_GetItemString(spec, name);     /* borrowed */
+    if (!v) {
+        PyErr_Format(PyExc_KeyError, "core: the spec has no field %s", name);
+        return NULL;
+    }
+    Py_INCREF(v);
+    if (PyDict_DelItemString(spec, name) < 0) { Py_DECREF(v); return NULL; }
+    return v;
+}
+
+static int spec_int(PyObject *spec, const char *name, int64_t *out) {
+    PyObject *v = spec_pop(spec, name);
+    if (!v) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = x;
+    return 0;
+}
+
+/* An optional int field: None takes `dflt`. */
+static inline int spec_opt_int(PyObject *spec, const char *name, int64_t dflt, int64_t *out) {
+    PyObject *v = spec_pop(spec, name);
+    if (!v) return -1;
+    long long x = v == Py_None ? dflt : PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = x;
+    return 0;
+}
+
+static int spec_bool(PyObject *spec, const char *name, int *out) {
+    PyObject *v = spec_pop(spec, name);
+    if (!v) return -1;
+    int x = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (x < 0) return -1;
+    *out = x;
+    return 0;
+}
+
+static int spec_float(PyObject *spec, const char *name, double *out) {
+    PyObject *v = spec_pop(spec, name);
+    if (!v) return -1;
+    double x = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    if (x == -1.0 && PyErr_Occurred()) return -1;
+    *out = x;
+    return 0;
+}
+
+/* A string field: its index in the NULL-terminated `choices`; any other value is an error. */
+static int spec_choice(PyObject *spec, const char *name, const char *const *choices, int *out) {
+    PyObject *v = spec_pop(spec, name);
+    if (!v) return -1;
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+    for (int i = 0; s && choices[i]; i++)
+        if (strcmp(s, choices[i]) == 0) { Py_DECREF(v); *out = i; return 0; }
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "core: spec field %s = %R is not supported", name, v);
+    Py_DECREF(v);
+    return -1;
+}
+
+/* The spec's string fields, in the order of the cores' MODE_* / POLICY_* enums. */
+static const char *const MODE_NAMES[] = {"recompute", "none", "swap", NULL};
+static const char *const POLICY_NAMES[] = {"fcfs", "priority", NULL};
+
 /* ------------------------------------------------------------------ block keys */
 /* replay/prefix.py: request-unique keys, or keys from the trace's prefix-hash chains. */
 #define K_BITS 24
 
 typedef struct {
-    int mode;                    /* 0 unique per request, 1 trace prefix chains */
+    int mode;                    /* 0 unique per request, 1 trace prefix chains, 2 explicit keys */
     int64_t bs, hbt;
     const int64_t *chain_off, *chain_ids, *num_shared;
 } Keys;
@@ -227,7 +313,9 @@ static int keys_take(Views *vs, PyObject *keys, int64_t n, int64_t block_size, K
     if (!PyArg_ParseTuple(keys, "iLOOO", &k->mode, &hbt, &off, &ids, &shared)) return -1;
     k->bs = block_size;
     k->hbt = hbt;
-    if (k->mode == 1 &&
+    /* Mode 2 (token-id keys, precomputed by replay/compiled.py): chain_ids holds each row's
+     * block keys in order from chain_off[row], num_shared[row] of them. */
+    if (k->mode >= 1 &&
         (!(k->chain_off = views_take(vs, off, n + 1, 8, 0, "chain_off")) ||
          !(k->num_shared = views_take(vs, shared, n, 8, 0, "num_shared")) ||
          !(k->chain_ids = views_take(vs, ids, -1, 8, 0, "chain_ids")))) return -1;
@@ -235,6 +323,7 @@ static int keys_take(Views *vs, PyObject *keys, int64_t n, int64_t block_size, K
 }
 
 static inline int64_t key_of(const Keys *ks, int64_t row, int64_t k) {
+    if (ks->mode == 2 && k < ks->num_shared[row]) return ks->chain_ids[ks->chain_off[row] + k];
     if (ks->mode == 1 && k < ks->num_shared[row]) {
         int64_t j = ((k + 1) * ks->bs - 1) / ks->hbt;
         return (ks->chain_ids[ks->chain_off[row] + j] << K_BITS) | k;
@@ -250,10 +339,12 @@ typedef struct { int64_t row, k, shared, j, jend; const int64_t *chain; } KeyIt;
 static inline void keyit_init(const Keys *ks, KeyIt *it, int64_t row, int64_t start) {
     it->row = row;
     it->k = start;
-    it->shared = ks->mode == 1 ? ks->num_shared[row] : 0;
+    it->shared = ks->mode >= 1 ? ks->num_shared[row] : 0;
     it->j = it->jend = 0;
     it->chain = NULL;
-    if (start < it->shared) {
+    if (ks->mode == 2) {
+        it->chain = ks->chain_ids + ks->chain_off[row];
+    } else if (start < it->shared) {
         it->chain = ks->chain_ids + ks->chain_off[row];
         it->j = ((start + 1) * ks->bs - 1) / ks->hbt;
         /* The first block whose j is larger: ((k + 1) * bs - 1) / hbt > j. */
@@ -263,6 +354,7 @@ static inline void keyit_init(const Keys *ks, KeyIt *it, int64_t row, int64_t st
 
 static inline int64_t keyit_next(const Keys *ks, KeyIt *it) {
     int64_t k = it->k++;
+    if (ks->mode == 2 && k < it->shared) return it->chain[k];
     if (k < it->shared) {
         while (k >= it->jend) { it->j++; it->jend = cdiv((it->j + 1) * ks->hbt + 1, ks->bs) - 1; }
         return (it->chain[it->j] << K_BITS) | k;

@@ -91,21 +91,6 @@ class StepOutput:
     finished: np.ndarray
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SteadyRun:
-    """k steady decode steps advanced at once (the fast path).
-
-    In each of the k steps every row in `rows` (batch order) decodes exactly one token; nothing
-    arrives, is admitted, preempted or swapped. Rows in `finished` finish in the k-th step."""
-    rows: np.ndarray
-    # Context (computed tokens) of each row before the first of the k steps.
-    num_computed_tokens: np.ndarray
-    num_steps: int
-    # GPU blocks in use after each of the k steps (length k).
-    gpu_blocks_used: np.ndarray
-    finished: np.ndarray
-
-
 class Scheduler(Protocol):
     """What the replay loop needs from a scheduler (V0 and V1 both implement it)."""
 
@@ -119,13 +104,8 @@ class Scheduler(Protocol):
     def num_waiting(self) -> int: ...
     @property
     def num_swapped(self) -> int: ...
-    def running_rows(self) -> np.ndarray: ...
     def block_table(self, row: int) -> list[int]: ...
     def gpu_blocks_used(self) -> int: ...
     def cpu_blocks_used(self) -> int: ...
-    # `running_rows()`: the running requests in batch order (the batch of a steady step).
     # `block_table(row)`: GPU block ids of a request that holds GPU blocks, in token order
     # (what the torch stub reads and writes through).
-    # Fast path: how many of the next steps are steady (0 when the next one is not), then do them.
-    def max_steady_steps(self) -> int: ...
-    def advance_steady(self, num_steps: int) -> SteadyRun: ...

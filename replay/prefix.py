@@ -111,12 +111,22 @@ class TraceBlockKeys:
 
 
 class TokenBlockKeys:
-    """Keys from explicit token ids: tokens(row) returns the request's known tokens so far."""
+    """Keys from explicit token ids: tokens(row) returns the request's known tokens so far.
+    `all_tokens(row)`, when the whole sequence is known in advance (the oracle scenarios: outputs
+    are a function of the request), lets the compiled cores take every block key precomputed
+    (`precomputed`)."""
 
-    def __init__(self, *, block_size: int, tokens) -> None:
+    def __init__(self, *, block_size: int, tokens, all_tokens=None) -> None:
         self.block_size = block_size
         self._tokens = tokens
+        self.all_tokens = all_tokens
         self._memo: dict[tuple[int, int], int] = {}
+
+    def precomputed(self, n: int) -> list[list[int]]:
+        """The keys of every full block of each row's whole sequence (needs `all_tokens`); equal
+        to what `key` returns once those tokens are known."""
+        full = TokenBlockKeys(block_size=self.block_size, tokens=self.all_tokens)
+        return [full.keys(r, 0, len(self.all_tokens(r)) // self.block_size) for r in range(n)]
 
     def key(self, row: int, k: int) -> int:
         got = self._memo.get((row, k))

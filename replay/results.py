@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from replay.loop import RawRun
+from replay.raw import RawRun
 from replay.state import Status
 
 _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",

@@ -1,7 +1,8 @@
 """`replay(trace, config)`: the one call that replays a canonical trace through the engine model.
 
-Builds the request state and block keys from the trace, resolves the config, picks the scheduler
-(v0 / v1) and the executor, runs the loop and returns the result tables (not yet stored: the store
+Builds the request state and block keys from the trace, resolves the config, picks the executor
+and the implementation (`run_engine`: the compiled core where it can run, else the Python reference
+with a one-line notice on stderr), runs it and returns the result tables (not yet stored: the store
 does that). Same trace + config (+ seed) => identical tables, in and across processes: the run id is
 a hash of the trace's content and the config, so a rerun replaces itself in the store.
 """
@@ -9,17 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 import polars as pl
 
 from replay.config import EngineConfig, resolve
-from replay.loop import run as run_loop
+from replay import compiled, loop
 from replay.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.raw import RawRun
 from replay.results import RunResult, build_tables
+from replay.spec import SchedulerSpec
 from replay.state import RequestState
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS
 
@@ -79,6 +83,7 @@ def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def make_scheduler(name: str, spec, state, keys):
+    """The reference (Python) scheduler of engine `name` ("v0" | "v1")."""
     if name == "v0":
         from replay.v0.scheduler import V0Scheduler
         return V0Scheduler(spec, state, keys)
@@ -86,8 +91,35 @@ def make_scheduler(name: str, spec, state, keys):
     return V1Scheduler(spec, state, keys)
 
 
+Choice = Literal["auto", "compiled", "reference"]
+
+
+def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, executor, *,
+               kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
+               on_progress: Callable[[float, int], None] | None = None,
+               progress_every_steps: int = 20_000) -> RawRun:
+    """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
+    it cannot run), "reference" (the Python scheduler and loop; `scheduler` if already built,
+    e.g. for the torch stub) or "auto" (compiled where it can run, else the reference with a
+    one-line notice on stderr saying why). `RawRun.implementation` says which ran."""
+    why = None if implementation == "reference" else \
+        compiled.unavailable(engine, executor, keys, state)
+    if implementation == "compiled" and why:
+        raise ValueError(f"the compiled {engine} core cannot run this replay: {why}")
+    if implementation != "reference" and why is None:
+        return compiled.run(engine, state, spec, executor, keys,
+                            kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
+                            progress_every_steps=progress_every_steps)
+    if why:
+        print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
+              f"than the compiled core: {why}", file=sys.stderr)
+    sched = scheduler if scheduler is not None else make_scheduler(engine, spec, state, keys)
+    return loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
+                    on_progress=on_progress, progress_every_steps=progress_every_steps)
+
+
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
-           step_by_step: bool = False, label: str | None = None, trace_name: str = "",
+           implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
            ) -> RunResult:
     """Replay `trace` (canonical, sorted by arrival_s) under `config`."""
@@ -97,18 +129,21 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     trace = trace.sort("arrival_s", maintain_order=True)
     state = request_state(trace)
     keys = block_keys(trace, eng.spec.block_size)
-    scheduler = make_scheduler(config.scheduler, eng.spec, state, keys)
+    scheduler = None
     if executor == "model":
         from replay.executors import cost_model_for
         ex = cost_model_for(eng, calibration=config.calibration)
     elif executor == "stub":
         from replay.stub import StubExecutor
+        # The stub reads and writes through the reference scheduler's block tables.
+        scheduler = make_scheduler(config.scheduler, eng.spec, state, keys)
         ex = StubExecutor.for_engine(eng, state=state, scheduler=scheduler, keys=keys,
                                      **(stub_options or {}))
     else:
         raise ValueError(f"executor {executor!r}: use 'model' or 'stub'")
-    raw = run_loop(state, scheduler, ex, kv_bytes_per_block=eng.kv_bytes_per_block,
-                   step_by_step=step_by_step, on_progress=on_progress)
+    raw = run_engine(config.scheduler, eng.spec, state, keys, ex,
+                     kv_bytes_per_block=eng.kv_bytes_per_block,
+                     implementation=implementation, scheduler=scheduler, on_progress=on_progress)
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
     run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)
@@ -128,6 +163,6 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         "sim_seconds": raw.sim_seconds, "wall_seconds": time.perf_counter() - wall0,
         "config_json": cfg_json, "kvcap_version": KVCAP_VERSION, "num_steps": raw.num_steps,
         "kv_bytes_per_block": eng.kv_bytes_per_block, "abort_s": raw.abort_s,
-        "abort_reason": raw.abort_reason,
+        "abort_reason": raw.abort_reason, "implementation": raw.implementation,
     }
     return RunResult(run=run, **tables)

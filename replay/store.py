@@ -27,7 +27,7 @@ SCHEMA = {
         preemption_mode VARCHAR, swap_space_gib DOUBLE, on_swap_full VARCHAR, executor VARCHAR,
         status VARCHAR, sim_seconds DOUBLE, wall_seconds DOUBLE, config_json VARCHAR,
         kvcap_version VARCHAR, num_steps BIGINT, kv_bytes_per_block BIGINT, abort_s DOUBLE,
-        abort_reason VARCHAR""",
+        abort_reason VARCHAR, implementation VARCHAR""",
     "requests": """run_id VARCHAR, request_id BIGINT, arrival_s DOUBLE, priority INTEGER,
         tenant VARCHAR, prompt_tokens INTEGER, output_tokens INTEGER, first_scheduled_s DOUBLE,
         first_token_s DOUBLE, finish_s DOUBLE, status VARCHAR, num_preemptions INTEGER,
@@ -123,7 +123,13 @@ def ensure_schema(con, path: str | Path = "the database") -> None:
             con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
         except duckdb.Error as e:
             raise StoreError(f"database {path}: cannot create table {table} ({_one_line(e)})") from None
+    # Files written before runs.implementation ('compiled' | 'reference') existed gain it (NULL).
+    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS implementation VARCHAR")
     check_schema(con, path)
+
+
+# Columns ensure_schema adds to older files (ALTER TABLE): a read-only reader does not require them.
+_ADDED_LATER = {"runs": ("implementation",)}
 
 
 def check_schema(con, path: str | Path = "the database") -> None:
@@ -136,7 +142,7 @@ def check_schema(con, path: str | Path = "the database") -> None:
         if table not in found:
             continue
         want = [c.split()[0] for c in cols.replace("\n", " ").split(",")]
-        missing = [c for c in want if c not in found[table]]
+        missing = [c for c in want if c not in found[table] and c not in _ADDED_LATER.get(table, ())]
         if missing:
             raise StoreError(f"database {path}: table {table} lacks columns {', '.join(missing[:5])}; "
                              "it was not written by this kvcap; pass another --db")

@@ -15,7 +15,7 @@ Shared prefix-cache blocks pass: their content keys are equal.
 Timing: `timing="model"` (default) executes for real but returns the cost model's duration, so the
 replay's decisions equal `--executor model`; `timing="measured"` returns the measured step time
 (CUDA events on a GPU, `time.perf_counter` on the CPU). The integrity check runs outside the timed
-region. The replay loop must go step by step (`supports_steady = False`).
+region. It runs on the reference implementation only (the compiled cores price steps in C).
 
 Imports torch, numpy and replay's engine modules only; must not import traces/, capacity/, polars
 or duckdb (the GPU machine has none of them).
@@ -68,8 +68,6 @@ class StepRecord:
 
 
 class StubExecutor:
-    supports_steady = False   # every step must be executed, so no bulk steady runs
-
     def __init__(self, *, kv: PagedKV, model: WeightlessModel, keys: BlockKeys,
                  state: RequestState, block_table: Callable[[int], list[int]],
                  timing: Timing = "model", cost_model=None, check: bool = True,
@@ -116,10 +114,6 @@ class StubExecutor:
                    check=check, record=record)
 
     # ------------------------------------------------------------------ executor contract
-    def steady_step_s(self, num_computed: np.ndarray, num_steps: int) -> np.ndarray:
-        raise RuntimeError("the torch stub executes every step; the loop must not use the fast "
-                           "path with it (supports_steady = False)")
-
     def step_s(self, plan: StepPlan, num_sampled: int) -> float:
         self.step += 1
         model_s = (self.cost_model.step_s(plan, num_sampled) if self.cost_model is not None

@@ -70,7 +70,12 @@ def build(sc: dict, engine: str):
     def tokens(row: int) -> list[int]:
         return prompts[row] + [out_token(row, k) for k in range(int(state.num_output[row]))]
 
-    keys = TokenBlockKeys(block_size=spec.block_size, tokens=tokens)
+    def all_tokens(row: int) -> list[int]:
+        # The whole sequence is known in advance (outputs are a function of the request), so the
+        # compiled cores can take every block key precomputed.
+        return prompts[row] + [out_token(row, k) for k in range(int(state.output_len[row]))]
+
+    keys = TokenBlockKeys(block_size=spec.block_size, tokens=tokens, all_tokens=all_tokens)
     return spec, state, ids, keys
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.cost_model import CostConstants, CostModel, ModelShape
-from replay.loop import run
+from replay.run import run_engine
 from replay.prefix import TraceBlockKeys, UniqueBlockKeys
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
@@ -29,16 +29,8 @@ def tiny_spec(**kw) -> SchedulerSpec:
     return SchedulerSpec(**base)
 
 
-def make_scheduler(engine: str, spec, state, keys):
-    if engine == "v0":
-        from replay.v0.scheduler import V0Scheduler
-        return V0Scheduler(spec, state, keys)
-    from replay.v1.scheduler import V1Scheduler
-    return V1Scheduler(spec, state, keys)
-
-
 def run_tiny(engine: str, spec: SchedulerSpec, arrival_s, prompt, output, *, priority=None,
-             prefix_hashes=None, step_by_step: bool = False):
+             prefix_hashes=None, implementation: str = "auto"):
     state = RequestState(arrival_s=np.asarray(arrival_s, float), prompt_len=prompt,
                          output_len=output, priority=priority)
     if prefix_hashes is None:
@@ -46,6 +38,5 @@ def run_tiny(engine: str, spec: SchedulerSpec, arrival_s, prompt, output, *, pri
     else:
         keys = TraceBlockKeys(block_size=spec.block_size, prompt_len=prompt,
                               prefix_hashes=prefix_hashes, hash_block_tokens=8)
-    sched = make_scheduler(engine, spec, state, keys)
-    return run(state, sched, tiny_cost_model(block_size=spec.block_size),
-               kv_bytes_per_block=spec.kv_bytes_per_block, step_by_step=step_by_step)
+    return run_engine(engine, spec, state, keys, tiny_cost_model(block_size=spec.block_size),
+                      kv_bytes_per_block=spec.kv_bytes_per_block, implementation=implementation)

@@ -112,13 +112,13 @@ def million_trace(tmp_path_factory):
 
 @pytest.mark.parametrize("path", ["python", "core"])
 def test_interrupted_replay_leaves_no_partial_run(small_trace, tmp_path, path, request):
-    """Ctrl-C during a replay (the Python step-by-step loop, or inside the compiled core): exit
+    """Ctrl-C during a replay (the Python reference loop, or inside the compiled core): exit
     130, one line, and the DuckDB file holds no part of that run."""
     import signal
     import time
     db = tmp_path / "k.duckdb"
     kvcap("replay", small_trace, "--db", db, "--json")  # a finished run in the file must survive
-    args = [str(CONV), "--step-by-step"] if path == "python" else \
+    args = [str(CONV), "--reference"] if path == "python" else \
         [str(request.getfixturevalue("million_trace"))]
     proc = subprocess.Popen([KVCAP, "replay", *args, "--db", str(db), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

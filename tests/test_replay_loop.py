@@ -1,4 +1,4 @@
-"""The replay loop: fast path == step-by-step (differential), token conservation, Little's law,
+"""The replay loop: compiled core == Python reference (differential), token conservation, Little's law,
 every request ends exactly once, determinism. Engines: both schedulers, all preemption modes."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replay.divergence import first_divergence
 from replay.state import Status
 from replay_helpers import run_tiny, tiny_spec
 
@@ -47,6 +48,10 @@ def spec_for(engine, mode, data):
 
 
 def assert_same(a, b):
+    """The two runs are identical; a failure names the first divergence (step, request, field,
+    both values)."""
+    where = first_divergence(a, b, (a.implementation, b.implementation))
+    assert where is None, where
     assert a.status == b.status and a.num_steps == b.num_steps
     for k in a.steps:
         np.testing.assert_array_equal(a.steps[k], b.steps[k], err_msg=k)
@@ -57,7 +62,7 @@ def assert_same(a, b):
         np.testing.assert_array_equal(getattr(a.state, k), getattr(b.state, k), err_msg=k)
     assert a.events == b.events
     assert a.stalls == b.stalls
-    # Fleet TBT distribution: same multiset of samples (fast path stores them weighted).
+    # Fleet TBT distribution: same multiset of samples.
     ea = np.repeat(a.tbt_values, a.tbt_weights)
     eb = np.repeat(b.tbt_values, b.tbt_weights)
     np.testing.assert_array_equal(np.sort(ea), np.sort(eb))
@@ -66,12 +71,13 @@ def assert_same(a, b):
 @pytest.mark.parametrize("engine,mode", MODES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), data=st.data())
-def test_fast_path_equals_step_by_step(engine, mode, w, data):
+def test_compiled_equals_reference(engine, mode, w, data):
     arrival, prompt, output, prio, hashes = w
     spec = spec_for(engine, mode, data)
-    fast = run_tiny(engine, spec, arrival, prompt, output, priority=prio, prefix_hashes=hashes)
+    fast = run_tiny(engine, spec, arrival, prompt, output, priority=prio, prefix_hashes=hashes,
+                    implementation="compiled")
     slow = run_tiny(engine, spec, arrival, prompt, output, priority=prio, prefix_hashes=hashes,
-                    step_by_step=True)
+                    implementation="reference")
     assert_same(fast, slow)
     # Every request ends exactly once: a terminal status, or (only after an abort) not arrived.
     s = fast.state.status

@@ -1,4 +1,4 @@
-"""The compiled V0 core (replay/v0/_core.c) against the Python step-by-step path (the oracle the
+"""The compiled V0 core (replay/v0/_core.c) against the Python reference (the oracle the
 golden scenarios S1-S12 and the vLLM oracle pin down): identical steps, requests, events, stalls,
 TBT and abort outcome on Hypothesis workloads over every V0 knob (default and chunked paths,
 prefix caching, recompute / swap / queue-only, FCFS / priority, swap-full abort or fallback,
@@ -15,10 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, make_engine, run_both_with
-from replay import loop
-from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
 from replay.state import Status
-from replay.v0 import core
+from replay import compiled, loop
 from replay.v0.scheduler import V0Scheduler
 from replay_helpers import tiny_spec
 from test_replay_loop import workloads
@@ -27,15 +25,11 @@ from test_replay_loop import workloads
 def test_core_is_built():
     """`pip install -e .` compiles it; without it kvcap still runs, on the Python loop, but these
     tests would check nothing."""
-    assert core._core is not None
-
-
-def _engine(spec, arrival, prompt, output, hashes, priority=None):
-    return make_engine(V0Scheduler, spec, arrival, prompt, output, hashes, priority)
+    assert compiled.CORES["v0"] is not None
 
 
 def run_both(spec, arrival, prompt, output, hashes=None, priority=None):
-    return run_both_with(core, V0Scheduler, spec, arrival, prompt, output, hashes, priority)
+    return run_both_with("v0", spec, arrival, prompt, output, hashes, priority)
 
 
 @st.composite
@@ -66,7 +60,7 @@ def v0_specs(draw):
 @settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 600)), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), spec=v0_specs())
-def test_core_equals_python_step_by_step(w, spec):
+def test_core_equals_reference(w, spec):
     arrival, prompt, output, prio, hashes = w
     fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
     assert_identical(fast, slow)
@@ -75,9 +69,10 @@ def test_core_equals_python_step_by_step(w, spec):
 
 
 def run_python_with_reasons(spec, arrival, prompt, output, hashes=None, priority=None):
-    """The Python step-by-step run plus what its plans carried that the tables do not keep: the
+    """The Python reference run plus what its plans carried that the tables do not keep: the
     rejection reasons (which departure fired) and the priority preemptions."""
-    state, sched, ex = _engine(spec, arrival, prompt, output, hashes, priority)
+    state, keys, ex = make_engine("v0", spec, arrival, prompt, output, hashes, priority)
+    sched = V0Scheduler(spec, state, keys)
     reasons, by_priority = [], []
     schedule = sched.schedule
 
@@ -88,7 +83,7 @@ def run_python_with_reasons(spec, arrival, prompt, output, hashes=None, priority
         return plan
 
     sched.schedule = recording
-    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block, step_by_step=True)
+    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
     return raw, reasons, by_priority
 
 
@@ -267,20 +262,3 @@ def test_stale_evictor_entry_is_skipped_by_both_paths():
     # Row 0 can never fit this pool (rejected); the others finish.
     assert fast.state.status.tolist() == [Status.REJECTED] + [Status.FINISHED] * 4
     assert fast.state.num_swaps.sum() > 0
-
-
-def test_ineligible_configs():
-    """The V0-specific reasons (the shared ones: test_compiled.py)."""
-    spec = tiny_spec()
-    arrival, prompt, output = [0.0, 0.1], np.array([10, 12]), np.array([5, 6])
-    from replay.v1.scheduler import V1Scheduler
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    assert core.ineligible(V1Scheduler(spec, state, UniqueBlockKeys()), ex) == "not the V0 scheduler"
-    tokens = V0Scheduler(spec, state, TokenBlockKeys(block_size=4, tokens=lambda r: []))
-    assert core.ineligible(tokens, ex) == "block keys TokenBlockKeys"
-    other = TraceBlockKeys(block_size=8, prompt_len=prompt, prefix_hashes=[None, None])
-    assert core.ineligible(V0Scheduler(spec, state, other), ex) == \
-        "trace keys built for another block size"
-    state, used, ex = _engine(spec, arrival, prompt, output, None)
-    used.add_request(0)
-    assert core.ineligible(used, ex) == "the scheduler has already run"

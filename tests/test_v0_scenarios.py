@@ -1,20 +1,38 @@
 """Golden tests, one per reference scenario S1-S12 (shared/reference/vllm-scheduler.md §E, with
-the corrections in §G). Each drives the oracle scenario file through `V0Scheduler` and asserts the
-admissions, victims, modes, block ids and queue orders the scenario states."""
+the corrections in §G). Each drives the oracle scenario file through both implementations (the
+reference `V0Scheduler` and the compiled core through `StepCore`) and asserts the admissions,
+victims, modes, block ids and queue orders the scenario states."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from replay.compiled import StepCore
 from replay.v0 import V0Scheduler, preemption_warning
 from tests.oracle_driver import ORACLE, build, drive
 from tests.test_v0_oracle import VllmChunkView
 
+IMPL = "reference"
+
+
+@pytest.fixture(params=["reference", "compiled"], autouse=True)
+def implementation(request):
+    """Every scenario runs on both implementations."""
+    global IMPL
+    IMPL = request.param
+    yield request.param
+    IMPL = "reference"
+
+
+def make(spec, state, keys):
+    """The scheduler under test."""
+    return V0Scheduler(spec, state, keys) if IMPL == "reference" else StepCore("v0", spec, state, keys)
+
 
 def run(name: str) -> list[dict]:
     sc = json.loads((ORACLE / "scenarios" / f"{name}.json").read_text())
-    return drive(lambda spec, state, keys: VllmChunkView(V0Scheduler(spec, state, keys)), sc, "v0")
+    return drive(lambda spec, state, keys: VllmChunkView(make(spec, state, keys)), sc, "v0")
 
 
 def test_S1_basic() -> None:
@@ -129,7 +147,7 @@ def test_S11_hit_is_context_not_work() -> None:
     """kvcap's plan counts a prefix hit as context: B and C compute 4 new tokens each."""
     sc = json.loads((ORACLE / "scenarios" / "S11.json").read_text())
     spec, state, _, keys = build(sc, "v0")
-    sched = V0Scheduler(spec, state, keys)
+    sched = make(spec, state, keys)
     for step in (1, 2, 3):
         for row, r in enumerate(sc["requests"]):
             if r["arrival_step"] == step:
@@ -159,7 +177,7 @@ def test_S12_swap_is_refused() -> None:
     sc = json.loads((ORACLE / "scenarios" / "S12_swap.json").read_text())
     spec, state, _, keys = build(sc, "v0")
     with pytest.raises(ValueError, match="policy='priority'.*preemption_mode='swap'"):
-        V0Scheduler(spec, state, keys)
+        make(spec, state, keys)
 
 
 def test_preemption_warning_rate_limit() -> None:
@@ -183,7 +201,7 @@ def _scenario(**kw) -> dict:
 
 
 def _drive(sc: dict) -> list[dict]:
-    return drive(lambda spec, state, keys: VllmChunkView(V0Scheduler(spec, state, keys)), sc, "v0")
+    return drive(lambda spec, state, keys: VllmChunkView(make(spec, state, keys)), sc, "v0")
 
 
 def test_S10_prompt_limits() -> None:

@@ -1,4 +1,4 @@
-"""The compiled V1 core (replay/v1/_core.c) against the Python step-by-step path (the oracle the
+"""The compiled V1 core (replay/v1/_core.c) against the Python reference (the oracle the
 golden scenarios S1-S20 and the vLLM oracle pin down): identical steps, requests, events, stalls
 and TBT on Hypothesis workloads over every knob the core reads, with the C block pool's
 accounting invariants checked after each run (free + used = total, no block owned twice, the
@@ -12,28 +12,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_helpers import assert_identical, make_engine, run_both_with
-from replay.prefix import UniqueBlockKeys
+from core_helpers import assert_identical, run_both_with
 from replay.state import Status
-from replay.v1 import core
-from replay.v1.scheduler import V1Scheduler
+from replay import compiled
 from replay_helpers import tiny_spec
-from test_replay_loop import assert_same, workloads
+from test_replay_loop import workloads
 
 
 
 def test_core_is_built():
     """`pip install -e .` (make test / make report) compiles it; without it kvcap still runs,
     on the Python loop, but these tests would check nothing."""
-    assert core._core is not None
-
-
-def _engine(spec, arrival, prompt, output, hashes, priority=None):
-    return make_engine(V1Scheduler, spec, arrival, prompt, output, hashes, priority)
+    assert compiled.CORES["v1"] is not None
 
 
 def run_both(spec, arrival, prompt, output, hashes=None, priority=None):
-    return run_both_with(core, V1Scheduler, spec, arrival, prompt, output, hashes, priority)
+    return run_both_with("v1", spec, arrival, prompt, output, hashes, priority)
 
 
 @st.composite
@@ -58,7 +52,7 @@ def core_specs(draw):
 @settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 300)), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), spec=core_specs())
-def test_core_equals_python_step_by_step(w, spec):
+def test_core_equals_reference(w, spec):
     arrival, prompt, output, prio, hashes = w
     fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
     assert_identical(fast, slow)
@@ -82,7 +76,7 @@ def test_core_preempts_swaps_and_rehits(policy, mode):
     spec = tiny_spec(num_gpu_blocks=40, max_num_seqs=8, preemption_mode=mode, policy=policy,
                      num_cpu_blocks=12)
     fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
-    assert_same(fast, slow)
+    assert_identical(fast, slow)
     st_ = fast.state
     kinds = set(fast.events["kind"])
     assert len(fast.stalls["row"]) > 0
@@ -95,15 +89,3 @@ def test_core_preempts_swaps_and_rehits(policy, mode):
         assert fast.steps["cpu_blocks_used"].max() == 12          # the tier filled up
         assert fast.steps["evicted_blocks"].max() > 0
         assert "swap" in set(fast.stalls["mode"])
-
-
-def test_ineligible_configs():
-    """The V1-specific reasons (the shared ones: test_compiled.py)."""
-    spec = tiny_spec()
-    arrival, prompt, output = [0.0, 0.1], np.array([10, 12]), np.array([5, 6])
-    from replay.prefix import TokenBlockKeys
-    from replay.v0.scheduler import V0Scheduler
-    state, sched, ex = _engine(spec, arrival, prompt, output, None)
-    assert core.ineligible(V0Scheduler(spec, state, UniqueBlockKeys()), ex) == "not the V1 scheduler"
-    tokens = V1Scheduler(spec, state, TokenBlockKeys(block_size=4, tokens=lambda r: []))
-    assert core.ineligible(tokens, ex) == "block keys TokenBlockKeys"

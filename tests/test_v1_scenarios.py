@@ -3,18 +3,35 @@ oracle runs) as readable golden tests of the V1 scheduler: exact admissions, vic
 and queue orders. Each test drives the oracle scenario file and names what it pins down."""
 from __future__ import annotations
 
+import pytest
+
+from replay.compiled import StepCore
 from replay.v1 import V1Scheduler
 from tests.oracle_driver import drive, load
 
 
-def run(name: str, **overrides) -> tuple[dict[int, dict], V1Scheduler]:
-    """Per-step lines (by step number) and the scheduler, after driving scenario `name`."""
+IMPL = "reference"
+
+
+@pytest.fixture(params=["reference", "compiled"], autouse=True)
+def implementation(request):
+    """Every scenario runs on both implementations (the compiled core through `StepCore`)."""
+    global IMPL
+    IMPL = request.param
+    yield request.param
+    IMPL = "reference"
+
+
+def run(name: str, **overrides) -> tuple[dict[int, dict], object]:
+    """Per-step lines (by step number) and the scheduler, after driving scenario `name` on the
+    implementation under test."""
     sc, _ = load(name)
     sc.update(overrides)
-    made: list[V1Scheduler] = []
+    made: list = []
 
     def make(spec, state, keys):
-        made.append(V1Scheduler(spec, state, keys))
+        made.append(V1Scheduler(spec, state, keys) if IMPL == "reference"
+                    else StepCore("v1", spec, state, keys))
         return made[-1]
 
     return {line["step"]: line for line in drive(make, sc, "v1")}, made[0]

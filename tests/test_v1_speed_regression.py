@@ -1,5 +1,5 @@
 """Guards for the V1 speed work: on a few hundred real requests (Azure conv and Mooncake, with the
-Mooncake prefix hashes) the fast path and the step-by-step path give identical result tables,
+Mooncake prefix hashes) the compiled core and the Python reference give identical result tables,
 with the default pool and with one small enough to preempt, evict cached blocks and re-hit them
 (recompute and swap). Optionally, tables saved by an older build under $KVCAP_BASELINE_DIR
 (`bench/bench_replay.py --save-baseline DIR`) must be reproduced exactly."""
@@ -28,8 +28,7 @@ def head(name: str, n: int) -> pl.DataFrame:
 
 
 def assert_same_tables(a, b) -> None:
-    """Identical tables; TBT as the same multiset of samples (the fast path stores a steady
-    run's samples once with a weight)."""
+    """Identical tables (TBT compared as the multiset of samples the metrics read)."""
     assert a.run_id == b.run_id
     assert a.run["num_steps"] == b.run["num_steps"]
     for t in TABLES[:-1]:
@@ -52,11 +51,11 @@ CONFIGS = {
 @needs_shared
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("trace", TRACES)
-def test_fast_path_equals_step_by_step_on_real_requests(trace, cfg):
+def test_compiled_equals_reference_on_real_requests(trace, cfg):
     t = head(trace, 300)
     config = CONFIGS[cfg](trace)
-    fast = replay(t, config)
-    slow = replay(t, config, step_by_step=True)
+    fast = replay(t, config, implementation="compiled")
+    slow = replay(t, config, implementation="reference")
     assert_same_tables(fast, slow)
     if cfg != "default":
         assert fast.requests["num_preemptions"].sum() > 0, "the small pool should preempt"

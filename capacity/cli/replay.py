@@ -13,7 +13,7 @@ from capacity.cli.common import emit_json, engine_flags, guarded, trace_input
 err = Console(stderr=True)
 
 
-def replay_with_progress(trace, engine, *, executor: str, step_by_step: bool, label: str | None,
+def replay_with_progress(trace, engine, *, executor: str, reference: bool, label: str | None,
                          trace_name: str, quiet: bool, stub_options: dict | None = None):
     """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,7 +21,8 @@ def replay_with_progress(trace, engine, *, executor: str, step_by_step: bool, la
     from replay.run import replay
     total_s = float(trace["arrival_s"].max() or 0.0) - float(trace["arrival_s"].min() or 0.0)
     if quiet:
-        return replay(trace, engine, executor=executor, step_by_step=step_by_step, label=label,
+        return replay(trace, engine, executor=executor, label=label,
+                      implementation="reference" if reference else "auto",
                       trace_name=trace_name, stub_options=stub_options)
     with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.fields[sim]}"),
                   TextColumn("{task.fields[reqs]}"), TimeElapsedColumn(), console=err,
@@ -32,7 +33,8 @@ def replay_with_progress(trace, engine, *, executor: str, step_by_step: bool, la
             prog.update(task, completed=min(t, total_s), sim=f"sim {t:,.0f}/{total_s:,.0f} s",
                         reqs=f"{admitted:,}/{trace.height:,} requests")
 
-        return replay(trace, engine, executor=executor, step_by_step=step_by_step, label=label,
+        return replay(trace, engine, executor=executor, label=label,
+                      implementation="reference" if reference else "auto",
                       trace_name=trace_name, on_progress=on_progress, stub_options=stub_options)
 
 
@@ -69,7 +71,7 @@ def replay_cmd(
     db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to append the run to."),
     label: Optional[str] = typer.Option(None, "--label"),
     trace_format: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
-    step_by_step: bool = typer.Option(False, "--step-by-step", help="Disable the fast path."),
+    reference: bool = typer.Option(False, "--reference", help="Replay on the Python reference implementation instead of the compiled core."),
     stub_shape: Optional[str] = typer.Option(None, "--stub-shape", help="Stub model: full | tiny (default: full on CUDA, tiny on CPU)."),
     timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -86,7 +88,7 @@ def replay_cmd(
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
     stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None
-    result = replay_with_progress(trace, engine, executor=executor, step_by_step=step_by_step,
+    result = replay_with_progress(trace, engine, executor=executor, reference=reference,
                                   label=label, trace_name=file.name, quiet=as_json,
                                   stub_options=stub_options)
     tables = result.tables()

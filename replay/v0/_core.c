@@ -383,6 +383,9 @@ typedef struct {
     /* The plan. */
     int32_t *b_row; int64_t *b_new, *b_ctx; uint8_t *b_prefill, *b_sampled; int64_t nb_;
     int32_t *pre_rows; int64_t *pre_blocks; int8_t *pre_mode; uint8_t *pre_fallback; int64_t npre;
+    uint8_t *pre_prio;                     /* by _schedule_priority_preemption */
+    /* The per-step contract only (record_pairs): the step's swap (src, dst) physical-id pairs. */
+    int record_pairs; veci pairs_out, pairs_in;
     int32_t *rej_rows; int64_t nrej;
     int32_t *si_rows; int64_t nsi;
     int64_t nswap_out, nswap_in;           /* pair counts */
@@ -529,20 +532,48 @@ static int can_swap(const Core *c, int64_t row, int64_t sl, const Pool *dst, int
 /* _swap: release every block on src, then allocate each on dst. Returns the pairs (= blocks:
  * the table's ids are distinct, so vLLM's src -> dst dict has one pair per block), or -1.
  * Swap-in destinations go to the dst set the swap_in events read. */
+/* The per-step contract: (src, dst) physical-id pairs of one swap, one per source block (the
+ * last destination wins, as block_manager.py's dict does). */
+static int record_swap_pairs(Core *c, veci *out, const int32_t *old, const int32_t *ids, int64_t n,
+                             const Pool *src, const Pool *dst) {
+    int64_t start = out->n;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t s = old[k] - src->first, d = ids[k] - dst->first, j = start;
+        while (j < out->n && out->d[j] != s) j += 2;
+        if (j < out->n) { out->d[j + 1] = d; continue; }
+        if (pushi(out, s) || pushi(out, d)) { PyErr_NoMemory(); return -1; }
+    }
+    return 0;
+}
+
 static int64_t bm_swap(Core *c, int64_t row, Pool *src, Pool *dst, int to_gpu) {
     int64_t n = c->tlen[row], num_full = c->nfs[row] / c->bs;
-    int32_t *ids = c->tbl[row];
-    if (bm_release(c, src, row, ids, n, num_full) < 0) return -1;
+    int32_t *ids = c->tbl[row], *old = NULL;
+    if (c->record_pairs) {
+        old = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+        if (!old) { PyErr_NoMemory(); return -1; }
+        memcpy(old, ids, (size_t)n * sizeof(int32_t));
+    }
+    if (bm_release(c, src, row, ids, n, num_full) < 0) { free(old); return -1; }
     /* The table is rewritten in place: each old id was read by the release above. */
     if (!c->caching) {
-        if (n > dst->fq_len) { PyErr_SetString(PyExc_RuntimeError, "no free block"); return -1; }
+        if (n > dst->fq_len) {
+            PyErr_SetString(PyExc_RuntimeError, "no free block");
+            free(old);
+            return -1;
+        }
         allocate_many(dst, ids, n);
     } else {
         for (int64_t k = 0; k < n; k++) {
             int32_t b = k < num_full ? allocate_full(dst, key_of(&c->keys, row, k)) : allocate_new(dst);
-            if (b < 0) return -1;
+            if (b < 0) { free(old); return -1; }
             ids[k] = b;
         }
+    }
+    if (old) {
+        int rc = record_swap_pairs(c, to_gpu ? &c->pairs_in : &c->pairs_out, old, ids, n, src, dst);
+        free(old);
+        if (rc < 0) return -1;
     }
     if (to_gpu)
         for (int64_t k = 0; k < n; k++)
@@ -708,6 +739,7 @@ static inline void record_preemption(Core *c, int64_t row, int mode, int64_t blo
     c->pre_rows[c->npre] = (int32_t)row;
     c->pre_mode[c->npre] = (int8_t)mode;
     c->pre_fallback[c->npre] = (uint8_t)fallback;
+    c->pre_prio[c->npre] = 0;
     c->pre_blocks[c->npre++] = blocks;
 }
 
@@ -763,6 +795,7 @@ static int schedule_priority_preemption(Core *c) {
             subtract_seqs(c, victim, 1);
             int m = preempt(c, victim);
             if (m < 0) return m;
+            c->pre_prio[c->npre - 1] = 1;
             dq_pushleft(w, victim);
         }
         dq_pushleft(w, head);
@@ -953,6 +986,7 @@ static int schedule(Core *c) {
     c->num_steps++;
     c->nrej = c->npre = c->nsi = c->nb_ = 0;
     c->nswap_out = c->nswap_in = 0;
+    c->pairs_out.n = c->pairs_in.n = 0;
     c->nr_dec = c->nr_pre = c->nr_recomp = c->nr_swout = 0;
     c->ns_dec = c->ns_pre = c->ns_infeas = c->np_ = 0;
     for (int64_t j = 0; j < c->npending; j++) c->rej_rows[c->nrej++] = c->pending_rej[j];
@@ -1097,7 +1131,7 @@ static void core_free(Core *c) {
                   c->s_pre_row, c->s_infeas, c->s_pre_u, c->s_pre_c, c->p_row, c->p_u, c->p_c,
                   c->tmp, c->b_row, c->b_new, c->b_ctx, c->b_prefill, c->b_sampled, c->pre_rows,
                   c->pre_blocks, c->pre_mode, c->pre_fallback, c->rej_rows, c->si_rows,
-                  c->dst_ids, c->dst_mark, c->fin};
+                  c->dst_ids, c->dst_mark, c->fin, c->pre_prio, c->pairs_out.d, c->pairs_in.d};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
     free(c);
 }
@@ -1118,13 +1152,34 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!c) return PyErr_NoMemory();
     if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
     int64_t n = c->q.n;
-    long long bs, ng, nc, ms, mb, L, wm;
+    /* replay.spec.SchedulerSpec by field name (replay/v0/scheduler.py's reads, same rules). */
+    static const char *const ON_SWAP_FULL[] = {"recompute", "abort", NULL};
+    int64_t bs, ng, nc, ms, mb, L;
+    double wm;
     int ch, ca, mode, policy, abort_on_full;
-    if (!PyArg_ParseTuple(spec, "LLLLLLLppiip", &bs, &ng, &nc, &ms, &mb, &L, &wm, &ch, &ca, &mode,
-                          &policy, &abort_on_full)) goto fail;
+    if (spec_int(spec, "block_size", &bs) || spec_int(spec, "num_gpu_blocks", &ng) ||
+        spec_int(spec, "num_cpu_blocks", &nc) || spec_int(spec, "max_num_seqs", &ms) ||
+        spec_int(spec, "max_num_batched_tokens", &mb) || spec_int(spec, "max_model_len", &L) ||
+        spec_float(spec, "v0_watermark", &wm) ||
+        spec_bool(spec, "enable_chunked_prefill", &ch) ||
+        spec_bool(spec, "enable_prefix_caching", &ca) ||
+        spec_choice(spec, "preemption_mode", MODE_NAMES, &mode) ||
+        spec_choice(spec, "policy", POLICY_NAMES, &policy) ||
+        spec_choice(spec, "on_swap_full", ON_SWAP_FULL, &abort_on_full)) goto fail;
+    if (policy == 1 && mode == MODE_SWAP) {
+        /* replay/v0/scheduler.py refuses it too: real vLLM V0 crashes (reference G/D4). */
+        PyErr_SetString(PyExc_ValueError, "vLLM V0 cannot run policy='priority' with "
+                        "preemption_mode='swap' (reference G/D4)");
+        goto fail;
+    }
+    if (ng + nc >= ((int64_t)1 << 31)) {
+        PyErr_SetString(PyExc_ValueError, "core: more blocks than 32-bit block ids hold");
+        goto fail;
+    }
     c->bs = bs; c->num_gpu = ng; c->num_cpu = nc; c->max_seqs = ms; c->max_batched = mb;
-    c->L = L; c->watermark_blocks = wm; c->chunked = ch; c->caching = ca; c->mode = mode;
-    c->policy = policy; c->abort_on_full = abort_on_full;
+    /* BlockSpaceManager's watermark: int(0.01 * num_gpu_blocks) (A2). */
+    c->L = L; c->watermark_blocks = (int64_t)(wm * (double)ng); c->chunked = ch; c->caching = ca;
+    c->mode = mode; c->policy = policy; c->abort_on_full = abort_on_full;
     if (cost_parse(cost, &c->cost) < 0) goto fail;
     if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     if (pool_init(&c->gpu, 0, (int32_t)ng, ca) < 0 || pool_init(&c->cpu, (int32_t)ng, (int32_t)nc, ca) < 0) {
@@ -1157,6 +1212,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
      * so n bounds each list; 2n leaves room. */
     CALLOC(c->pre_rows, 2 * n, int32_t); CALLOC(c->pre_blocks, 2 * n, int64_t);
     CALLOC(c->pre_mode, 2 * n, int8_t); CALLOC(c->pre_fallback, 2 * n, uint8_t);
+    CALLOC(c->pre_prio, 2 * n, uint8_t);
     CALLOC(c->rej_rows, 2 * n, int32_t);
     CALLOC(c->si_rows, n, int32_t);
     CALLOC(c->dst_ids, ng, int32_t); CALLOC(c->dst_mark, ng, uint8_t);
@@ -1274,8 +1330,142 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ---------------- the per-step contract (replay/compiled.py `StepCore`): the same calls the
+ * reference scheduler answers (add_request, abort_request, schedule, update, queues and block
+ * tables), for the oracle and golden scenarios; `run` above is the same steps in one call. */
+static Core *core_of(PyObject *cap) { return (Core *)PyCapsule_GetPointer(cap, "kvcap.core0"); }
+
+static int row_arg(PyObject *args, Core **c, int64_t *row) {
+    PyObject *cap;
+    long long r;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &r)) return -1;
+    if (!(*c = core_of(cap))) return -1;
+    if (r < 0 || r >= (*c)->q.n) { PyErr_Format(PyExc_IndexError, "core: row %lld", r); return -1; }
+    *row = r;
+    return 0;
+}
+
+static PyObject *core_add(PyObject *self, PyObject *args) {
+    (void)self;
+    Core *c; int64_t row;
+    if (row_arg(args, &c, &row) < 0) return NULL;
+    add_request(c, (int32_t)row);
+    Py_RETURN_NONE;
+}
+
+static int dq_remove(dq *q, int32_t row, int32_t *tmp) {
+    int64_t w = 0, n = q->len, found = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t r = dq_at(q, i);
+        if (r == row && !found) { found = 1; continue; }
+        tmp[w++] = r;
+    }
+    if (!found) return 0;
+    memcpy(q->d, tmp, (size_t)w * sizeof(int32_t));
+    q->head = 0; q->len = w;
+    return 1;
+}
+
+/* A client abort (scheduler.py abort_request): leave the first queue holding it, free. */
+static PyObject *core_abort(PyObject *self, PyObject *args) {
+    (void)self;
+    Core *c; int64_t row;
+    if (row_arg(args, &c, &row) < 0) return NULL;
+    dq *qs[] = {&c->waiting, &c->running, &c->swapped};
+    for (int i = 0; i < 3; i++) {
+        if (!dq_remove(qs[i], (int32_t)row, c->tmp)) continue;
+        release_reservation(c, row);
+        if (bm_free(c, row) < 0) return NULL;
+        c->q.status[row] = ST_ABORTED;
+        break;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_schedule(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    c->record_pairs = 1;
+    int rc = schedule(c);
+    if (rc == SWAP_FULL)
+        return Py_BuildValue("{s(LLL)}", "abort", (long long)c->ab_row, (long long)c->ab_needed,
+                             (long long)c->ab_free);
+    if (rc < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    for (int64_t j = 0; j < c->ndst; j++) c->dst_mark[c->dst_ids[j]] = 0;
+    c->ndst = 0;
+    return Py_BuildValue(
+        "{sNsNsNsNsNsNsNsNsNsNsNsNsN}",
+        "rows", bytes_of(c->b_row, c->nb_, 4), "num_new", bytes_of(c->b_new, c->nb_, 8),
+        "num_computed", bytes_of(c->b_ctx, c->nb_, 8), "prefill", bytes_of(c->b_prefill, c->nb_, 1),
+        "pre_rows", bytes_of(c->pre_rows, c->npre, 4), "pre_blocks", bytes_of(c->pre_blocks, c->npre, 8),
+        "pre_mode", bytes_of(c->pre_mode, c->npre, 1),
+        "pre_fallback", bytes_of(c->pre_fallback, c->npre, 1),
+        "pre_prio", bytes_of(c->pre_prio, c->npre, 1),
+        "rej_rows", bytes_of(c->rej_rows, c->nrej, 4), "si_rows", bytes_of(c->si_rows, c->nsi, 4),
+        "swap_out", bytes_of(c->pairs_out.d, c->pairs_out.n, 8),
+        "swap_in", bytes_of(c->pairs_in.d, c->pairs_in.n, 8));
+}
+
+static PyObject *core_update(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    if (update(c) < 0) return NULL;
+    return Py_BuildValue("(NN)", bytes_of(c->b_sampled, c->nb_, 1), bytes_of(c->fin, c->nfin, 4));
+}
+
+static PyObject *dq_list(const dq *q) {
+    PyObject *l = PyList_New((Py_ssize_t)q->len);
+    for (int64_t i = 0; l && i < q->len; i++) {
+        PyObject *x = PyLong_FromLong(dq_at(q, i));
+        if (!x) { Py_DECREF(l); return NULL; }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, x);
+    }
+    return l;
+}
+
+/* Queues, free blocks, and the tables of running and swapped requests (ids as the pools number
+ * them: host blocks offset by num_gpu_blocks, as vLLM prints them). */
+static PyObject *core_snapshot(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    PyObject *tables = PyDict_New();
+    if (!tables) return NULL;
+    dq *qs[] = {&c->running, &c->swapped};
+    for (int i = 0; i < 2; i++)
+        for (int64_t j = 0; j < qs[i]->len; j++) {
+            int32_t r = dq_at(qs[i], j);
+            if (!c->has_tbl[r]) continue;
+            PyObject *k = PyLong_FromLong(r), *v = list_i32(c->tbl[r], c->tlen[r]);
+            int bad = !k || !v || PyDict_SetItem(tables, k, v) < 0;
+            Py_XDECREF(k); Py_XDECREF(v);
+            if (bad) { Py_DECREF(tables); return NULL; }
+        }
+    return Py_BuildValue("{sNsNsNsNsLsL}", "waiting", dq_list(&c->waiting),
+                         "running", dq_list(&c->running), "swapped", dq_list(&c->swapped),
+                         "tables", tables, "free_gpu", (long long)pool_num_free(&c->gpu),
+                         "free_cpu", (long long)pool_num_free(&c->cpu));
+}
+
 static PyMethodDef methods[] = {
     {"new", core_new, METH_VARARGS, "new(arrays, spec, cost, keys) -> core handle"},
+    {"add", core_add, METH_VARARGS, "add(core, row): a request arrives"},
+    {"abort", core_abort, METH_VARARGS, "abort(core, row): a client abort"},
+    {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
+    {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},
+    {"snapshot", core_snapshot, METH_VARARGS, "snapshot(core) -> queues, free blocks, tables"},
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},

@@ -5,8 +5,8 @@ Owns the three queues (waiting, running, swapped as deques of rows), one step's 
 (`_schedule_default`, `_schedule_chunked_prefill` around running / swapped / prefill phases sharing
 one `Budget`), rejections, and playing the model output back (`update`). Admission lives in
 `admission.py`, preemption (recompute, swap, swap-full fallback, priority) in `preemption.py`,
-blocks in `BlockManagerV0`, the bulk decode fast path in `steady.py`, per-request numbers in
-`RequestState`.
+blocks in `BlockManagerV0`, per-request numbers in `RequestState`. This is the reference
+implementation (one step at a time); replay/v0/_core.c is the fast one, tested against it.
 Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.plan import Preemption, Rejection, StepOutput, StepPlan, SteadyRun, SwapAbort
+from replay.plan import Preemption, Rejection, StepOutput, StepPlan, SwapAbort
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
@@ -24,7 +24,6 @@ from replay.v0.block_manager import AllocStatus, BlockManagerV0
 from replay.v0.admission import AdmissionMixin
 from replay.v0.budget import Budget
 from replay.v0.preemption import PreemptionMixin, SwapFull
-from replay.v0 import steady
 
 _RUNNING = int(Status.RUNNING)   # enum attribute reads are slow in hot loops
 
@@ -119,10 +118,6 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
     @property
     def num_swapped(self) -> int:
         return len(self.swapped)
-
-    def running_rows(self) -> np.ndarray:
-        """Running requests in queue order, which is the batch order of a steady decode step."""
-        return np.fromiter(self.running, dtype=np.int64, count=len(self.running))
 
     def block_table(self, row: int) -> list[int]:
         """GPU block ids of a request holding GPU blocks, in token order."""
@@ -431,13 +426,6 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
                     remaining.append(row)
             self.running = remaining
         return StepOutput(sampled=sampled, finished=np.array(finished, dtype=np.int64))
-
-    # ================================================================== fast path
-    def max_steady_steps(self) -> int:
-        return steady.max_steady_steps(self)
-
-    def advance_steady(self, num_steps: int) -> SteadyRun:
-        return steady.advance_steady(self, num_steps)
 
 
 def _cat_pairs(parts: list[np.ndarray]) -> np.ndarray:

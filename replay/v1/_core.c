@@ -601,29 +601,9 @@ static int has_unfinished(const void *core) {
     return c->nrun || c->wq_len;
 }
 
-/* One engine step: schedule(), the executor's duration, update() (loop.py's step-by-step branch;
- * the loop's own bookkeeping is in kvcore.h). 1 when the run ends. */
-static int one_step(void *core) {
-    Core *c = (Core *)core;
-    if (schedule(c) < 0) return -1;
-    Plan pl = {.rows = c->s_rows, .num_new = c->s_new, .num_computed = c->s_before,
-               .prefill = c->s_prefill, .sampled = c->s_sampled, .nrows = c->ns,
-               .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
-               .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
-               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
-    if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
-    for (int64_t j = 0; j < c->nsi; j++)
-        if (event(c, EV_SWAP_IN, c->si_rows[j], c->si_blocks[j])) return -1;
-    loop_evictions(&c->lp, &pl);
-    StepSums sums = loop_sums(&c->lp, &c->q, &pl);
-    StepRow row = {
-        .duration_s = cost_step_s(&c->cost, sums.tokens, sums.num_sampled, sums.attn, sums.kv,
-                                  c->nswap_out + c->nswap_in),
-        .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)c->wq_len,
-        .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
-        .num_decode_tokens = sums.num_decode};
-    /* update(): one token for every row whose chunk reached the end of its known tokens; finish
-     * at output_len or max_model_len; free the finished in batch order. */
+/* update(): one token for every row whose chunk reached the end of its known tokens; finish at
+ * output_len or max_model_len; free the finished in batch order. */
+static void update(Core *c) {
     c->nfin = 0;
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
@@ -645,6 +625,30 @@ static int one_step(void *core) {
         }
         c->nrun = w;
     }
+}
+
+/* One engine step: schedule(), the executor's duration, update() (loop.py's step-by-step branch;
+ * the loop's own bookkeeping is in kvcore.h). 1 when the run ends. */
+static int one_step(void *core) {
+    Core *c = (Core *)core;
+    if (schedule(c) < 0) return -1;
+    Plan pl = {.rows = c->s_rows, .num_new = c->s_new, .num_computed = c->s_before,
+               .prefill = c->s_prefill, .sampled = c->s_sampled, .nrows = c->ns,
+               .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
+               .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
+               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
+    if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
+    for (int64_t j = 0; j < c->nsi; j++)
+        if (event(c, EV_SWAP_IN, c->si_rows[j], c->si_blocks[j])) return -1;
+    loop_evictions(&c->lp, &pl);
+    StepSums sums = loop_sums(&c->lp, &c->q, &pl);
+    StepRow row = {
+        .duration_s = cost_step_s(&c->cost, sums.tokens, sums.num_sampled, sums.attn, sums.kv,
+                                  c->nswap_out + c->nswap_in),
+        .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)c->wq_len,
+        .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
+        .num_decode_tokens = sums.num_decode};
+    update(c);
     row.gpu_blocks_used = c->num_blocks - 1 - c->num_free;
     row.cpu_blocks_used = c->host_used;
     return loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin, c->nfin);
@@ -682,15 +686,28 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!c) return PyErr_NoMemory();
     if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
     int64_t n = c->q.n;
-    long long bs, nb, ma, mb, L, thr, wm, ncpu;
+    /* replay.spec.SchedulerSpec by field name (replay/v1/scheduler.py's reads, same rules). */
+    int64_t bs, nb, ms, ma, mb, L, thr, ncpu;
+    double wm;
     int ch, ca, rf, mode, policy;
-    if (!PyArg_ParseTuple(spec, "LLLLLLLpppiiL", &bs, &nb, &ma, &mb, &L, &thr, &wm, &ch, &ca, &rf,
-                          &mode, &policy, &ncpu)) goto fail;
+    if (spec_int(spec, "block_size", &bs) || spec_int(spec, "num_gpu_blocks", &nb) ||
+        spec_int(spec, "num_cpu_blocks", &ncpu) || spec_int(spec, "max_num_seqs", &ms) ||
+        /* max_num_active_seqs: None means max_num_seqs (B7). */
+        spec_opt_int(spec, "max_num_active_seqs", ms, &ma) ||
+        spec_int(spec, "max_num_batched_tokens", &mb) || spec_int(spec, "max_model_len", &L) ||
+        spec_int(spec, "long_prefill_token_threshold", &thr) ||
+        spec_float(spec, "watermark", &wm) ||
+        spec_bool(spec, "enable_chunked_prefill", &ch) ||
+        spec_bool(spec, "enable_prefix_caching", &ca) ||
+        spec_bool(spec, "scheduler_reserve_full_isl", &rf) ||
+        spec_choice(spec, "preemption_mode", MODE_NAMES, &mode) ||
+        spec_choice(spec, "policy", POLICY_NAMES, &policy)) goto fail;
     c->policy = policy;
     c->num_cpu = mode == MODE_SWAP ? ncpu : 0;
     c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
-    c->thr_knob = thr; c->watermark_blocks = wm; c->chunked = ch; c->caching = ca;
-    c->reserve_full_isl = rf; c->mode = mode;
+    /* vLLM: int(watermark * num_blocks), null block included (C truncates as int() does). */
+    c->thr_knob = thr; c->watermark_blocks = (int64_t)(wm * (double)nb); c->chunked = ch;
+    c->caching = ca; c->reserve_full_isl = rf; c->mode = mode;
     if (cost_parse(cost, &c->cost) < 0) goto fail;
     if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
@@ -800,11 +817,101 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ---------------- the per-step contract (replay/compiled.py `StepCore`): the same calls the
+ * reference scheduler answers (add_request, schedule, update, queues and block tables), for the
+ * oracle and golden scenarios; `run` above is the same steps without the round trips. */
+static Core *core_of(PyObject *cap) { return (Core *)PyCapsule_GetPointer(cap, "kvcap.core"); }
+
+static PyObject *core_add(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    long long row;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &row)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    if (row < 0 || row >= c->q.n) return PyErr_Format(PyExc_IndexError, "core: row %lld", row);
+    add_request(c, (int32_t)row);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_schedule(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    if (schedule(c) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    return Py_BuildValue(
+        "{sNsNsNsNsNsNsNsNsNsNsNsLsL}",
+        "rows", bytes_of(c->s_rows, c->ns, 4), "num_new", bytes_of(c->s_new, c->ns, 8),
+        "num_computed", bytes_of(c->s_before, c->ns, 8), "prefill", bytes_of(c->s_prefill, c->ns, 1),
+        "pre_rows", bytes_of(c->pre_rows, c->npre, 4), "pre_blocks", bytes_of(c->pre_blocks, c->npre, 8),
+        "pre_mode", bytes_of(c->pre_mode, c->npre, 1),
+        "pre_fallback", bytes_of(c->pre_fallback, c->npre, 1),
+        "rej_rows", bytes_of(c->rej_rows, c->nrej, 4), "si_rows", bytes_of(c->si_rows, c->nsi, 4),
+        "si_blocks", bytes_of(c->si_blocks, c->nsi, 8), "nswap_out", (long long)c->nswap_out,
+        "nswap_in", (long long)c->nswap_in);
+}
+
+static PyObject *core_update(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    update(c);
+    return Py_BuildValue("(NN)", bytes_of(c->s_sampled, c->ns, 1), bytes_of(c->fin, c->nfin, 4));
+}
+
+/* Queues (waiting as stored: FCFS front to back, or the heap array), free blocks, the running
+ * requests' block tables. */
+static PyObject *core_snapshot(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    PyObject *waiting = PyList_New((Py_ssize_t)c->wq_len), *tables = PyDict_New();
+    if (!waiting || !tables) goto fail;
+    for (int64_t i = 0; i < c->wq_len; i++) {
+        int32_t r = c->policy ? c->wq[i] : c->wq[(c->wq_head + i) % c->wq_cap];
+        PyObject *x = PyLong_FromLong(r);
+        if (!x) goto fail;
+        PyList_SET_ITEM(waiting, (Py_ssize_t)i, x);
+    }
+    for (int64_t i = 0; i < c->nrun; i++) {
+        int32_t r = c->running[i];
+        PyObject *k = PyLong_FromLong(r), *v = list_i32(c->tbl[r], c->held[r]);
+        int bad = !k || !v || PyDict_SetItem(tables, k, v) < 0;
+        Py_XDECREF(k); Py_XDECREF(v);
+        if (bad) goto fail;
+    }
+    /* The free queue front to back (block num_blocks is its sentinel). */
+    int32_t *fq = (int32_t *)malloc(((size_t)c->num_free + 1) * sizeof(int32_t));
+    if (!fq) { PyErr_NoMemory(); goto fail; }
+    int64_t nf = 0;
+    for (int32_t b = c->blk[c->num_blocks].next; b != c->num_blocks; b = c->blk[b].next) fq[nf++] = b;
+    PyObject *free_queue = list_i32(fq, nf);
+    free(fq);
+    if (!free_queue) goto fail;
+    return Py_BuildValue("{sNsNsNsNsLsLsL}", "running", list_i32(c->running, c->nrun),
+                         "free_queue", free_queue,
+                         "waiting", waiting, "tables", tables, "free_gpu", (long long)c->num_free,
+                         "cpu_used", (long long)c->host_used, "num_swapped", (long long)c->nswapped);
+fail:
+    Py_XDECREF(waiting); Py_XDECREF(tables);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"new", core_new, METH_VARARGS, "new(arrays, spec, cost, keys) -> core handle"},
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
+    {"add", core_add, METH_VARARGS, "add(core, row): a request arrives"},
+    {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
+    {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},
+    {"snapshot", core_snapshot, METH_VARARGS, "snapshot(core) -> queues, free blocks, tables"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -142,62 +142,6 @@ class KVCacheManager:
         self.cache_blocks(row, min(computed + num_new_tokens, num_tokens))
         return new
 
-    def allocate_batch(self, rows: list[int], num_slots: np.ndarray,
-                       num_tokens_to_cache: np.ndarray) -> int:
-        """`allocate_slots` for running requests in order, in bulk: each row i needs slots for
-        `num_slots[i]` tokens; stops before the first row that does not fit and returns how many
-        rows succeeded. Blocks are popped in row order, as one call per row would."""
-        idx = np.fromiter(rows, np.int64, len(rows))
-        need = np.maximum(-(-num_slots // self.block_size) - self.held[idx], 0)
-        cneed = np.cumsum(need)
-        ok = int(np.searchsorted(cneed, self.pool.num_free, "right"))
-        total = int(cneed[ok - 1]) if ok else 0
-        if total:
-            blocks = self.pool.pop_new(total)
-            grow = np.flatnonzero(need[:ok])
-            tables, pos = self.tables, 0
-            for j, k in zip(grow.tolist(), need[grow].tolist()):
-                tables[rows[j]].extend(blocks[pos:pos + k])
-                pos += k
-            self.held[idx[grow]] += need[grow]
-        if self.pool.enable_caching and ok:
-            self.register_rows(idx[:ok], num_tokens_to_cache[:ok] // self.block_size)
-        return ok
-
-    def allocate_list(self, rows: list[int], idx: np.ndarray, num_slots: list[int],
-                      num_tokens_to_cache: list[int]) -> int:
-        """`allocate_batch` for a small batch given as Python lists (`num_slots` may be shorter
-        than `rows`: only its rows are tried; `idx` is `rows` as an array)."""
-        m = len(num_slots)
-        bs, pool = self.block_size, self.pool
-        free = pool.num_free
-        held = self.held[idx[:m]].tolist()
-        total = ok = 0
-        grow: list[tuple[int, int]] = []
-        for j, (s, h) in enumerate(zip(num_slots, held)):
-            need = -(-s // bs) - h
-            if need > 0:
-                if total + need > free:
-                    break
-                total += need
-                grow.append((j, need))
-            ok = j + 1
-        if total:
-            blocks = pool.pop_new(total)
-            tables, held_np, pos = self.tables, self.held, 0
-            for j, k in grow:
-                r = rows[j]
-                tables[r].extend(blocks[pos:pos + k])
-                held_np[r] += k
-                pos += k
-        if pool.enable_caching and ok:
-            nc = self.num_cached[idx[:ok]].tolist()
-            spans = [(r, t // bs) for r, t, a in zip(rows, num_tokens_to_cache[:ok], nc)
-                     if t // bs > a]
-            if spans:
-                self.register_spans(spans)
-        return ok
-
     def cache_blocks(self, row: int, num_tokens: int) -> None:
         """Register the full blocks covered by `num_tokens` (done when scheduled, not computed)."""
         if not self.pool.enable_caching:
@@ -222,51 +166,6 @@ class KVCacheManager:
         self.pool.register(blocks[:j], keys[:j])
         if j < len(keys):
             self.pool.register_unique(blocks[j:], keys[j:])
-
-    def register_rows(self, rows: np.ndarray, n_full: np.ndarray) -> None:
-        """`register_full(rows[i], n_full[i])` for every i, in order, with one pool call."""
-        nc = self.num_cached[rows]
-        grow = np.flatnonzero(n_full > nc)
-        if len(grow):
-            self.register_spans(list(zip(rows[grow].tolist(), n_full[grow].tolist())))
-
-    def register_spans(self, spans: list[tuple[int, int]]) -> None:
-        """`register_full(row, n_full)` for every (row, n_full) pair, in order, in one pool call
-        per kind of key (rows with nothing new are skipped)."""
-        tables, keys_of, num_cached = self.tables, self.keys.keys, self.num_cached
-        runs = []
-        blocks: list[int] = []       # shared keys (enter the map)
-        keys: list[int] = []
-        ublocks: list[int] = []      # request-unique keys (registered lazily, never collide)
-        ukeys: list[int] = []
-        for r, b in spans:
-            a = int(num_cached[r])
-            if a >= b:
-                continue
-            ks = keys_of(r, a, b)
-            bl = tables[r][a:b]
-            num_cached[r] = b
-            if ks[0] < 0:
-                ublocks += bl
-                ukeys += ks
-                continue
-            j = _first_unique(ks)
-            if j < len(ks):
-                ublocks += bl[j:]
-                ukeys += ks[j:]
-                bl, ks = bl[:j], ks[:j]
-            blocks += bl
-            keys += ks
-            runs.append((bl, ks))
-        if ukeys:
-            self.pool.register_unique(ublocks, ukeys)
-        if len(runs) > 1 and len(set(keys)) < len(keys):
-            # Two rows computed the same content: registration order decides which copy a
-            # lookup returns, so keep it row by row.
-            for bl, ks in runs:
-                self.pool.register(bl, ks)
-        elif keys:
-            self.pool.register(blocks, keys)
 
     def publish(self, row: int) -> None:
         """Enter `row`'s lazily registered blocks in the cache map (it is being preempted and

@@ -10,24 +10,23 @@ victim's full blocks in a host offload tier (reference B8) and loads them back o
 admits only what can run to completion beside what running requests were promised, so nothing
 is ever preempted. Requests that can never run are rejected instead of hanging.
 
-Owns the queues and block tables; writes the request counters in `RequestState`. The fast path
-lives in `replay.v1.steady`. Must not import traces/, capacity/ or torch.
+Owns the queues and block tables; writes the request counters in `RequestState`. This is the
+reference implementation: one step at a time, no speed tricks (the compiled core, replay/v1/_core.c,
+is the fast one and is tested against it). Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from replay.plan import Preemption, Rejection, StepOutput, StepPlan, SteadyRun
+from replay.plan import Preemption, Rejection, StepOutput, StepPlan
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
-from replay.v1 import steady
 from replay.v1.host_tier import HostTier
 from replay.v1.kv_cache_manager import Admission, KVCacheManager
 from replay.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
-_SMALL = 64   # batches up to this many rows take the plain-Python running phase
 
 
 class V1Scheduler:
@@ -57,12 +56,8 @@ class V1Scheduler:
         # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
         self.prefilling = np.zeros(state.n, dtype=bool)
         self._prefill_rows: set[int] = set()   # the running rows among them
-        # The fast path's view of the running set (`steady._Ctx`); any schedule() drops it.
-        self._ctx = None
         self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
         self._last_rows = np.zeros(0, _I64)
-        # Vectorized running phase; tests turn it off to compare with the per-request loop.
-        self.bulk = True
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
@@ -76,7 +71,6 @@ class V1Scheduler:
     def abort_request(self, row: int) -> None:
         """Client abort (test hook): leave whichever queue, free the blocks."""
         st = int(self.state.status[row])
-        self._ctx = None
         if st == Status.RUNNING:
             self.running.remove(row)
             self._prefill_rows.discard(row)
@@ -101,10 +95,6 @@ class V1Scheduler:
     @property
     def num_swapped(self) -> int:
         return len(self._swapped)
-
-    def running_rows(self) -> np.ndarray:
-        """Running requests in batch order (the replay loop prices a steady run with them)."""
-        return np.fromiter(self.running, _I64, len(self.running))
 
     def block_table(self, row: int) -> list[int]:
         """GPU block ids of a request holding GPU blocks, in token order."""
@@ -231,7 +221,6 @@ class V1Scheduler:
     # ---------------------------------------------------------------- one step
     def schedule(self) -> StepPlan:
         spec, st = self.spec, self.state
-        self._ctx = None
         rejected: list[Rejection] = []
         if self._arrived:
             for r in self._arrived:
@@ -249,10 +238,7 @@ class V1Scheduler:
         sched: dict[int, int] = {}
         preempted: list[Preemption] = []
         swap_out: list[tuple[int, int]] = []
-        i = 0
-        if self.bulk and self.running:
-            i, budget = self._running_bulk(sched, budget, thr)
-        budget = self._running_loop(i, sched, budget, thr, preempted, swap_out)
+        budget = self._running_loop(0, sched, budget, thr, preempted, swap_out)
         swap_in: list[tuple[int, int]] = []
         swapped_in: list[int] = []
         if not preempted:
@@ -270,68 +256,6 @@ class V1Scheduler:
             swap_out=np.array(swap_out, dtype=_I64).reshape(-1, 2),
             swap_in=np.array(swap_in, dtype=_I64).reshape(-1, 2),
             preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected))
-
-    def _running_bulk(self, sched: dict[int, int], budget: int, thr: int) -> tuple[int, int]:
-        """The running phase for the leading requests whose allocations all succeed, in numpy
-        (small batches: the same on Python ints).
-        Returns (index of the first request left to the per-request loop, budget left)."""
-        st, L, running = self.state, self.spec.max_model_len, self.running
-        idx = np.fromiter(running, _I64, len(running))
-        if len(running) <= _SMALL:
-            return self._running_bulk_small(idx, sched, budget, thr)
-        c = st.num_computed[idx]
-        nt = st.prompt_len[idx] + st.num_output[idx]
-        raw = nt - c
-        if thr > 0:
-            raw = np.minimum(raw, thr)
-        raw = np.maximum(np.minimum(raw, L - c - 1), 0)
-        prev = np.cumsum(raw) - raw
-        # The loop visits request j while budget > 0, i.e. while the tokens before it < budget.
-        m = int(np.searchsorted(prev, budget, "left"))
-        n = np.minimum(raw[:m], budget - prev[:m])
-        c = c[:m]
-        ok = self.kv.allocate_batch(running[:m], np.minimum(c + n, L), np.minimum(c + n, nt[:m]))
-        n = n[:ok]
-        keep = n > 0
-        sched.update(zip(idx[:ok][keep].tolist(), n[keep].tolist()))
-        return ok, budget - int(n.sum())
-
-    def _running_bulk_small(self, idx: np.ndarray, sched: dict[int, int], budget: int,
-                            thr: int) -> tuple[int, int]:
-        """`_running_bulk` for a small batch: the same arithmetic on Python ints (a few dozen
-        rows cost less per row in Python than per numpy call)."""
-        st, L, running, prompt = self.state, self.spec.max_model_len, self.running, self._prompt
-        ns: list[int] = []
-        slots: list[int] = []
-        to_cache: list[int] = []
-        prev = 0       # tokens before row j, uncapped by the budget (the numpy path's cumsum)
-        for r, c, o in zip(running, st.num_computed[idx].tolist(), st.num_output[idx].tolist()):
-            if prev >= budget:
-                break
-            # min/max spelled as comparisons: this runs for every row of every eventful step.
-            nt = prompt[r] + o
-            raw = nt - c
-            if 0 < thr < raw:
-                raw = thr
-            cap = L - c - 1
-            if raw > cap:
-                raw = cap
-            if raw < 0:
-                raw = 0
-            left = budget - prev
-            n = raw if raw < left else left
-            prev += raw
-            ns.append(n)
-            e = c + n
-            slots.append(e if e < L else L)
-            to_cache.append(e if e < nt else nt)
-        ok = self.kv.allocate_list(running, idx, slots, to_cache)
-        total = 0
-        for r, n in zip(running[:ok], ns[:ok]):
-            if n > 0:
-                sched[r] = n
-                total += n
-        return ok, budget - total
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
                       preempted: list, swap_out: list) -> int:
@@ -428,7 +352,6 @@ class V1Scheduler:
         """One sampled token for every scheduled request whose chunk reached the end of its known
         tokens; finish at output_len or max_model_len; free finished requests in batch order."""
         st = self.state
-        self._ctx = None
         rows = plan.rows
         sampled = st.num_computed[rows] >= st.prompt_len[rows] + st.num_output[rows]
         got = rows[sampled]
@@ -447,10 +370,3 @@ class V1Scheduler:
             gone = set(fin)
             self.running = [r for r in self.running if r not in gone]
         return StepOutput(sampled=sampled, finished=finished)
-
-    # ---------------------------------------------------------------- fast path
-    def max_steady_steps(self) -> int:
-        return steady.max_steady_steps(self)
-
-    def advance_steady(self, num_steps: int) -> SteadyRun:
-        return steady.advance_steady(self, num_steps)

@@ -1,0 +1,65 @@
+"""What a replay produces, before results.py turns it into tables: `RawRun`, the per-step columns
+and the event kinds. A leaf module (numpy and replay.state only) so the reference loop
+(replay/loop.py), the compiled-core adapter (replay/compiled.py), engine selection (replay/run.py)
+and the results all import it without importing each other; the C cores index `EVENT_KINDS`
+(replay/kvcore.h `EV_*`) and fill `STEP_COLUMNS` in this order.
+Must not import anything else from replay/ (import-linter contract in pyproject.toml).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from replay.state import RequestState
+
+STEP_COLUMNS = {
+    "start_s": np.float64, "duration_s": np.float64, "num_running": np.int32,
+    "num_waiting": np.int32, "num_swapped": np.int32, "num_prefill_tokens": np.int64,
+    "num_decode_tokens": np.int64, "gpu_blocks_used": np.int64, "cpu_blocks_used": np.int64,
+    "swap_out_blocks": np.int32, "swap_in_blocks": np.int32, "num_preempted": np.int32,
+    # Requests preempted in swap mode and not yet resumed, and their KV blocks (per GPU): the
+    # concurrently evicted KV the host tier must hold (size-swap's demand series).
+    "evicted_requests": np.int32, "evicted_blocks": np.int64,
+}
+
+EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
+               "swap_full_abort", "reject")
+
+Implementation = Literal["compiled", "reference"]
+
+
+@dataclass(slots=True, kw_only=True)
+class RawRun:
+    """Everything a replay produced, as numpy columns (results.py turns it into tables)."""
+    state: RequestState
+    steps: dict[str, np.ndarray]
+    # Per request (trace row).
+    first_scheduled_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    max_tbt_s: np.ndarray
+    # Events: parallel lists (eventful steps only, so plain lists are cheap).
+    events: dict[str, list] = field(default_factory=dict)
+    # Preemption stalls: the TBT sample that spans a preemption.
+    stalls: dict[str, list] = field(default_factory=dict)
+    # Fleet TBT samples as (value, weight): the rows that also sampled in the previous step share
+    # one gap value, so a step adds one weighted sample plus the few rows that did not
+    # (memory O(steps), not O(tokens)).
+    tbt_values: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tbt_weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    status: str = "completed"          # "completed" | "aborted"
+    abort_s: float | None = None
+    abort_reason: str | None = None
+    sim_seconds: float = 0.0
+    num_steps: int = 0
+    # Which implementation produced it (recorded in the `runs` table).
+    implementation: Implementation = "reference"
+
+
+def abort_reason(row: int, needed: int, free: int) -> str:
+    """vLLM V0's RuntimeError text when a swap victim does not fit the host pool (both
+    implementations word it the same)."""
+    return (f"Aborted due to the lack of CPU swap space: request row {row} needs {needed} CPU "
+            f"blocks, {free} free")
