@@ -97,3 +97,17 @@ def test_out_of_range_numbers_are_unparsed_lines_not_rows():
     assert parsed.unparsed["line"].to_list() == [1, 2]
     reasons = " ".join(parsed.unparsed["reason"].to_list())
     assert "out of range" in reasons and "percentage" in reasons
+
+
+def test_negative_or_nan_itl_in_client_results_is_refused(tmp_path):
+    import json
+
+    import pytest
+
+    from capacity.evidence.clientparse import ClientFormatError, vllm_bench_tokens
+    good = {"ttfts": [0.1, 0.2], "itls": [[0.01, 0.02], [0.03]], "start_times": [0.0, 1.0]}
+    assert vllm_bench_tokens(good, "b.json").height == 5
+    for itls in ([[0.01, -0.02], [0.03]], [[0.01, float("nan")], [0.03]]):
+        with pytest.raises(ClientFormatError, match="request 0"):
+            vllm_bench_tokens({**good, "itls": itls}, "b.json")
+    assert json.dumps(good)  # the fixture itself is plain JSON
