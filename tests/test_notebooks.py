@@ -5,7 +5,8 @@ writes it) and nbclient with the venv's `python3` kernel, in a temp dir, in note
 DuckDB file so that later notebooks find the runs of earlier ones (06 compares its log-based swap
 size with the replay-based one 03 stored). Thinness (DESIGN §8, STYLE): no def/class/lambda, no
 loops, short cells (the `parameters` cell: literals only, any length), outputs stripped, one
-`parameters` cell; and the files are what notebooks/build.py writes.
+`parameters` cell. The .ipynb files are the only source (no generator): edit them in JupyterLab
+and clear their outputs before committing.
 """
 import ast
 import json
@@ -159,14 +160,3 @@ def test_notebook_is_stripped_and_parameterized(path):
     assert "db_path" in tagged[0].source
     first = nb.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith("# ") and "Question" in first.source
-
-
-def test_notebooks_are_what_build_py_writes(tmp_path):
-    sys.path.insert(0, str(NB_DIR))
-    try:
-        import build
-    finally:
-        sys.path.remove(str(NB_DIR))
-    for p in build.main(tmp_path):
-        assert p.read_text() == (NB_DIR / p.name).read_text(), \
-            f"{p.name} differs from notebooks/build.py's output: run .venv/bin/python notebooks/build.py"

@@ -93,7 +93,7 @@ def search_loads(trace: pl.DataFrame, configs: dict[Hashable, EngineConfig], pla
         jobs = [Job(trace=_load(trace, s, surge), config=configs[k],
                     label=f"{label} {'flash crowd ' if surge else ''}x{s:g}",
                     trace_name=planner.trace_name) for k, s in todo]
-        runs = planner.run(jobs)
+        runs = planner.run_shared(jobs)
         out = []
         for (k, s), r in zip(todo, runs):
             p = load_point(r.tables(), rate_scale=s, surge=surge is not None,

@@ -31,6 +31,33 @@ class Planner:
         return self.run([Job(trace=trace, config=config, label=label,
                              trace_name=self.trace_name)], workers=1)[0]
 
+    def run_shared(self, jobs: Sequence[Job]) -> list[RunResult]:
+        """Like `run`, but jobs that differ only by max_num_seqs run smallest first, and a larger
+        value reuses the smaller one's replay when that replay never filled its max_num_seqs: the
+        limit never bound, so the larger value replays identically. Groups run in parallel."""
+        groups: dict[str, list[int]] = {}
+        for i, j in enumerate(jobs):
+            groups.setdefault(_group_key(j), []).append(i)
+        pending = {g: sorted(ix, key=lambda i: jobs[i].config.max_num_seqs or 0)
+                   for g, ix in groups.items()}
+        done: dict[int, RunResult] = {}
+        while pending:
+            heads = {g: ix[0] for g, ix in pending.items()}
+            runs = self.run([jobs[i] for i in heads.values()])
+            left = {}
+            for (g, i), r in zip(heads.items(), runs):
+                done[i] = r
+                rest = pending[g][1:]
+                if rest and _peak_running(r) < _max_num_seqs(jobs[i]):
+                    for k in rest:
+                        done[k] = r
+                        self.remember(jobs[k], r)
+                    rest = []
+                if rest:
+                    left[g] = rest
+            pending = left
+        return [done[i] for i in range(len(jobs))]
+
     def remember(self, job: Job, run: RunResult) -> None:
         """Record `run` as the replay of `job` too (a run that provably replays identically,
         e.g. a larger max_num_seqs that the smaller one never reached)."""
@@ -40,3 +67,22 @@ class Planner:
     @property
     def runs(self) -> list[RunResult]:
         return list({r.run_id: r for r in self._memo.values()}.values())
+
+
+def _max_num_seqs(job: Job) -> int:
+    from replay.config import resolve
+    return resolve(job.config).spec.max_num_seqs
+
+
+def _peak_running(run: RunResult) -> int:
+    return int(run.steps["num_running"].max() or 0) if run.steps.height else 0
+
+
+def _group_key(job: Job) -> str:
+    """Same key <=> same replay up to max_num_seqs (and max_num_seqs set explicitly)."""
+    import dataclasses
+
+    from capacity.analyses.sweep import job_key
+    if job.config.max_num_seqs is None:
+        return job_key(job)
+    return job_key(dataclasses.replace(job, config=dataclasses.replace(job.config, max_num_seqs=1)))

@@ -196,7 +196,7 @@ def print_plan(plan, result: dict) -> None:
     rec = plan.recommendation
     c.print(f"[bold]report:[/bold] {result['report']}  ({result['runs']} replays, "
             f"{result['wall_seconds']:.0f} s)")
-    c.print(f"[bold]{'sustainable' if rec.sustainable else 'OVERLOADED'}:[/bold] {rec.headline}")
+    c.print(f"[bold]{rec.headline}[/bold]")
     for line in rec.lines:
         c.print(f"  - {line}")
     if rec.flags:
