@@ -96,6 +96,7 @@ NOTEBOOKS["02-replay-and-preemption"] = [
                       'preemption_mode = "recompute"   # recompute | swap | none (queue only)')),
     ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import charts, notebook as nbviews\n"
              "from capacity.analyses.classify import alert_rule, classify\nfrom capacity.analyses.metrics import summary\n"
+             "from capacity.analyses.stability import stability\n"
              "from capacity.analyses.stalls import attribute_stalls\nfrom replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra=", preemption_mode=preemption_mode")),
@@ -103,6 +104,9 @@ NOTEBOOKS["02-replay-and-preemption"] = [
            "before (the run id is a hash of both), else replayed and stored."),
     ("code", 'tables = nbviews.cached_replay(db_path, trace, config, label="02 replay")\n'
              'run = tables["runs"].row(0, named=True)\nnbviews.kv_table(summary(tables))'),
+    ("md", "## Does the engine keep up?\n\nStability first: an overloaded replay (the waiting "
+           "queue grows for good) says nothing about swap sizes or alert thresholds."),
+    ("code", "stable = stability(tables)\nprint(stable.evidence)\nnbviews.kv_table(stable.as_dict())"),
     ("md", "## Queues and KV usage over time"),
     ("code", 'charts.load_and_queues(tables["requests"], tables["steps"], run["sim_seconds"])'),
     ("code", 'charts.kv_usage(tables["steps"], run)'),
@@ -117,7 +121,7 @@ NOTEBOOKS["02-replay-and-preemption"] = [
     ("code", 'charts.ttft_cdf(tables["requests"])'),
     ("md", "## Peak-only or structural?"),
     ("code", "verdict = classify(tables)\nprint(verdict.verdict, \"—\", verdict.evidence)\n"
-             "print(alert_rule(tables).yaml)"),
+             "print(alert_rule(tables).yaml if stable.sustainable else \"overloaded: no alert rule\")"),
 ]
 
 NOTEBOOKS["03-swap-space-sizing"] = [
@@ -134,14 +138,16 @@ NOTEBOOKS["03-swap-space-sizing"] = [
                       "sweep_fractions = [0.5, 1.0]  # host sizes (fractions of the peak) for the sweep chart",
                       "workers = 1                   # parallel replays (processes)")),
     ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import charts, notebook as nbviews\n"
-             "from capacity.analyses.modes import compare_modes\nfrom capacity.analyses.sizing import size_swap\n"
+             "from capacity.analyses.modes import compare_modes\nfrom capacity.analyses.planner import Planner\n"
+             "from capacity.analyses.sizing import size_swap\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra="")),
     ("md", "## Demand and recommendation"),
-    ("code", "runs = []\nsizing = size_swap(trace, config, headroom=headroom, what_if_fraction=what_if_fraction,\n"
-             "                   sweep_fractions=tuple(sweep_fractions), keep_runs=runs, workers=workers)\n"
-             "stored = nbviews.store_runs(db_path, runs)\nnbviews.kv_table(sizing)"),
+    ("code", "planner = Planner(workers=workers)\n"
+             "sizing = size_swap(trace, config, headroom=headroom, what_if_fraction=what_if_fraction,\n"
+             "                   sweep_fractions=tuple(sweep_fractions), planner=planner)\n"
+             "stored = nbviews.store_runs(db_path, planner.runs)\nprint(sizing.words())\nnbviews.kv_table(sizing)"),
     ("code", "charts.swapped_gib(sizing.demand, recommended_gib=sizing.recommended_swap_space_gib,\n"
              "                   peak_gib=sizing.peak_swapped_gib, peak_at_s=sizing.peak_at_s)"),
     ("md", "## Verification and what-if replays\n\n`abort` is what vLLM V0 does when the host "
@@ -151,9 +157,10 @@ NOTEBOOKS["03-swap-space-sizing"] = [
     ("code", "charts.host_size_sweep(checks, recommended_gib=sizing.recommended_swap_space_gib,\n"
              "                       peak_gib=sizing.peak_swapped_gib)"),
     ("md", "## Swap vs. recompute vs. queue-only"),
-    ("code", "mode_runs = []\ncomparison = compare_modes(trace, config, keep_runs=mode_runs, workers=workers)\n"
-             "stored = nbviews.store_runs(db_path, mode_runs)\n"
-             "print(comparison.recommended, \"—\", comparison.reason)\n"
+    ("code", "comparison = compare_modes(trace, config, planner=planner,\n"
+             "                           swap_space_gib=sizing.recommended_swap_space_gib if sizing.needed else None)\n"
+             "stored = nbviews.store_runs(db_path, planner.runs)\n"
+             "print(comparison.recommended, \"—\", comparison.reason)\nprint(comparison.queue_only_note)\n"
              "charts.mode_comparison(comparison.table(), comparison.recommended)"),
 ]
 
@@ -161,39 +168,42 @@ NOTEBOOKS["04-max-num-seqs"] = [
     ("md", "# 04 · Tuning `--max-num-seqs`\n\n"
            "**Question:** which `--max-num-seqs` gives the most goodput while meeting the TTFT / "
            "TBT SLOs and a preemption budget — and how much more traffic does it absorb? One "
-           "replay per grid point; the recommendation is the smallest value within 1 % of the "
-           "best feasible goodput. Then the headroom of the recommended config over a few rate "
-           "scales and a flash crowd."),
+           "replay per grid point; among the feasible values the one with the largest *margin* "
+           "(the highest multiple of today's rate at which it still meets the SLOs, searched by "
+           "bisection) is recommended. Its margin is the headroom: the same search, the same "
+           "number as `kvcap report` and `kvcap headroom`."),
     ("params", params(TRACE_PARAMS, ENGINE_PARAMS,
                       "max_num_seqs_grid = [16, 32, 64, 128]",
                       "slo_ttft_p99_s = 2.0",
                       "slo_tbt_p99_s = 0.2",
                       "budget_minutes_share = 0.5    # preemption allowed in at most this share of minutes",
                       "budget_per_minute = None      # and at most this many in any minute (None = no limit)",
-                      "headroom_scales = [1.0, 1.25, 1.5]",
+                      "precision = 0.05              # of the margin / headroom search",
                       "workers = 1                   # parallel replays (processes)")),
-    ("code", "import dataclasses\n\nimport altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\n"
-             "from capacity.analyses.headroom import headroom\nfrom capacity.analyses.tuning import Budget, tune\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\n"
+             "from capacity.analyses.headroom import headroom\nfrom capacity.analyses.planner import Planner\n"
+             "from capacity.analyses.tuning import Budget, tune\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra="")),
     ("md", "## The sweep"),
-    ("code", "runs = []\nbudget = Budget(max_minutes_share=budget_minutes_share, max_per_minute=budget_per_minute)\n"
+    ("code", "planner = Planner(workers=workers)\n"
+             "budget = Budget(peak_only=False, max_minutes_share=budget_minutes_share, max_per_minute=budget_per_minute)\n"
              "tuning = tune(trace, config, max_num_seqs_grid=max_num_seqs_grid, slo_ttft_p99_s=slo_ttft_p99_s,\n"
-             "              slo_tbt_p99_s=slo_tbt_p99_s, budget=budget, workers=workers, keep_runs=runs)\n"
-             "stored = nbviews.store_runs(db_path, runs)\n"
-             'tuning.table().select("max_num_seqs", "goodput_rps", "throughput_rps", "ttft_p99_s", "tbt_p99_s",\n'
-             '                      "preempted_minutes_share", "feasible", "breaks")'),
+             "              slo_tbt_p99_s=slo_tbt_p99_s, budget=budget, planner=planner, precision=precision)\n"
+             "stored = nbviews.store_runs(db_path, planner.runs)\n"
+             'tuning.table().select("max_num_seqs", "margin_rate_scale", "goodput_rps", "slo_share", "ttft_p99_s",\n'
+             '                      "tbt_p99_s", "preempted_minutes_share", "feasible", "breaks")'),
     ("md", "## SLO and budget frontier"),
     ("code", "nbviews.tuning_chart(tuning)"),
     ("md", "## Recommendation"),
     ("code", "print(tuning.explanation)\nprint(\" \".join(tuning.flags))"),
     ("md", "## Headroom of the recommended config"),
-    ("code", "tuned = (dataclasses.replace(config, max_num_seqs=tuning.recommended.max_num_seqs)\n"
-             "         if tuning.recommended else config)\n"
-             "hr = headroom(trace, tuned, slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s,\n"
-             "              scales=tuple(headroom_scales), workers=workers, keep_runs=runs)\n"
-             "stored = nbviews.store_runs(db_path, runs)\nprint(hr.explanation)\n"
+    ("code", "tuned = tuning.recommended_config or config\n"
+             "hr = headroom(trace, tuned, planner, slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s,\n"
+             "              budget=budget, precision=precision)\n"
+             "stored = nbviews.store_runs(db_path, planner.runs)\n"
+             "print(\"headroom_rate_scale:\", hr.headroom_rate_scale, \"—\", hr.explanation)\n"
              "nbviews.headroom_chart(hr)"),
 ]
 
@@ -209,7 +219,8 @@ NOTEBOOKS["05-priority-and-fairness"] = [
         '{"duration_s": 180, "rate_rps": 3.0, "batch_job_interval_s": 60,\n'
         '                   "batch_job_requests": 80}'), ENGINE_PARAMS,
         "workers = 1                   # parallel replays (processes)")),
-    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\nfrom capacity.analyses.priority import interference\n"
+    ("code", "import altair as alt\nimport polars as pl\n\nfrom capacity.views import notebook as nbviews\n"
+             "from capacity.analyses.planner import Planner\nfrom capacity.analyses.priority import interference\n"
              "from replay.config import EngineConfig\n\n"
              + SETUP),
     ("code", LOAD_TRACE + "\n" + CONFIG.format(extra="")),
@@ -217,8 +228,8 @@ NOTEBOOKS["05-priority-and-fairness"] = [
            "(`traces.transforms.priority_from_column` and friends)."),
     ("code", 'nbviews.arrivals_chart(trace, by="tenant")'),
     ("md", "## Who yields"),
-    ("code", "runs = []\ninter = interference(trace, config, workers=workers, keep_runs=runs)\n"
-             "stored = nbviews.store_runs(db_path, runs)\nprint(inter.summary)\ninter.by_class"),
+    ("code", "planner = Planner(workers=workers)\ninter = interference(trace, config, planner=planner)\n"
+             "stored = nbviews.store_runs(db_path, planner.runs)\nprint(inter.summary)\ninter.by_class"),
     ("code", "nbviews.priority_chart(inter)"),
 ]
 

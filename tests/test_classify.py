@@ -83,3 +83,17 @@ def test_alert_rule_passes_promtool_where_installed(burst, tmp_path):
     p.write_text(alert_rule(burst).yaml)
     res = subprocess.run([promtool, "check", "rules", str(p)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", ['x"}[5m]) > 0 or vector(1) #', "a: b", "line\nbreak", "tab\there",
+                                  "back\\slash", "#comment", "- dash", "{brace}", "ünï"])
+def test_any_model_name_gives_valid_yaml_and_a_closed_promql_string(burst, name):
+    """Issue 13 item 3: a model name must never end the label selector nor break the YAML."""
+    import json
+    rule = alert_rule(burst, model_name=name)
+    for r in yaml.safe_load(rule.yaml)["groups"][0]["rules"]:
+        head, inner = r["expr"].split("{model_name=", 1)
+        assert head == "increase(vllm:num_preemptions_total"
+        literal, end = json.JSONDecoder().raw_decode(inner)    # Go/PromQL escapes = JSON's here
+        assert literal == name
+        assert inner[end:] in (f"}}[5m]) > {rule.threshold}", "}[5m]) > 0")

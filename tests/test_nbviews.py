@@ -105,12 +105,15 @@ def test_stall_chart_lines_up_stalls_and_steps(trace, config):
 def test_analysis_charts_build(trace, config):
     from capacity.analyses.headroom import headroom
     from capacity.analyses.priority import interference
+    from capacity.analyses.criteria import Budget
+    from capacity.analyses.planner import Planner
     from capacity.analyses.tuning import tune
-    tu = tune(trace, config, max_num_seqs_grid=[16, 64], slo_ttft_p99_s=2, slo_tbt_p99_s=0.2, workers=1)
-    hr = headroom(trace, config, slo_ttft_p99_s=2, slo_tbt_p99_s=0.2, scales=(1.0, 2.0), workers=1)
+    planner = Planner(workers=1)
+    tu = tune(trace, config, max_num_seqs_grid=[16, 64], slo_ttft_p99_s=2, slo_tbt_p99_s=0.2, planner=planner)
+    hr = headroom(trace, config, planner, slo_ttft_p99_s=2, slo_tbt_p99_s=0.2, budget=Budget(peak_only=False))
     mix = synthesize("priority-mix", duration_s=60, rate_rps=2, batch_job_interval_s=20,
                      batch_job_requests=20)
-    inter = interference(mix, config, workers=1)
+    inter = interference(mix, config, planner=planner)
     for chart in (nbviews.tuning_chart(tu), nbviews.headroom_chart(hr), nbviews.priority_chart(inter)):
         assert chart.to_dict() and chart_rows(chart) <= MAX_ROWS
 

@@ -29,8 +29,7 @@ PARAMS = {
     "01-explore-trace": {},   # trace_path: a small Mooncake file written by the test (prefix reuse)
     "02-replay-and-preemption": {"scenario_params": SMALL_FLASH},
     "03-swap-space-sizing": {"scenario_params": SMALL_FLASH, "sweep_fractions": [0.5]},
-    "04-max-num-seqs": {"scenario_params": SMALL_FLASH, "max_num_seqs_grid": [32, 64],
-                        "headroom_scales": [1.0, 1.5]},
+    "04-max-num-seqs": {"scenario_params": SMALL_FLASH, "max_num_seqs_grid": [32, 64]},
     "05-priority-and-fairness": {"scenario_params": {"duration_s": 90, "rate_rps": 3.0,
                                                      "batch_job_interval_s": 30,
                                                      "batch_job_requests": 40}},

@@ -20,14 +20,17 @@ from capacity.views import charts
 from capacity.analyses.modes import compare_modes
 from capacity.analyses.metrics import nearest_rank
 from capacity.report.render import Figure, Section, table, text, write_report
+from capacity.analyses.plan import Expected, Recommendation
 from capacity.analyses.sizing import size_swap
+from capacity.analyses.stability import stability
 from replay.config import EngineConfig
 from replay.run import replay
 from traces.stats import trace_info
 from traces.synth import default_trace
+from traces.transforms import scale_rate
 
-SECTIONS = ("Recommendations", "Workload", "Baseline run", "Swap sizing", "Preemption modes",
-            "Latency")
+SECTIONS = ("Recommendation", "Stability", "Workload", "Baseline run", "Swap sizing",
+            "Preemption modes", "Latency")
 CHROMIUM = Path("/usr/bin/chromium")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -39,9 +42,23 @@ def inputs():
     base = EngineConfig(num_gpu_blocks_override=500)
     run = replay(trace, dataclasses.replace(base, preemption_mode="swap",
                                             on_swap_full="recompute", num_cpu_blocks_override=100))
-    sizing = size_swap(trace, base, sweep_fractions=(0.5, 1.0))
+    # Sizing refuses an overloaded run (this one is: the pool is tiny); measure it on a larger
+    # pool at 0.3x the rate, which keeps up and still swaps.
+    sizing = size_swap(scale_rate(trace, 0.3), dataclasses.replace(base, num_gpu_blocks_override=900),
+                       sweep_fractions=(0.5, 1.0))
     modes = compare_modes(trace, base)
-    return dict(trace=trace, run=run, sizing=sizing, modes=modes)
+    rec = recommendation(("--preemption-mode", "swap", "--swap-space", "1"))
+    return dict(trace=trace, run=run, sizing=sizing, modes=modes, rec=rec,
+                stab=stability(run.tables()))
+
+
+def recommendation(flags, sustainable=True) -> Recommendation:
+    exp = Expected(run_id="r", ttft_p99_s=0.5, tbt_p99_s=0.05, preemptions=3, throughput_rps=2.0,
+                   goodput_rps=1.5, slo_share=0.75, meets_slo=True) if sustainable else None
+    return Recommendation(sustainable=sustainable, offered_rps=2.0, served_rps=2.0,
+                          sustainable_rate_scale=None, headroom_rate_scale=1.5 if sustainable else None,
+                          precision=0.05, flags=tuple(flags), expected=exp, config=None,
+                          headline="headline", lines=("a note with `code` & <tags>",))
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +70,8 @@ def report(inputs, tmp_path_factory):
                                    caption="again"),))
     index = write_report(out, title="test report <1>", trace_summary=trace_info(inputs["trace"]),
                          run=inputs["run"], sizing=inputs["sizing"], modes=inputs["modes"],
-                         flags=["--preemption-mode swap", "--swap-space 1"],
-                         notes=["a note with `code` & <tags>"], extra_sections=[extra])
+                         recommendation=inputs["rec"], stability=inputs["stab"],
+                         extra_sections=[extra])
     return index
 
 
@@ -98,22 +115,28 @@ def test_one_valid_png_per_chart(report):
 
 def test_summary_json_has_the_expected_keys(report, inputs):
     doc = json.loads((report.parent / "summary.json").read_text())
-    assert {"title", "trace", "run", "sizing", "modes", "flags", "notes", "sections",
+    assert {"title", "sustainable", "offered_rps", "served_rps", "headroom_rate_scale",
+            "recommendation", "stability", "trace", "run", "sizing", "modes", "sections",
             "charts"} <= set(doc)
+    assert doc["recommendation"]["flags"] == ["--preemption-mode", "swap", "--swap-space", "1"]
+    assert {"ttft_p99_s", "tbt_p99_s", "preemptions"} <= set(doc["recommendation"]["expected"])
     assert doc["run"]["run_id"] == inputs["run"].run_id
     assert doc["run"]["preemptions_swap"] > 0
     assert doc["sizing"]["recommended_swap_space_gib"] == \
         inputs["sizing"].recommended_swap_space_gib
     assert doc["modes"]["recommended"] == inputs["modes"].recommended
     assert doc["trace"]["requests"] == 300
-    assert doc["sections"][:6] == list(SECTIONS)
+    assert doc["sections"][:7] == list(SECTIONS)
 
 
 def test_report_without_sizing_or_modes(inputs, tmp_path):
     index = write_report(tmp_path, title="baseline only", trace_summary={"requests": 300},
-                         run=inputs["run"], sizing=None, modes=None, flags=[])
+                         run=inputs["run"], sizing=None, modes=None,
+                         recommendation=recommendation((), sustainable=False),
+                         stability=inputs["stab"])
     html = index.read_text()
-    assert "Not measured for this report" in html and "Not compared for this report" in html
+    assert html.count("Not derived: the baseline is overloaded") == 2
+    assert "No flags: the run is overloaded" in html
     doc = json.loads((tmp_path / "summary.json").read_text())
     assert doc["sizing"] is None and doc["modes"] is None
     assert not (tmp_path / "mode_comparison.png").exists()
@@ -123,7 +146,8 @@ def test_chart_names_must_be_unique(inputs, tmp_path):
     dup = Section(title="dup", charts=(Figure("tbt_cdf", charts.tbt_cdf(inputs["run"].tbt)),))
     with pytest.raises(ValueError, match="tbt_cdf"):
         write_report(tmp_path, title="t", trace_summary={}, run=inputs["run"], sizing=None,
-                     modes=None, flags=[], extra_sections=[dup])
+                     modes=None, recommendation=inputs["rec"], stability=inputs["stab"],
+                     extra_sections=[dup])
 
 
 # ---- charts stay under Altair's 5000-row limit ----------------------------------------------

@@ -1,6 +1,7 @@
 """Stall attribution and priority interference on small constructed runs."""
 import polars as pl
 
+from capacity.analyses.planner import Planner
 from capacity.analyses.priority import interference
 from capacity.analyses.stalls import attribute_stalls
 from replay.config import EngineConfig
@@ -30,7 +31,7 @@ def test_every_preemption_stall_is_attributed_and_slow_steps_are_separate():
 
 def test_priority_interference_batch_yields_and_queue_only_never_preempts():
     trace = synthesize("priority-mix", **MIX)
-    i = interference(trace, EngineConfig(num_gpu_blocks_override=900), workers=1)
+    i = interference(trace, EngineConfig(num_gpu_blocks_override=900), planner=Planner(workers=1))
     t = i.by_class
     assert set(t["variant"]) == {"shared (preemption)", "shared (queue-only)", "interactive alone"}
     shared = t.filter(pl.col("variant") == "shared (preemption)")
@@ -44,5 +45,5 @@ def test_priority_interference_batch_yields_and_queue_only_never_preempts():
 def test_v0_swap_engine_is_analysed_with_recompute_and_says_so():
     trace = synthesize("priority-mix", **MIX)
     cfg = EngineConfig(scheduler="v0", preemption_mode="swap", num_gpu_blocks_override=900)
-    i = interference(trace, cfg, workers=1)
+    i = interference(trace, cfg, planner=Planner(workers=1))
     assert i.summary.startswith("V0 cannot run priority scheduling with swap")

@@ -1,10 +1,12 @@
 """Swap-space sizing: a hand-computed peak, and self-consistency on a real trace and on the flash
-crowd (the recommended size never runs out; 25% below the measured peak does)."""
+crowd (the recommended size never runs out; 25% below the measured peak does); "not needed" when
+nothing swaps; no sizing from an overloaded run."""
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from capacity.analyses.planner import Planner
 from capacity.analyses.sizing import demand_series, round_up_gib, size_swap
 from replay.config import EngineConfig
 from traces.loaders import load_trace
@@ -32,7 +34,7 @@ def test_hand_computed_peak_of_the_S6b_story():
     bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes) = 512 KiB, one request."""
     cfg = EngineConfig(scheduler="v0", block_size=4, num_gpu_blocks_override=3, max_num_seqs=2,
                        max_num_batched_tokens=64, max_model_len=16)
-    s = size_swap(tiny_trace([4, 4], [4, 3]), cfg, headroom=0.0, workers=1)
+    s = size_swap(tiny_trace([4, 4], [4, 3]), cfg, headroom=0.0, planner=Planner(workers=1))
     assert s.kv_bytes_per_block == 4 * 128 * KIB
     assert s.peak_swapped_blocks == 1 and s.peak_swapped_requests == 1
     assert s.peak_swapped_gib == 512 * KIB / 2 ** 30
@@ -52,15 +54,15 @@ def assert_self_consistent(s):
 
 def test_real_trace_recommended_size_never_runs_out_and_75pct_does():
     trace = load_trace(CONV).head(2500)
-    cfg = EngineConfig(scheduler="v0", num_gpu_blocks_override=700, max_num_seqs=64)
-    assert_self_consistent(size_swap(trace, cfg, workers=1))
+    cfg = EngineConfig(scheduler="v0", num_gpu_blocks_override=1600, max_num_seqs=64)
+    assert_self_consistent(size_swap(trace, cfg, planner=Planner(workers=1)))
 
 
 def test_flash_crowd_recommended_size_never_runs_out_and_75pct_does():
     trace = synthesize("flash-crowd", duration_s=240, surge_start_s=60, hold_s=60, decay_s=30,
                        rate_rps=3.0)
-    cfg = EngineConfig(scheduler="v0", num_gpu_blocks_override=900, max_num_seqs=64)
-    s = size_swap(trace, cfg, workers=1)
+    cfg = EngineConfig(scheduler="v0", num_gpu_blocks_override=1200, max_num_seqs=64)
+    s = size_swap(trace, cfg, planner=Planner(workers=1))
     assert_self_consistent(s)
     # The peak sits at the surge, not in the base load before it.
     assert s.peak_at_s is not None and s.peak_at_s >= 60
@@ -73,3 +75,13 @@ def test_demand_series_fills_idle_seconds_and_rounding():
     assert d["t_s"].to_list() == [0.0, 1.0, 2.0, 3.0]
     assert d["gib"].to_list() == [4.0, 0.0, 0.0, 2.0]
     assert round_up_gib(0.01) == 0.5 and round_up_gib(1.5) == 1.5 and round_up_gib(1.51) == 2.0
+
+
+def test_not_needed_when_nothing_swaps_and_refused_when_overloaded():
+    trace = load_trace(CONV).head(800)
+    s = size_swap(trace, EngineConfig(scheduler="v0", num_gpu_blocks_override=3000),
+                  planner=Planner(workers=1))
+    assert not s.needed and s.verify is None and s.words().startswith("not needed")
+    with pytest.raises(ValueError, match="overloaded"):
+        size_swap(trace, EngineConfig(scheduler="v0", num_gpu_blocks_override=500),
+                  planner=Planner(workers=1))

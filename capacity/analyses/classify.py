@@ -16,11 +16,13 @@ never fire it and a structural gap does. vLLM V0's counter excludes priority-tri
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+import yaml
 
 from capacity.analyses.metrics import nearest_rank
 
@@ -120,7 +122,8 @@ class AlertRule:
 
 def alert_rule(tables: dict[str, pl.DataFrame], *, margin: float = 0.5, for_duration: str = "10m",
                model_name: str | None = None, include_priority: bool = False) -> AlertRule:
-    """Prometheus alerting rules from a replay of normal traffic."""
+    """Prometheus alerting rules from a replay of normal traffic, written with PyYAML
+    (`safe_dump`) so that any model name gives valid YAML."""
     ev = tables["events"].filter(pl.col("kind").str.starts_with("preempt_"))
     t = np.sort(ev["t_s"].to_numpy())
     # Largest count in any 5-minute sliding window (what increase(...[5m]) can show).
@@ -130,26 +133,32 @@ def alert_rule(tables: dict[str, pl.DataFrame], *, margin: float = 0.5, for_dura
     else:
         normal = 0
     threshold = max(1, math.ceil(normal * (1 + margin)))
-    sel = f'{{model_name="{model_name}"}}' if model_name else ""
-    expr = f"increase(vllm:num_preemptions_total{sel}[5m]) > {threshold}"
-    yaml = f"""groups:
-  - name: kvcap-preemption
-    rules:
-      - alert: VllmPreemptionStructural
-        expr: {expr}
-        for: {for_duration}
-        labels:
-          severity: warning
-        annotations:
-          summary: "vLLM preempts more than normal peaks do ({{{{ $value | humanize }}}} in 5m)"
-          description: "A replay of normal traffic (kvcap) peaks at {normal} preemptions per 5 minutes; more than {threshold} for {for_duration} means a structural KV capacity gap: add GPUs, lower --max-num-seqs or rate-limit."
-      - alert: VllmPreemptionPeak
-        expr: increase(vllm:num_preemptions_total{sel}[5m]) > 0
-        for: 0m
-        labels:
-          severity: info
-        annotations:
-          summary: "vLLM is preempting (expected at traffic peaks)"
-          description: "Preemption at peaks is normal; the structural alert fires above {threshold} per 5 minutes."
-"""
-    return AlertRule(threshold=threshold, normal_max_5m=normal, for_duration=for_duration, yaml=yaml)
+    sel = f"{{model_name={promql_string(model_name)}}}" if model_name is not None else ""
+    metric = f"vllm:num_preemptions_total{sel}"
+    doc = {"groups": [{"name": "kvcap-preemption", "rules": [
+        {"alert": "VllmPreemptionStructural",
+         "expr": f"increase({metric}[5m]) > {threshold}",
+         "for": for_duration,
+         "labels": {"severity": "warning"},
+         "annotations": {
+             "summary": "vLLM preempts more than normal peaks do ({{ $value | humanize }} in 5m)",
+             "description": (f"A replay of normal traffic (kvcap) peaks at {normal} preemptions "
+                             f"per 5 minutes; more than {threshold} for {for_duration} means a "
+                             f"structural KV capacity gap: add GPUs, lower --max-num-seqs or "
+                             f"rate-limit.")}},
+        {"alert": "VllmPreemptionPeak",
+         "expr": f"increase({metric}[5m]) > 0",
+         "for": "0m",
+         "labels": {"severity": "info"},
+         "annotations": {
+             "summary": "vLLM is preempting (expected at traffic peaks)",
+             "description": (f"Preemption at peaks is normal; the structural alert fires above "
+                             f"{threshold} per 5 minutes.")}}]}]}
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=1000)
+    return AlertRule(threshold=threshold, normal_max_5m=normal, for_duration=for_duration, yaml=text)
+
+
+def promql_string(value: str) -> str:
+    """A PromQL string literal for `value`: double-quoted with Go's escapes (backslash, quote,
+    newline, tab, control characters), so that a label value can never end the selector early."""
+    return json.dumps(value, ensure_ascii=False)

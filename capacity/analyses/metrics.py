@@ -112,6 +112,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
     if slo_ttft_s is not None or slo_tbt_s is not None:
         ok = meets_slo(req, ttft_s=slo_ttft_s, tbt_s=slo_tbt_s)
         res["goodput_rps"] = int(ok.sum()) / sim if sim > 0 else 0.0
+        res["slo_share"] = int(ok.sum()) / req.height if req.height else 0.0
     return res
 
 

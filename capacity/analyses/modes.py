@@ -5,6 +5,12 @@ recompute with prefix caching on, recompute with prefix caching off, and none (q
 each: recomputed tokens and their share of all prefill work, swapped GiB and host-link seconds,
 TTFT / TBT p99 for preempted requests and for all, throughput, high-priority TTFT; then one
 sentence of recommendation with its reason.
+
+The stated criterion: the preempted requests' P99 stall (their worst inter-token gap), then fleet
+TBT p99, TTFT p99, throughput; swap must shorten the stalls by at least 5% over recompute with
+prefix caching to be worth its host memory. Only modes vLLM can be configured for are recommended
+(each maps to flags, capacity/analyses/flags.py); queue-only is reported in words when it is no
+worse on every criterion, never dropped, never put in the flags.
 """
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from capacity.analyses.metrics import GIB, nearest_rank, request_latencies, summary
-from capacity.analyses.sweep import Job, run_jobs
+from capacity.analyses.planner import Planner
+from capacity.analyses.sweep import Job
 from replay.config import EngineConfig, resolve
 
 VARIANTS = (
@@ -46,6 +53,7 @@ class ModeResult:
     throughput_rps: float
     output_tokens_per_s: float
     swap_full_fallbacks: int
+    meets_slo: bool | None         # fleet P99 TTFT and TBT within the SLOs (None: no SLOs given)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,18 +61,26 @@ class ModeComparison:
     results: tuple[ModeResult, ...]
     recommended: str
     reason: str
+    config: EngineConfig            # the recommended variant's engine (flags.vllm_flags spells it)
+    queue_only_note: str            # "" or why queue-only would be better, in words
 
     def table(self) -> pl.DataFrame:
         return pl.DataFrame([dataclasses.asdict(r) for r in self.results])
 
     def as_dict(self) -> dict:
         return {"recommended": self.recommended, "reason": self.reason,
+                "queue_only_note": self.queue_only_note,
                 "modes": [dataclasses.asdict(r) for r in self.results]}
 
 
 def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_per_s: float,
-                ) -> ModeResult:
+                slo_ttft_p99_s: float | None = None, slo_tbt_p99_s: float | None = None) -> ModeResult:
     s = summary(tables)
+    meets = None
+    if slo_ttft_p99_s is not None and slo_tbt_p99_s is not None:
+        meets = (s["ttft_p99_s"] is not None and s["ttft_p99_s"] <= slo_ttft_p99_s
+                 and s["tbt_p99_s"] is not None and s["tbt_p99_s"] <= slo_tbt_p99_s
+                 and s["status"] == "completed")
     run = tables["runs"].row(0, named=True)
     req = request_latencies(tables["requests"])
     steps = tables["steps"]
@@ -86,66 +102,92 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
         max_tbt_p99_preempted_s=nearest_rank(pre["max_tbt_s"].to_numpy(), 0.99),
         high_priority_ttft_p99_s=nearest_rank(top["ttft_s"].to_numpy(), 0.99),
         throughput_rps=s["throughput_rps"], output_tokens_per_s=s["output_tokens_per_s"],
-        swap_full_fallbacks=s["swap_full_fallbacks"])
+        swap_full_fallbacks=s["swap_full_fallbacks"], meets_slo=meets)
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:,.0f} ms"
 
 
-def recommend(results: list[ModeResult]) -> tuple[str, str]:
-    """Pick a mode: among the preempting modes the one whose preempted requests stall least
-    (then fleet TBT p99, TTFT p99, throughput); queue-only only when it costs newcomers no more
-    than 10% of TTFT p99 and nothing in throughput or TBT."""
+def _stall_key(r: ModeResult) -> tuple:
+    return (r.max_tbt_p99_preempted_s or 0.0, r.tbt_p99_s or 0.0, r.ttft_p99_s or 0.0,
+            -r.throughput_rps)
+
+
+def _no_worse(q: ModeResult, best: ModeResult) -> bool:
+    """Queue-only loses nothing on any stated criterion (it has no preemption stalls)."""
+    return (q.status == "completed" and q.ttft_p99_s is not None and best.ttft_p99_s is not None
+            and q.ttft_p99_s <= best.ttft_p99_s and (q.tbt_p99_s or 0.0) <= (best.tbt_p99_s or 0.0)
+            and q.throughput_rps >= best.throughput_rps)
+
+
+def recommend(results: list[ModeResult], default_variant: str) -> tuple[str, str, str]:
+    """(recommended variant, reason, queue-only note). See the module docstring for the rule."""
     by = {r.variant: r for r in results}
     preempting = [r for r in results if r.variant != "queue-only"]
+    q = by.get("queue-only")
+    slo_miss = ""
+    if all(r.meets_slo is False for r in results):
+        slo_miss = ("; every mode misses the SLOs at this load, so the fix is capacity (GPUs, a "
+                    "lower --max-num-seqs or rate limiting), not the preemption mode")
     if all(r.preemptions == 0 for r in preempting):
-        return "recompute", ("no preemption happens under any mode at this load, so keep vLLM's "
-                             "default (recompute) and spend no host memory on swap")
+        return default_variant, ("no preemption happens under any mode at this load, so keep "
+                                 "vLLM's default and spend no host memory on swap" + slo_miss), ""
     ok = [r for r in preempting if r.status == "completed"] or preempting
-    best = min(ok, key=lambda r: (r.max_tbt_p99_preempted_s or 0.0, r.tbt_p99_s or 0.0,
-                                  r.ttft_p99_s or 0.0, -r.throughput_rps))
-    rc_ok = by.get("recompute+prefix-cache")
-    if best.variant == "swap" and rc_ok is not None and rc_ok.status == "completed":
+    best = min(ok, key=_stall_key)
+    rc = by.get("recompute+prefix-cache")
+    swap_gain = ""
+    if best.variant == "swap" and rc is not None and rc in ok:
         # Swap costs host memory and PCIe time: it must buy a real improvement (>= 5% shorter
         # preemption stalls), otherwise stay with vLLM's default.
-        gain = (rc_ok.max_tbt_p99_preempted_s or 0.0) - (best.max_tbt_p99_preempted_s or 0.0)
-        if gain < 0.05 * (rc_ok.max_tbt_p99_preempted_s or 0.0) or gain <= 0.001:
-            best = rc_ok
-    q = by.get("queue-only")
-    if (q is not None and q.status == "completed" and best.ttft_p99_s is not None
-            and q.ttft_p99_s is not None and q.ttft_p99_s <= best.ttft_p99_s * 1.1
-            and q.throughput_rps >= best.throughput_rps * 0.98
-            and (q.tbt_p99_s or 0.0) <= (best.tbt_p99_s or 0.0)):
-        return "queue-only", (f"admitting only what fits (no preemption) keeps TTFT p99 at "
-                              f"{_ms(q.ttft_p99_s)} (vs {_ms(best.ttft_p99_s)} with {best.variant}) "
-                              f"and removes the preemption stalls")
-    tail = ""
-    if q is not None and q.ttft_p99_s is not None and best.ttft_p99_s is not None:
-        tail = (f"; queue-only would avoid the stalls but raise TTFT p99 from "
-                f"{_ms(best.ttft_p99_s)} to {_ms(q.ttft_p99_s)}")
-    rc = by.get("recompute+prefix-cache")
+        gain = (rc.max_tbt_p99_preempted_s or 0.0) - (best.max_tbt_p99_preempted_s or 0.0)
+        if gain < 0.05 * (rc.max_tbt_p99_preempted_s or 0.0) or gain <= 0.001:
+            swap_gain = (f" (swap's stalls are only {gain * 1000:,.0f} ms shorter, under the 5% "
+                         f"that would pay for its host memory)")
+            best = rc
+    note = ""
+    if q is not None and _no_worse(q, best):
+        note = (f"admitting only what fits (queue-only, no preemption) would keep TTFT p99 at "
+                f"{_ms(q.ttft_p99_s)} (vs {_ms(best.ttft_p99_s)}) without preemption stalls, but "
+                f"vLLM has no flag for it; the nearest vLLM setting is a --max-num-seqs small "
+                f"enough that the KV cache never runs out (see the tuning)")
+    elif q is not None and q.ttft_p99_s is not None and best.ttft_p99_s is not None:
+        note = (f"queue-only would avoid the stalls but raise TTFT p99 from {_ms(best.ttft_p99_s)} "
+                f"to {_ms(q.ttft_p99_s)}")
     if best.variant == "swap" and rc is not None:
         gain = (rc.max_tbt_p99_preempted_s or 0) - (best.max_tbt_p99_preempted_s or 0)
         return "swap", (f"swap keeps the preempted requests' P99 stall {gain * 1000:,.0f} ms shorter "
                         f"than recompute with prefix caching (which re-prefills "
                         f"{rc.recomputed_share:.1%} of all prefill work) for "
-                        f"{best.swapped_gib:.1f} GiB over the host link{tail}")
-    return best.variant, (f"{best.variant} gives the shortest preemption stalls here "
-                          f"(P99 {_ms(best.max_tbt_p99_preempted_s)}, recomputing "
-                          f"{best.recomputed_share:.1%} of prefill work) without host memory for "
-                          f"a swap tier{tail}")
+                        f"{best.swapped_gib:.1f} GiB over the host link" + slo_miss), note
+    return best.variant, (f"{best.variant} gives the shortest preemption stalls of the modes vLLM "
+                          f"can run (P99 {_ms(best.max_tbt_p99_preempted_s)}, recomputing "
+                          f"{best.recomputed_share:.1%} of prefill work){swap_gain}" + slo_miss), note
 
 
-def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, keep_runs: list | None = None,
-                  workers: int | None = None, memo: dict | None = None) -> ModeComparison:
+def variant_config(config: EngineConfig, variant: str, swap_space_gib: float | None = None
+                   ) -> EngineConfig:
+    """The engine a variant replays: the swap variant with the host tier `swap_space_gib` (the
+    sized recommendation) and the configured behaviour when it is full."""
+    changes = dict(VARIANTS)[variant]
+    if variant == "swap":
+        changes = dict(preemption_mode="swap", swap_space=swap_space_gib or config.swap_space,
+                       num_cpu_blocks_override=None)
+    return dataclasses.replace(config, **changes)
+
+
+def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner | None = None,
+                  swap_space_gib: float | None = None, slo_ttft_p99_s: float | None = None,
+                  slo_tbt_p99_s: float | None = None) -> ModeComparison:
+    planner = planner or Planner()
     gpu = resolve(config).gpu
-    jobs = [Job(trace=trace, config=dataclasses.replace(config, **changes),
-                label=f"compare-modes {name}") for name, changes in VARIANTS]
-    runs = run_jobs(jobs, workers=workers, memo=memo)
-    if keep_runs is not None:
-        keep_runs.extend(runs)
-    results = [mode_result(name, r.tables(), gpu.host_link_bandwidth_bytes_per_s)
-               for (name, _), r in zip(VARIANTS, runs)]
-    rec, reason = recommend(results)
-    return ModeComparison(results=tuple(results), recommended=rec, reason=reason)
+    cfgs = {name: variant_config(config, name, swap_space_gib) for name, _ in VARIANTS}
+    runs = planner.run([Job(trace=trace, config=c, label=f"compare-modes {name}",
+                            trace_name=planner.trace_name) for name, c in cfgs.items()])
+    results = [mode_result(name, r.tables(), gpu.host_link_bandwidth_bytes_per_s,
+                           slo_ttft_p99_s, slo_tbt_p99_s) for name, r in zip(cfgs, runs)]
+    default = ("recompute+prefix-cache" if resolve(config).spec.enable_prefix_caching
+               else "recompute")
+    rec, reason, note = recommend(results, default)
+    return ModeComparison(results=tuple(results), recommended=rec, reason=reason,
+                          config=cfgs[rec], queue_only_note=note)

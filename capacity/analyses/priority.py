@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from capacity.analyses.metrics import nearest_rank, request_latencies
-from capacity.analyses.sweep import Job, run_jobs
+from capacity.analyses.planner import Planner
+from capacity.analyses.sweep import Job
 from replay.config import EngineConfig
 
 
@@ -44,8 +45,8 @@ def per_class(tables: dict[str, pl.DataFrame], variant: str) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | None = None,
-                 keep_runs: list | None = None, memo: dict | None = None) -> Interference:
+def interference(trace: pl.DataFrame, config: EngineConfig, *,
+                 planner: Planner | None = None) -> Interference:
     if trace["priority"].n_unique() < 2:
         raise ValueError("priority: the trace has one priority class; use the priority-mix "
                          "scenario or map priorities (traces.transforms)")
@@ -62,9 +63,7 @@ def interference(trace: pl.DataFrame, config: EngineConfig, *, workers: int | No
             Job(trace=trace, config=dataclasses.replace(cfg, preemption_mode="none"),
                 label="priority shared queue-only"),
             Job(trace=alone, config=cfg, label="priority interactive alone")]
-    runs = run_jobs(jobs, workers=workers, memo=memo)
-    if keep_runs is not None:
-        keep_runs.extend(runs)
+    runs = (planner or Planner()).run(jobs)
     names = ("shared (preemption)", "shared (queue-only)", "interactive alone")
     table = pl.concat([per_class(r.tables(), n) for r, n in zip(runs, names)])
     hp = table.filter(pl.col("priority") == high)

@@ -18,7 +18,9 @@ import polars as pl
 from capacity.analyses.metrics import GIB, nearest_rank, summary
 from replay.config import EngineConfig, resolve
 from replay.memory import swap_host_ram_verdict
-from capacity.analyses.sweep import Job, run_jobs
+from capacity.analyses.planner import Planner
+from capacity.analyses.stability import stability
+from capacity.analyses.sweep import Job
 
 # Rounding step of a recommendation (GiB): vLLM takes any float, people configure halves.
 ROUND_GIB = 0.5
@@ -38,6 +40,7 @@ class Verification:
     # instead of aborting, so a short tier shows up here).
     recomputed_tokens: int
     run_id: str
+    fraction_of_peak: float | None = None    # sweep/what-if points: the size / the peak demand
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,12 +66,26 @@ class SwapSizing:
     sweep: list[Verification] = field(default_factory=list)
     demand: pl.DataFrame | None = None           # per-second peak demand (t_s, gib, requests)
 
+    @property
+    def needed(self) -> bool:
+        """False when nothing is ever swapped out: no host tier is needed at all."""
+        return self.peak_swapped_blocks > 0
+
+    def words(self) -> str:
+        if not self.needed:
+            return "not needed: no request is ever swapped out at this load"
+        return (f"--swap-space {self.recommended_swap_space_gib:g} GiB per GPU (V0) / "
+                f"--kv-offloading-size {self.recommended_kv_offloading_size_gib:g} GiB (V1): "
+                f"peak {self.peak_swapped_gib:.2f} GiB concurrently swapped + {self.headroom:.0%}")
+
     def as_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name not in ("demand", "verify", "what_if", "sweep")}
         out["verify"] = dataclasses.asdict(self.verify) if self.verify else None
         out["what_if"] = [dataclasses.asdict(v) for v in self.what_if]
         out["sweep"] = [dataclasses.asdict(v) for v in self.sweep]
+        out["needed"] = self.needed
+        out["words"] = self.words()
         return out
 
 
@@ -107,7 +124,7 @@ def _verification_job(trace, config: EngineConfig, swap_gib: float, on_swap_full
     return Job(trace=trace, config=cfg, label=label)
 
 
-def _verification(job: Job, res) -> Verification:
+def _verification(job: Job, res, peak_gib: float) -> Verification:
     s = summary(res.tables())
     cfg = job.config
     return Verification(swap_space_gib=cfg.swap_space, num_cpu_blocks=cfg.num_cpu_blocks_override,
@@ -116,7 +133,8 @@ def _verification(job: Job, res) -> Verification:
                         swap_full_fallbacks=s["swap_full_fallbacks"],
                         preemptions_swap=s["preemptions_swap"],
                         recomputed_tokens=int(res.requests["recomputed_tokens"].sum() or 0),
-                        run_id=res.run_id)
+                        run_id=res.run_id,
+                        fraction_of_peak=cfg.swap_space / peak_gib if peak_gib else None)
 
 
 def demand_job(trace: pl.DataFrame, config: EngineConfig) -> Job:
@@ -129,17 +147,24 @@ def demand_job(trace: pl.DataFrame, config: EngineConfig) -> Job:
 
 def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.2,
               what_if_fraction: float = 0.75, sweep_fractions: tuple[float, ...] = (),
-              host_ram_gib: float | None = None, keep_runs: list | None = None,
-              workers: int | None = None, memo: dict | None = None) -> SwapSizing:
+              host_ram_gib: float | None = None, planner: Planner | None = None,
+              baseline: dict | None = None) -> SwapSizing:
     """Measure the swap demand of `trace` under `config` and recommend and verify a size.
 
-    `keep_runs`, when a list, receives every RunResult made (to store them)."""
+    Refuses (ValueError) to size from an overloaded run: its swapped KV grows with the backlog,
+    not with the load the tier must absorb. `baseline`: the tables of the replay under `config`,
+    when the caller has them (else it is replayed)."""
     if headroom < 0:
         raise ValueError(f"headroom: must be >= 0, got {headroom}")
+    planner = planner or Planner()
+    base = baseline or planner.replay(trace, config, "size-swap baseline").tables()
+    st = stability(base)
+    if not st.sustainable:
+        raise ValueError(f"size-swap: the engine is overloaded at this load ({st.evidence}); "
+                         f"a swap size measured here would only measure the backlog — lower the "
+                         f"rate (--rate-scale) or add capacity first")
     bpb = resolve(config).kv_bytes_per_block
-    demand = run_jobs([demand_job(trace, config)], workers=1, memo=memo)[0]
-    if keep_runs is not None:
-        keep_runs.append(demand)
+    demand = planner.run([demand_job(trace, config)], workers=1)[0]
     steps = demand.steps
     peak_blocks = int(steps["evicted_blocks"].max() or 0) if steps.height else 0
     peak_reqs = int(steps["evicted_requests"].max() or 0) if steps.height else 0
@@ -172,8 +197,6 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
              for mode in ("abort", "recompute")]
     jobs += [_verification_job(trace, config, peak_gib * f, "recompute", bpb,
                                f"size-swap sweep {f:g}") for f in sweep_fractions]
-    runs = run_jobs(jobs, workers=workers, memo=memo)
-    if keep_runs is not None:
-        keep_runs.extend(runs)
-    checks = [_verification(j, r) for j, r in zip(jobs, runs)]
+    runs = planner.run(jobs)
+    checks = [_verification(j, r, peak_gib) for j, r in zip(jobs, runs)]
     return SwapSizing(verify=checks[0], what_if=checks[1:3], sweep=checks[3:], **sizing)

@@ -182,6 +182,11 @@ ENGINE_FLAGS: dict[str, tuple] = {
     "kv_cache_dtype": (str, typer.Option("auto", "--kv-cache-dtype", help="auto | fp8.")),
     "num_gpu_blocks_override": (Optional[int], typer.Option(None, "--num-gpu-blocks-override")),
     "num_cpu_blocks_override": (Optional[int], typer.Option(None, "--num-cpu-blocks-override")),
+    # vLLM V1's spelling of the host tier (total over the TP group): the flags kvcap recommends.
+    "kv_offloading_size": (Optional[float], typer.Option(None, "--kv-offloading-size",
+                                                         help="V1: host KV tier, GiB in total (swap mode).")),
+    "kv_offloading_backend": (Optional[str], typer.Option(None, "--kv-offloading-backend",
+                                                          help="V1: native (the only one modelled).")),
 }
 
 
@@ -196,6 +201,14 @@ def engine_flags(fn):
     def wrapper(*args, **kwargs):
         from replay.config import EngineConfig
         flags = {k: kwargs.pop(k) for k in list(kwargs) if k in ENGINE_FLAGS}
+        offload = flags.pop("kv_offloading_size")
+        backend = flags.pop("kv_offloading_backend")
+        if backend not in (None, "native"):
+            fail(f"--kv-offloading-backend: kvcap models 'native' only, got {backend!r}")
+        if offload is not None:
+            if flags["scheduler"] != "v1":
+                fail("--kv-offloading-size is V1's flag; on V0 use --preemption-mode swap --swap-space")
+            flags.update(preemption_mode="swap", swap_space=offload / flags["tensor_parallel_size"])
         try:
             engine = EngineConfig(**flags)
         except (ValueError, TypeError) as e:
@@ -227,7 +240,7 @@ def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: f
     return trace, name
 
 
-def store_runs(db: Optional[Path], runs: list) -> None:
+def store_runs(db: Optional[Path], runs) -> None:
     """Write each distinct run once (analyses share replays)."""
     if db is None:
         return

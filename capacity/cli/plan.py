@@ -19,6 +19,9 @@ def sizing_table(s) -> Table:
     t.add_row("peak concurrently swapped", f"{s.peak_swapped_gib:.2f} GiB "
               f"({s.peak_swapped_requests} requests) at {at}")
     t.add_row("per-second peak p99 / p99.9", f"{s.per_second_p99_gib:.2f} / {s.per_second_p999_gib:.2f} GiB")
+    if not s.needed:
+        t.add_row("swap tier", "not needed: no request is ever swapped out at this load")
+        return t
     t.add_row("recommended --swap-space (V0)", f"{s.recommended_swap_space_gib:g} GiB")
     t.add_row("recommended --kv-offloading-size (V1)", f"{s.recommended_kv_offloading_size_gib:g} GiB")
     t.add_row("host RAM pinned", f"{s.host_ram_gib:g} GiB" + (f" ({s.host_ram_verdict})" if s.host_ram_verdict else ""))
@@ -28,7 +31,8 @@ def sizing_table(s) -> Table:
                    else "no swap-full events")
         if v.recomputed_tokens and v.status != "aborted":
             outcome += f", {v.recomputed_tokens:,} tokens recomputed"
-        t.add_row(f"replay with {v.swap_space_gib:.2f} GiB ({v.on_swap_full})", outcome)
+        frac = "" if v.fraction_of_peak is None else f", {v.fraction_of_peak:.0%} of the peak"
+        t.add_row(f"replay with {v.swap_space_gib:.2f} GiB{frac} ({v.on_swap_full})", outcome)
     return t
 
 
@@ -55,14 +59,18 @@ def size_swap_cmd(
                                        as_json=as_json)
     if file is None:
         raise CliError("size-swap needs a trace FILE (or --from-logs --db PATH)")
+    from capacity.analyses.planner import Planner
     from capacity.analyses.sizing import size_swap
-    trace, _ = trace_input(file, trace_format, rate_scale)
-    fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
-    runs: list = []
-    with err.status("size-swap: replaying (demand, verify, what-if)…"):
+    trace, name = trace_input(file, trace_format, rate_scale)
+    try:
+        fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--sweep: expected fractions of the peak like 0.25,0.5,1, got {sweep!r}") from None
+    planner = Planner(trace_name=name)
+    with err.status("size-swap: replaying (baseline, demand, verify, what-if)…"):
         s = size_swap(trace, engine, headroom=headroom, what_if_fraction=what_if,
-                      sweep_fractions=fractions, host_ram_gib=host_ram_gib, keep_runs=runs)
-    store_runs(db, runs)
+                      sweep_fractions=fractions, host_ram_gib=host_ram_gib, planner=planner)
+    store_runs(db, planner.runs)
     if as_json:
         emit_json(s.as_dict())
         return
@@ -77,6 +85,8 @@ def size_swap_cmd(
 def compare_modes_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
+    slo_ttft_p99: Optional[float] = typer.Option(None, "--slo-ttft-p99", help="Seconds (optional)."),
+    slo_tbt_p99: Optional[float] = typer.Option(None, "--slo-tbt-p99", help="Seconds (optional)."),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
@@ -84,48 +94,40 @@ def compare_modes_cmd(
 ) -> None:
     """Swap vs. recompute (prefix caching on/off) vs. queue-only on the same trace."""
     from capacity.analyses.modes import compare_modes
-    trace, _ = trace_input(file, trace_format, rate_scale)
-    runs: list = []
+    from capacity.analyses.planner import Planner
+    trace, name = trace_input(file, trace_format, rate_scale)
+    planner = Planner(trace_name=name)
     with err.status("compare-modes: replaying 4 variants…"):
-        cmp = compare_modes(trace, engine, keep_runs=runs)
-    store_runs(db, runs)
+        cmp = compare_modes(trace, engine, planner=planner, slo_ttft_p99_s=slo_ttft_p99,
+                            slo_tbt_p99_s=slo_tbt_p99)
+    store_runs(db, planner.runs)
     if as_json:
         emit_json(cmp.as_dict())
         return
-    t = Table(title="preemption modes")
-    cols = ["variant", "preemptions", "recomputed_share", "swapped_gib", "host_link_s",
-            "ttft_p99_s", "tbt_p99_s", "max_tbt_p99_preempted_s", "high_priority_ttft_p99_s",
-            "throughput_rps"]
-    for c in cols:
-        t.add_column(c)
-    for r in cmp.results:
-        d = r.__getattribute__
-        t.add_row(*[("-" if d(c) is None else f"{d(c):.3f}" if isinstance(d(c), float) else str(d(c)))
-                    for c in cols])
-    Console().print(t)
+    Console(width=100).print(modes_table(cmp))
     Console().print(f"[bold]recommendation:[/bold] {cmp.recommended} — {cmp.reason}")
+    if cmp.queue_only_note:
+        Console().print(f"[bold]queue-only:[/bold] {cmp.queue_only_note}")
 
 
-def deploy_flags(engine, sizing, modes) -> list[str]:
-    """The vLLM flags the report recommends."""
-    flags = []
-    if engine.scheduler == "v0":
-        mode = modes.recommended if modes else "recompute"
-        if mode == "swap" and sizing and sizing.recommended_swap_space_gib:
-            flags += ["--preemption-mode swap", f"--swap-space {sizing.recommended_swap_space_gib:g}"]
-    elif modes and modes.recommended == "swap" and sizing and sizing.recommended_kv_offloading_size_gib:
-        flags += [f"--kv-offloading-size {sizing.recommended_kv_offloading_size_gib:g}",
-                  "--kv-offloading-backend native"]
-    from replay.config import resolve
-    spec = resolve(engine).spec
-    flags += [f"--max-num-seqs {spec.max_num_seqs}",
-              f"--max-num-batched-tokens {spec.max_num_batched_tokens}"]
-    return flags
+def _t(v: float | None) -> str:
+    """Seconds for reading: ms below 1 s, thousands separators, never 1.27e+03."""
+    if v is None:
+        return "-"
+    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
 
 
-def default_grid(max_num_seqs: int) -> list[int]:
-    """Candidates around the engine's max_num_seqs: its 1/8, 1/4, 1/2 and itself."""
-    return sorted({max(1, max_num_seqs // d) for d in (8, 4, 2, 1)})
+def modes_table(cmp) -> Table:
+    t = Table(title="preemption modes")
+    for c in ("mode", "preempt", "recomputed", "swapped", "TTFT p99", "TBT p99",
+              "stall p99 (preempted)", "req/s", "SLO"):
+        t.add_column(c, overflow="fold")
+    for r in cmp.results:
+        t.add_row(r.variant + (" *" if r.variant == cmp.recommended else ""), f"{r.preemptions:,}",
+                  f"{r.recomputed_share:.1%}", f"{r.swapped_gib:,.1f} GiB", _t(r.ttft_p99_s),
+                  _t(r.tbt_p99_s), _t(r.max_tbt_p99_preempted_s), f"{r.throughput_rps:,.2f}",
+                  "-" if r.meets_slo is None else "met" if r.meets_slo else "missed")
+    return t
 
 
 @guarded
@@ -139,7 +141,9 @@ def report_cmd(
                                                     help="Default: 1/8, 1/4, 1/2, 1 x the engine's."),
     preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
                                           help="peak-only, any, or a max share of minutes (0.1)."),
-    scales: str = typer.Option("1,1.25,1.5", "--scales", help="Headroom rate scales."),
+    precision: float = typer.Option(0.05, "--precision",
+                                    help="Of the load searches: relative width of the last bracket."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="model_name label for the alert rules."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
@@ -147,106 +151,55 @@ def report_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """The capacity report: baseline, swap sizing, modes, tuning, alerts, headroom, stalls,
-    priority -> OUT/index.html (+ PNGs, summary.json)."""
+    """The capacity report: stability, the recommendation, swap sizing, modes, tuning, alerts,
+    headroom, stalls, priority -> OUT/index.html (+ PNGs, summary.json)."""
     import time
 
-    from capacity.report import sections as sec
-    from capacity.analyses.classify import alert_rule, classify
+    from capacity.analyses.criteria import Budget
+    from capacity.analyses.plan import make_plan
+    from capacity.analyses.planner import Planner
     from capacity.cli.tune import parse_grid
-    from capacity.analyses.modes import compare_modes
-    from capacity.analyses.headroom import headroom
-    from capacity.analyses.metrics import summary
-    from capacity.analyses.priority import interference
-    from capacity.report.render import write_report
-    from capacity.analyses.stalls import attribute_stalls
-    from capacity.analyses.sizing import demand_job, size_swap
-    from capacity.analyses.sweep import Job, run_jobs
-    from capacity.analyses.tuning import Budget, tune
-    from replay.config import resolve
-    from traces.stats import trace_info
+    from capacity.report.build import build_report
     wall0 = time.perf_counter()
     trace, name = trace_input(file, trace_format, rate_scale)
-    out.mkdir(parents=True, exist_ok=True)
-    db = db or out / "kvcap.duckdb"
-    grid = (parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid
-            else default_grid(resolve(engine).spec.max_num_seqs))
-    factors = tuple(float(x) for x in scales.split(",") if x.strip())
-    runs: list = []
-    memo: dict = {}      # one replay per distinct (trace, resolved engine), shared by all sections
-    with err.status("report: baseline and swap-demand replays…"):
-        base = run_jobs([Job(trace=trace, config=engine, label="report baseline", trace_name=name),
-                         demand_job(trace, engine)], workers=workers, memo=memo)[0]
-    runs.append(base)
-    with err.status("report: swap sizing (verify, what-if)…"):
-        sizing = size_swap(trace, engine, keep_runs=runs, workers=workers, memo=memo)
-    with err.status("report: comparing preemption modes…"):
-        modes = compare_modes(trace, engine, keep_runs=runs, workers=workers, memo=memo)
-    with err.status(f"report: tuning max-num-seqs over {grid}…"):
-        tn = tune(trace, engine, max_num_seqs_grid=grid, slo_ttft_p99_s=slo_ttft_p99,
-                  slo_tbt_p99_s=slo_tbt_p99, budget=Budget.parse(preemption_budget),
-                  workers=workers, keep_runs=runs, trace_name=name, memo=memo)
-    with err.status("report: surge headroom…"):
-        hr = headroom(trace, engine, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
-                      scales=factors, workers=workers, keep_runs=runs, memo=memo)
-    base_tables = base.tables()
-    verdict = classify(base_tables)
-    rule = alert_rule(base_tables)
-    stalls = attribute_stalls(base_tables)
-    extra = [sec.tuning_section(tn), sec.budget_section(verdict, rule), sec.headroom_section(hr),
-             sec.stalls_section(stalls)]
-    prio_trace, prio_note = trace, None
-    if trace["priority"].n_unique() < 2:
-        from traces.synth import synthesize
-        prio_trace = synthesize("priority-mix", duration_s=300.0)
-        prio_note = ("the trace has one priority class, so this section replays the built-in "
-                     "priority-mix scenario (5 min) on the same engine")
+    grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
+    planner = Planner(workers=workers, trace_name=name)
+    with err.status("report: baseline, stability, sizing, modes, tuning, headroom…"):
+        plan = make_plan(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99,
+                         slo_tbt_p99_s=slo_tbt_p99, budget=Budget.parse(preemption_budget),
+                         grid=grid, precision=precision, model_name=model_name)
     with err.status("report: priority interference…"):
-        prio = interference(prio_trace, engine, workers=workers, keep_runs=runs, memo=memo)
-    psec = sec.priority_section(prio)
-    if prio_note:
-        from dataclasses import replace as _replace
-        from capacity.report.render import text
-        psec = _replace(psec, body=text(prio_note) + psec.body)
-    extra.append(psec)
-    store_runs(db, runs)
-    flags = deploy_flags(engine, sizing, modes)
-    if tn.recommended is not None:
-        flags = [f for f in flags if not f.startswith(("--max-num-seqs", "--max-num-batched-tokens"))]
-        flags += list(tn.flags)
-    (out / "kvcap-preemption-rules.yml").write_text(rule.yaml)
-    notes = [f"preemption in the baseline is {verdict.verdict}: {verdict.evidence}",
-             f"alert rules: kvcap-preemption-rules.yml (structural above {rule.threshold} "
-             f"preemptions per 5 minutes)", f"headroom: {hr.explanation}"]
-    info = trace_info(trace)
-    index = write_report(out, title=f"kvcap capacity report — {name}", trace_summary=info,
-                         run=base, sizing=sizing, modes=modes, flags=flags, notes=notes,
-                         extra_sections=extra)
-    s = summary(base_tables)
-    result = {"report": str(index), "db": str(db), "trace": name, "flags": flags,
-              "recommended_mode": modes.recommended, "reason": modes.reason,
-              "recommended_swap_space_gib": sizing.recommended_swap_space_gib,
-              "recommended_kv_offloading_size_gib": sizing.recommended_kv_offloading_size_gib,
-              "peak_swapped_gib": sizing.peak_swapped_gib,
-              "recommended_max_num_seqs": tn.recommended.max_num_seqs if tn.recommended else None,
-              "preemption_verdict": verdict.verdict, "alert_threshold_5m": rule.threshold,
-              "headroom_scale": hr.max_ok_scale, "baseline": s,
-              "runs": len({r.run_id for r in runs}),
-              "wall_seconds": time.perf_counter() - wall0}
+        prio_trace, prio_note = trace, None
+        if trace["priority"].n_unique() < 2:
+            from traces.synth import synthesize
+            prio_trace = synthesize("priority-mix", duration_s=300.0)
+            prio_note = ("the trace has one priority class, so this section replays the built-in "
+                         "priority-mix scenario (5 min) on the same engine")
+        from capacity.analyses.priority import interference
+        prio = interference(prio_trace, plan.recommendation.config or engine, planner=planner)
+    with err.status("report: charts…"):
+        out.mkdir(parents=True, exist_ok=True)
+        db = db or out / "kvcap.duckdb"
+        index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
+                                     priority_note=prio_note)
+    store_runs(db, planner.runs)
+    result |= {"report": str(index), "db": str(db), "runs": len(planner.runs),
+               "wall_seconds": time.perf_counter() - wall0}
     if as_json:
         emit_json(result)
         return
+    print_plan(plan, result)
+
+
+def print_plan(plan, result: dict) -> None:
     c = Console()
-    c.print(f"[bold]report:[/bold] {index}  ({result['runs']} replays, "
+    rec = plan.recommendation
+    c.print(f"[bold]report:[/bold] {result['report']}  ({result['runs']} replays, "
             f"{result['wall_seconds']:.0f} s)")
-    c.print(f"[bold]preemption mode:[/bold] {modes.recommended} — {modes.reason}")
-    if sizing.peak_swapped_blocks:
-        c.print(f"[bold]swap tier:[/bold] peak {sizing.peak_swapped_gib:.2f} GiB concurrently "
-                f"swapped -> --swap-space {sizing.recommended_swap_space_gib:g} (V0) / "
-                f"--kv-offloading-size {sizing.recommended_kv_offloading_size_gib:g} (V1)")
+    c.print(f"[bold]{'sustainable' if rec.sustainable else 'OVERLOADED'}:[/bold] {rec.headline}")
+    for line in rec.lines:
+        c.print(f"  - {line}")
+    if rec.flags:
+        c.print("[bold]vLLM flags:[/bold] vllm serve MODEL " + " ".join(rec.flags))
     else:
-        c.print("[bold]swap tier:[/bold] nothing is ever swapped out at this load: no swap tier needed")
-    c.print(f"[bold]max-num-seqs:[/bold] {tn.explanation}")
-    c.print(f"[bold]preemption:[/bold] {verdict.verdict}; alert above {rule.threshold} per 5 min")
-    c.print(f"[bold]headroom:[/bold] {hr.explanation}")
-    c.print("[bold]vLLM flags:[/bold] vllm serve MODEL " + " ".join(flags))
+        c.print("[bold]vLLM flags:[/bold] none (overloaded: fix the capacity first)")

@@ -24,19 +24,26 @@ def parse_grid(text: str, name: str) -> list[int]:
     return vals
 
 
+def _t(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
+
+
 def tuning_table(tn) -> Table:
     t = Table(title=f"max-num-seqs sweep (SLO: TTFT p99 ≤ {tn.slo_ttft_p99_s:g} s, "
                     f"TBT p99 ≤ {tn.slo_tbt_p99_s:g} s)")
-    for c in ("max_num_seqs", "batched_tokens", "goodput req/s", "TTFT p99 s", "TBT p99 s",
-              "preempt/min", "min w/ preempt", "recomputed", "verdict"):
-        t.add_column(c)
+    for c in ("max-num-seqs", "batched tok", "margin", "goodput", "in SLO", "TTFT p99",
+              "TBT p99", "preempt/min", "verdict"):
+        t.add_column(c, overflow="fold")
     rec = tn.recommended
-    for c in sorted(tn.candidates, key=lambda c: (c.max_num_batched_tokens, c.max_num_seqs)):
+    for c, m in sorted(zip(tn.candidates, tn.margins),
+                       key=lambda cm: (cm[0].max_num_batched_tokens, cm[0].max_num_seqs)):
         verdict = ("[bold green]recommended" if c is rec else "ok" if c.feasible else c.breaks)
-        f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        t.add_row(str(c.max_num_seqs), str(c.max_num_batched_tokens), f"{c.goodput_rps:.2f}",
-                  f(c.ttft_p99_s), f(c.tbt_p99_s), f"{c.preemptions_per_min:.2f}",
-                  f"{c.preempted_minutes_share:.0%}", f"{c.recomputed_share:.1%}", verdict)
+        t.add_row(f"{c.max_num_seqs:,}", f"{c.max_num_batched_tokens:,}",
+                  "-" if m is None or m.scale is None else f"×{m.scale:.2f}",
+                  f"{c.goodput_rps:,.2f}", f"{c.slo_share:.0%}", _t(c.ttft_p99_s), _t(c.tbt_p99_s),
+                  f"{c.preemptions_per_min:,.2f}", verdict)
     return t
 
 
@@ -52,6 +59,7 @@ def tune_cmd(
         "peak-only", "--preemption-budget",
         help="peak-only (preemption confined to load peaks), any, or a max share of minutes (0.1)."),
     max_preemptions_per_minute: Optional[float] = typer.Option(None, "--max-preemptions-per-minute"),
+    precision: float = typer.Option(0.05, "--precision", help="Of the margin search (relative)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
@@ -59,26 +67,28 @@ def tune_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """Sweep --max-num-seqs (and --max-num-batched-tokens) and recommend the value to deploy."""
-    from capacity.analyses.tuning import Budget, tune
+    """Sweep --max-num-seqs (and --max-num-batched-tokens); recommend the value with the largest
+    margin (the highest load at which it still meets the SLOs and the budget)."""
+    from capacity.analyses.criteria import Budget
+    from capacity.analyses.planner import Planner
+    from capacity.analyses.tuning import tune
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid")
     tokens = (parse_grid(max_num_batched_tokens_grid, "--max-num-batched-tokens-grid")
               if max_num_batched_tokens_grid else None)
     trace, name = trace_input(file, trace_format, rate_scale)
     budget = Budget.parse(preemption_budget, max_preemptions_per_minute)
-    runs: list = []
+    planner = Planner(workers=workers, trace_name=name)
     n = len(grid) * len(tokens or [None])
     with Progress(console=err, transient=True, disable=as_json) as prog:
-        task = prog.add_task("tune: replaying candidates", total=n)
+        task = prog.add_task("tune: replaying candidates, then their margins", total=n)
         tn = tune(trace, engine, max_num_seqs_grid=grid, max_num_batched_tokens_grid=tokens,
                   slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99, budget=budget,
-                  workers=workers, keep_runs=runs, trace_name=name,
-                  on_done=lambda i, r: prog.advance(task))
-    store_runs(db, runs)
+                  planner=planner, precision=precision, on_done=lambda i, r: prog.advance(task))
+    store_runs(db, planner.runs)
     if as_json:
         emit_json(tn.as_dict())
         return
-    c = Console()
+    c = Console(width=100)
     c.print(tuning_table(tn))
     c.print(f"[bold]recommendation:[/bold] {tn.explanation}")
     if tn.flags:
@@ -91,7 +101,10 @@ def headroom_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     slo_ttft_p99: float = typer.Option(..., "--slo-ttft-p99", help="Seconds."),
     slo_tbt_p99: float = typer.Option(..., "--slo-tbt-p99", help="Seconds."),
-    scales: str = typer.Option("1,1.25,1.5,2,2.5,3", "--scales", help="Rate-scale factors to try."),
+    preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
+                                          help="peak-only, any, or a max share of minutes (0.1)."),
+    precision: float = typer.Option(0.05, "--precision", help="Of the load search (relative)."),
+    surge: bool = typer.Option(True, "--surge/--no-surge", help="Also search a flash-crowd overlay."),
     target_peak: Optional[float] = typer.Option(None, "--target-peak", help="Peak to plan for, x today's traffic."),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
@@ -99,32 +112,30 @@ def headroom_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """How much more traffic fits before preemption becomes structural (and replicas needed)."""
+    """The largest multiple of today's traffic that still meets the SLOs and the preemption
+    budget (searched), and the replicas a target peak needs."""
+    from capacity.analyses.criteria import Budget
     from capacity.analyses.headroom import headroom
-    try:
-        factors = tuple(float(x) for x in scales.split(",") if x.strip())
-    except ValueError:
-        raise CliError(f"--scales: expected numbers like 1,1.5,2, got {scales!r}") from None
-    trace, _ = trace_input(file, trace_format, 1.0)
-    runs: list = []
-    with Progress(console=err, transient=True, disable=as_json) as prog:
-        task = prog.add_task("headroom: replaying load levels", total=len(factors) + 1)
-        h = headroom(trace, engine, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
-                     scales=factors, target_peak_scale=target_peak, workers=workers,
-                     keep_runs=runs, on_done=lambda i, r: prog.advance(task))
-    store_runs(db, runs)
+    from capacity.analyses.planner import Planner
+    trace, name = trace_input(file, trace_format, 1.0)
+    planner = Planner(workers=workers, trace_name=name)
+    with err.status("headroom: searching the rate scale…"):
+        h = headroom(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
+                     budget=Budget.parse(preemption_budget), precision=precision, surge=surge,
+                     target_peak_scale=target_peak)
+    store_runs(db, planner.runs)
     if as_json:
         emit_json(h.as_dict())
         return
-    t = Table(title="surge headroom")
-    for c in ("load", "requests", "preempt/min", "TTFT p99 s", "TBT p99 s", "preemption", "SLO", "ok"):
-        t.add_column(c)
+    t = Table(title="surge headroom (the searched loads)")
+    for c in ("load", "offered req/s", "served req/s", "TTFT p99", "TBT p99", "preempt",
+              "preemption", "ok"):
+        t.add_column(c, overflow="fold")
     for p in h.points:
-        f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        t.add_row(p.label.removeprefix("headroom "), str(p.requests), f"{p.preemptions_per_min:.2f}",
-                  f(p.ttft_p99_s), f(p.tbt_p99_s), p.verdict, "met" if p.meets_slo else "broken",
-                  "yes" if p.ok else "no")
-    Console().print(t)
+        t.add_row(f"{'flash crowd ' if p.surge else ''}×{p.rate_scale:g}", f"{p.offered_rps:,.2f}",
+                  f"{p.served_rps:,.2f}", _t(p.ttft_p99_s), _t(p.tbt_p99_s), f"{p.preemptions:,}",
+                  p.verdict, "yes" if p.ok else p.breaks)
+    Console(width=100).print(t)
     Console().print(f"[bold]headroom:[/bold] {h.explanation}")
 
 
@@ -149,6 +160,11 @@ def alerts_cmd(
     with err.status("alerts: replaying normal traffic…"):
         res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
     tables = res.tables()
+    from capacity.analyses.stability import stability
+    st = stability(tables)
+    if not st.sustainable:
+        raise CliError(f"alerts: the replay of this trace is overloaded ({st.evidence}); an alert "
+                       f"rule derived from it would fire all the time — no rule written")
     c = classify(tables, window_s=window_s)
     rule = alert_rule(tables, model_name=model_name)
     fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".tmp")

@@ -114,28 +114,50 @@ def gib(v: float | None) -> str:
 
 # ---- sections -------------------------------------------------------------------------------
 
-def recommendations_section(flags: Sequence[str], notes: Sequence[str], sizing: SwapSizing | None,
-                            modes: ModeComparison | None) -> Section:
-    block = (code_block(" \\\n".join(flags)) if flags
-             else text("No flag changes: vLLM's defaults suit this workload."))
-    lines = []
-    if modes is not None:
-        lines.append(f"Preemption mode: {modes.recommended} — {modes.reason}.")
-    if sizing is not None and sizing.verify is not None:
-        v = sizing.verify
-        lines.append(
-            f"Swap space: peak concurrent evictions {sizing.peak_swapped_gib:.2f} GiB per GPU "
-            f"({sizing.peak_swapped_requests} requests); recommended `--swap-space "
-            f"{sizing.recommended_swap_space_gib:g}` (V0, per GPU) / `--kv-offloading-size "
-            f"{sizing.recommended_kv_offloading_size_gib:g}` (V1, in total) with "
-            f"{sizing.headroom:.0%} headroom; verified: {v.status}, "
-            f"{v.swap_full_events} swap-full events.")
-    elif sizing is not None:
-        lines.append("Swap space: no request was swapped out in this workload; no host swap "
-                     "tier is needed.")
-    body = (text("Append these flags to your `vllm serve` command:") + block
-            + bullets(lines) + (("<h3>Notes</h3>" + bullets(notes)) if notes else ""))
-    return Section(title="Recommendations", body=body, anchor="recommendations")
+def recommendations_section(rec, stab) -> Section:
+    """The top of the report: one Recommendation (capacity.analyses.plan), in words and flags."""
+    if rec.flags:
+        block = (text("Append these flags to your `vllm serve` command (they reproduce the "
+                      "replay whose numbers are quoted here):")
+                 + code_block(" \\\n".join(_flag_lines(rec.flags))))
+    else:
+        block = text("No flags: the run is overloaded, so no configuration is derived from it.")
+    exp = rec.expected
+    rows = []
+    if exp is not None:
+        rows = [["TTFT p99", seconds(exp.ttft_p99_s)], ["TBT p99 (fleet)", seconds(exp.tbt_p99_s)],
+                ["preemptions", exp.preemptions], ["throughput", f"{exp.throughput_rps:,.2f} req/s"],
+                ["requests within both SLOs", pct(exp.slo_share)],
+                ["goodput", f"{exp.goodput_rps:,.2f} req/s"],
+                ["headroom (× today's rate)", "—" if rec.headroom_rate_scale is None
+                 else f"×{rec.headroom_rate_scale:.2f} (precision {rec.precision:.0%})"]]
+    body = (f'<p class="headline">{inline(rec.headline)}</p>' + block
+            + (table(rows, ["with these flags", "value"]) if rows else "") + bullets(rec.lines))
+    return Section(title="Recommendation", body=body, anchor="recommendations")
+
+
+def _flag_lines(flags) -> list[str]:
+    """argv tokens -> one `--flag value` per line."""
+    out: list[str] = []
+    for tok in flags:
+        if tok.startswith("--") or not out:
+            out.append(tok)
+        else:
+            out[-1] += " " + tok
+    return out
+
+
+def stability_section(st) -> Section:
+    rows = [["verdict", "sustainable" if st.sustainable else "overloaded"],
+            ["offered rate", f"{st.offered_rps:,.2f} req/s"],
+            ["served rate", f"{st.served_rps:,.2f} req/s"],
+            ["requests still waiting at the last arrival", f"{st.backlog_requests:,} "
+                                                            f"({st.backlog_share:.0%})"],
+            ["trace span / simulated span", f"{seconds(st.trace_span_s)} / {seconds(st.sim_span_s)}"],
+            ["TTFT trend (last fifth of arrivals / first fifth)",
+             "—" if st.ttft_trend is None else f"×{st.ttft_trend:,.1f}"]]
+    body = text(st.evidence + ".") + table(rows, ["baseline replay", "value"])
+    return Section(title="Stability", body=body, anchor="stability")
 
 
 def _stat_rows(d: dict) -> tuple[list[list], list[list]]:
@@ -151,11 +173,37 @@ def _stat_rows(d: dict) -> tuple[list[list], list[list]]:
     return scalars, stats
 
 
+# The Workload table in words, with units (trace_info keys; unknown keys are shown as they are).
+WORKLOAD_WORDS = {
+    "requests": ("requests", "{:,}"), "duration_s": ("arrival span", None),
+    "mean_rps": ("mean arrival rate", "{:,.2f} req/s"), "mean_rpm": ("mean arrivals per minute", "{:,.0f}"),
+    "peak_rpm": ("busiest minute", "{:,} requests"), "peak_rpm_minute": ("busiest minute starts at", "minute {:,}"),
+    "peak_60s": ("busiest 60 s (sliding)", "{:,} requests"), "peak_rps": ("busiest second", "{:,} requests"),
+    "peak_tokens_per_min": ("busiest minute, tokens", "{:,} tokens"),
+    "peak_tokens_minute": ("busiest token minute starts at", "minute {:,}"),
+    "priorities": ("requests per priority", None), "tenants": ("requests per tenant", None),
+    "prefix": ("prefix reuse", None)}
+
+
+def _workload_rows(d: dict) -> tuple[list[list], list[list]]:
+    scalars, stats = _stat_rows(d)
+    out = []
+    for k, v in scalars:
+        label, pattern = WORKLOAD_WORDS.get(k, (k, None))
+        if k == "duration_s" and isinstance(v, (int, float)):
+            v = seconds(float(v))
+        elif pattern and isinstance(v, (int, float)):
+            v = pattern.format(v)
+        out.append([label, v])
+    words = {"prompt_tokens": "prompt (tokens)", "output_tokens": "output (tokens)"}
+    return out, [[words.get(r[0], r[0]), *r[1:]] for r in stats]
+
+
 def workload_section(trace_summary: dict) -> Section:
-    scalars, stats = _stat_rows(trace_summary)
+    scalars, stats = _workload_rows(trace_summary)
     body = table(scalars, ["quantity", "value"])
     if stats:
-        body += table(stats, ["tokens per request", "mean", "p50", "p90", "p99", "max"])
+        body += table(stats, ["length per request", "mean", "p50", "p90", "p99", "max"])
     return Section(title="Workload", body=body, anchor="workload")
 
 
@@ -204,15 +252,19 @@ def baseline_section(run: RunResult, s: dict) -> Section:
 def verification_rows(sizing: SwapSizing) -> list[list]:
     roles = ([("verify", sizing.verify)] if sizing.verify else []) \
         + [("what-if", v) for v in sizing.what_if] + [("sweep", v) for v in sizing.sweep]
-    return [[role, gib(v.swap_space_gib), v.num_cpu_blocks, v.on_swap_full, v.status,
+    return [[role, gib(v.swap_space_gib) + ("" if v.fraction_of_peak is None
+                                            else f" ({v.fraction_of_peak:.0%} of the peak)"),
+             v.num_cpu_blocks, v.on_swap_full, v.status,
              seconds(v.abort_s), v.swap_full_events, v.swap_full_fallbacks, v.preemptions_swap]
             for role, v in roles]
 
 
+NOT_DERIVED = "Not derived: the baseline is overloaded (see Stability)."
+
+
 def swap_section(sizing: SwapSizing | None) -> Section:
     if sizing is None:
-        return Section(title="Swap sizing", anchor="swap-sizing",
-                       body=text("Not measured for this report (run `kvcap size-swap`)."))
+        return Section(title="Swap sizing", anchor="swap-sizing", body=text(NOT_DERIVED))
     z = sizing
     nums = [["peak concurrently swapped-out KV (per GPU)", gib(z.peak_swapped_gib)],
             ["peak concurrently swapped-out requests", z.peak_swapped_requests],
@@ -226,7 +278,13 @@ def swap_section(sizing: SwapSizing | None) -> Section:
              gib(z.recommended_kv_offloading_size_gib)],
             ["host RAM pinned (× TP)", gib(z.host_ram_gib)],
             ["host RAM verdict", z.host_ram_verdict]]
-    body = (text("Demand: the trace replayed in swap mode with a host pool too large to fill; "
+    if not z.needed:
+        return Section(title="Swap sizing", anchor="swap-sizing", body=text(
+            "Swap tier: not needed — the demand replay (swap mode, a host pool too large to "
+            "fill) never swapped a request out at this load."))
+    body = (text("What a swap tier would need; whether to use one is the Recommendation's call "
+                 "(the preemption-mode comparison below).")
+            + text("Demand: the trace replayed in swap mode with a host pool too large to fill; "
                  "the peak of the KV bytes of all requests swapped out at the same moment sets "
                  "the size. Each size below was then replayed to check it.")
             + table(nums, ["quantity", "value"]))
@@ -256,9 +314,9 @@ def mode_rows(modes: ModeComparison) -> list[list]:
 
 def modes_section(modes: ModeComparison | None) -> Section:
     if modes is None:
-        return Section(title="Preemption modes", anchor="modes",
-                       body=text("Not compared for this report (run `kvcap compare-modes`)."))
+        return Section(title="Preemption modes", anchor="modes", body=text(NOT_DERIVED))
     body = (text(f"Recommended: {modes.recommended} — {modes.reason}.")
+            + (text(modes.queue_only_note + ".") if modes.queue_only_note else "")
             + table(mode_rows(modes), ["variant", "status", "preemptions", "preempted requests",
                                        "recomputed prefill", "swapped", "host-link time",
                                        "TTFT p99", "TBT p99", "preempted max TBT p99",
@@ -294,21 +352,6 @@ def _svg_width(svg: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def _figure_html(fig: Figure, svg: str) -> str:
-    data = base64.b64encode(svg.encode()).decode()
-    w = _svg_width(svg)
-    size = f' style="width:{w * SVG_ZOOM:.0f}px"' if w else ""
-    cap = f"<figcaption>{html.escape(fig.caption)}</figcaption>" if fig.caption else ""
-    return (f'<figure id="fig-{html.escape(fig.name)}"><img alt="{html.escape(fig.name)}"{size} '
-            f'src="data:image/svg+xml;base64,{data}">{cap}</figure>')
-
-
-def _section_html(sec: Section, svgs: dict[str, str]) -> str:
-    figs = "".join(_figure_html(f, svgs[f.name]) for f in sec.charts)
-    return (f'<section id="{html.escape(sec.id)}"><h2>{html.escape(sec.title)}</h2>'
-            f'{sec.body}<div class="figs">{figs}</div></section>')
-
-
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#222;
  max-width:1200px;margin:0 auto;padding:16px 24px;line-height:1.4;background:#fff}
@@ -323,18 +366,33 @@ pre.code{background:#1e2430;color:#e8e8e8;padding:12px 16px;border-radius:4px;fo
 .cols{display:flex;flex-wrap:wrap;align-items:flex-start}
 .figs{display:flex;flex-wrap:wrap;gap:8px}figure{margin:8px 0}figure img{max-width:100%}
 footer{color:#777;font-size:.8em;margin-top:3em}
+.headline{font-size:1.15em;font-weight:600}
 """
+
+
+def _template():
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.PackageLoader("capacity.report", "templates"),
+                             autoescape=True, trim_blocks=False)
+    return env.get_template("report.html.j2")
 
 
 def render_html(title: str, subtitle: str, sections: Sequence[Section], svgs: dict[str, str],
                 footer: str) -> str:
-    nav = "".join(f'<a href="#{html.escape(s.id)}">{html.escape(s.title)}</a>' for s in sections)
-    body = "".join(_section_html(s, svgs) for s in sections)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
-            f'<h1>{html.escape(title)}</h1><p class="sub">{html.escape(subtitle)}</p>'
-            f"<nav>{nav}</nav>{body}<footer>{html.escape(footer)}</footer></body></html>\n")
+    """The page, through templates/report.html.j2 with autoescaping: every string is escaped
+    except section bodies, which the body helpers above built from escaped parts."""
+    from markupsafe import Markup
+    secs = []
+    for sec in sections:
+        figs = []
+        for f in sec.charts:
+            w = _svg_width(svgs[f.name])
+            figs.append({"name": f.name, "caption": f.caption,
+                         "data": base64.b64encode(svgs[f.name].encode()).decode(),
+                         "width": f"{w * SVG_ZOOM:.0f}" if w else None})
+        secs.append({"id": sec.id, "title": sec.title, "body": Markup(sec.body), "figures": figs})
+    return _template().render(title=title, subtitle=subtitle, sections=secs, footer=footer,
+                              style=Markup(STYLE)) + "\n"
 
 
 def json_safe(v: object) -> object:
@@ -355,25 +413,28 @@ def json_safe(v: object) -> object:
 
 
 def summary_dict(*, title: str, trace_summary: dict, run: RunResult, run_sum: dict,
-                 sizing: SwapSizing | None, modes: ModeComparison | None, flags: Sequence[str],
-                 notes: Sequence[str], sections: Sequence[Section]) -> dict:
+                 sizing: SwapSizing | None, modes: ModeComparison | None, rec, stab,
+                 sections: Sequence[Section], extra: dict | None = None) -> dict:
     engine = {k: run.run.get(k) for k in CONFIG_KEYS if k in run.run}
     return json_safe({
-        "title": title, "trace": trace_summary, "run": run_sum | {"engine": engine},
+        "title": title, "sustainable": rec.sustainable, "offered_rps": rec.offered_rps,
+        "served_rps": rec.served_rps, "headroom_rate_scale": rec.headroom_rate_scale,
+        "recommendation": rec.as_dict(), "stability": stab.as_dict(),
+        "trace": trace_summary, "run": run_sum | {"engine": engine},
         "sizing": sizing.as_dict() if sizing else None,
         "modes": modes.as_dict() if modes else None,
-        "flags": list(flags), "notes": list(notes),
+        **(extra or {}),
         "sections": [s.title for s in sections],
         "charts": [f"{f.name}.png" for s in sections for f in s.charts],
     })
 
 
 def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
-                   sizing: SwapSizing | None, modes: ModeComparison | None, flags: Sequence[str],
-                   notes: Sequence[str], extra_sections: Sequence[Section]) -> list[Section]:
-    secs = [recommendations_section(flags, notes, sizing, modes), workload_section(trace_summary),
-            baseline_section(run, run_sum), swap_section(sizing), modes_section(modes),
-            latency_section(run, run_sum), *extra_sections]
+                   sizing: SwapSizing | None, modes: ModeComparison | None, rec, stab,
+                   extra_sections: Sequence[Section]) -> list[Section]:
+    secs = [recommendations_section(rec, stab), stability_section(stab),
+            workload_section(trace_summary), baseline_section(run, run_sum), swap_section(sizing),
+            modes_section(modes), latency_section(run, run_sum), *extra_sections]
     names = [f.name for s in secs for f in s.charts]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -382,15 +443,17 @@ def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
 
 
 def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: RunResult,
-                 sizing: SwapSizing | None, modes: ModeComparison | None, flags: list[str],
-                 notes: Sequence[str] = (), extra_sections: Sequence[Section] = ()) -> Path:
+                 sizing: SwapSizing | None, modes: ModeComparison | None, recommendation,
+                 stability, extra_sections: Sequence[Section] = (),
+                 extra_summary: dict | None = None) -> Path:
     """Write `out_dir/index.html`, `out_dir/<chart>.png` and `out_dir/summary.json`; return the
-    path of index.html."""
+    path of index.html. `recommendation` (capacity.analyses.plan.Recommendation) is the top of
+    the page and of summary.json; `stability` (capacity.analyses.stability.Stability) follows."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     run_sum = run_summary(run.tables())
     sections = build_sections(trace_summary=trace_summary, run=run, run_sum=run_sum,
-                              sizing=sizing, modes=modes, flags=flags, notes=notes,
+                              sizing=sizing, modes=modes, rec=recommendation, stab=stability,
                               extra_sections=extra_sections)
     svgs = {}
     for fig in (f for s in sections for f in s.charts):
@@ -405,6 +468,8 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
     # Each file whole or not at all (temp + rename): a full disk leaves no truncated index.html.
     atomic.write_text(index, render_html(title, subtitle, sections, svgs, footer))
     doc = summary_dict(title=title, trace_summary=trace_summary, run=run, run_sum=run_sum,
-                       sizing=sizing, modes=modes, flags=flags, notes=notes, sections=sections)
-    atomic.write_text(out / "summary.json", json.dumps(doc, indent=2, allow_nan=False) + "\n")
+                       sizing=sizing, modes=modes, rec=recommendation, stab=stability,
+                       sections=sections, extra=extra_summary)
+    atomic.write_text(out / "summary.json", json.dumps(doc, indent=2, allow_nan=False) + "
+")
     return index

@@ -16,30 +16,40 @@ from capacity.analyses.stalls import StallAttribution
 from capacity.analyses.tuning import Tuning
 
 
+def _margin(m) -> str:
+    return "—" if m is None or m.scale is None else f"×{m.scale:.2f}" + ("+" if m.capped else "")
+
+
 def tuning_section(tn: Tuning) -> Section:
-    rows = [[c.max_num_seqs, c.max_num_batched_tokens, c.goodput_rps, seconds(c.ttft_p99_s),
-             seconds(c.tbt_p99_s), c.preemptions_per_min, pct(c.preempted_minutes_share),
-             pct(c.recomputed_share), "recommended" if c is tn.recommended else
-             ("ok" if c.feasible else c.breaks)]
-            for c in sorted(tn.candidates, key=lambda c: (c.max_num_batched_tokens, c.max_num_seqs))]
+    rows = [[c.max_num_seqs, c.max_num_batched_tokens, _margin(m), f"{c.goodput_rps:,.2f}",
+             pct(c.slo_share), seconds(c.ttft_p99_s), seconds(c.tbt_p99_s),
+             f"{c.preemptions_per_min:,.2f}", pct(c.preempted_minutes_share),
+             "recommended" if c is tn.recommended else ("ok" if c.feasible else c.breaks)]
+            for c, m in sorted(zip(tn.candidates, tn.margins),
+                               key=lambda cm: (cm[0].max_num_batched_tokens, cm[0].max_num_seqs))]
     b = tn.budget
     budget = ", ".join(x for x in (
         "preemption only at load peaks" if b.peak_only else "",
         f"in at most {b.max_minutes_share:.0%} of minutes" if b.max_minutes_share is not None else "",
         f"at most {b.max_per_minute:g} per minute" if b.max_per_minute is not None else "") if x)
-    body = (text(f"SLO: TTFT p99 ≤ {tn.slo_ttft_p99_s:g} s and TBT p99 ≤ {tn.slo_tbt_p99_s:g} s; "
-                 f"preemption budget: {budget or 'none'}.") + text(tn.explanation)
-            + (code_block(" ".join(tn.flags)) if tn.flags else "")
-            + table(rows, ["max-num-seqs", "batched tokens", "goodput req/s", "TTFT p99", "TBT p99",
-                           "preempt/min", "minutes w/ preemption", "recomputed", "verdict"]))
+    body = (text(f"SLO: fleet TTFT p99 ≤ {seconds(tn.slo_ttft_p99_s)} and TBT p99 ≤ "
+                 f"{seconds(tn.slo_tbt_p99_s)}; preemption budget: {budget or 'none'}. Margin: "
+                 f"the largest multiple of today's rate at which the value still meets both "
+                 f"(searched to {tn.precision:.0%}; + = at the top of the search).")
+            + text(tn.explanation + ".")
+            + table(rows, ["max-num-seqs", "batched tokens", "margin", "goodput req/s",
+                           "within SLOs", "TTFT p99", "TBT p99", "preempt/min",
+                           "minutes w/ preemption", "verdict"]))
     rec = tn.recommended.max_num_seqs if tn.recommended else None
+    chart = ac.tuning_frontier(tn.table(), rec, slo_ttft_p99_s=tn.slo_ttft_p99_s,
+                               slo_tbt_p99_s=tn.slo_tbt_p99_s)
     return Section(title="max-num-seqs tuning", body=body,
-                   charts=(Figure("tuning_frontier", ac.tuning_frontier(tn.table(), rec),
-                                  "Goodput and P99 TBT per candidate; colour = verdict."),))
+                   charts=(Figure("tuning_frontier", chart,
+                                  "P99 TTFT and TBT per candidate at today's load; dashed: SLO."),))
 
 
 def budget_section(c: Classification, rule: AlertRule) -> Section:
-    body = (text(f"Preemption in the baseline replay is **{c.verdict}**: {c.evidence}.".replace("**", ""))
+    body = (text(f"Preemption in the replay of the recommended flags is {c.verdict}: {c.evidence}.")
             + bullets([f"windows of {c.window_s:g} s: {c.windows}; with preemption: "
                        f"{c.windows_with_preemption} ({c.preempted_windows_share:.0%})",
                        f"peak windows: ≥ {c.peak_load_threshold:.0f} arrivals; preempted windows "
@@ -59,13 +69,22 @@ def budget_section(c: Classification, rule: AlertRule) -> Section:
 
 
 def headroom_section(h: Headroom) -> Section:
-    rows = [[p.label.removeprefix("headroom "), p.requests, p.throughput_rps, p.preemptions_per_min,
-             seconds(p.ttft_p99_s), seconds(p.tbt_p99_s), p.verdict, p.ok] for p in h.points]
-    body = text(h.explanation) + table(rows, ["load", "requests", "req/s", "preempt/min",
-                                              "TTFT p99", "TBT p99", "preemption", "ok"])
+    rows = [["flash crowd ×" if p.surge else "×", p.rate_scale, p.requests,
+             f"{p.offered_rps:,.2f}", f"{p.served_rps:,.2f}", seconds(p.ttft_p99_s),
+             seconds(p.tbt_p99_s), p.preemptions, p.verdict, "yes" if p.ok else p.breaks]
+            for p in h.points]
+    rows = [[f"{a}{b:g}", *rest] for a, b, *rest in rows]
+    body = (text(h.explanation + ".")
+            + text(f"Each row is one replay of the search (precision {h.rate.precision:.0%}): the "
+                   f"trace with its arrival times divided by the scale"
+                   + (", or one window's traffic multiplied (flash crowd)" if h.surge else "")
+                   + ".")
+            + table(rows, ["load", "requests", "offered req/s", "served req/s", "TTFT p99",
+                           "TBT p99", "preemptions", "preemption", "ok"]))
+    chart = ac.headroom_curve(h.table(), slo_ttft_p99_s=h.slo_ttft_p99_s,
+                              slo_tbt_p99_s=h.slo_tbt_p99_s)
     return Section(title="Surge headroom", body=body,
-                   charts=(Figure("headroom", ac.headroom_curve(h.table()),
-                                  "Each point is a replay at a load level."),))
+                   charts=(Figure("headroom", chart, "The searched load levels; dashed: SLO."),))
 
 
 def stalls_section(a: StallAttribution) -> Section:

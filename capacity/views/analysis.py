@@ -13,10 +13,28 @@ from capacity.views.charts import COLORS, HEIGHT, WIDTH, _style
 MAX_POINTS = 4000
 
 
-def tuning_frontier(table: pl.DataFrame, recommended: int | None):
-    """Goodput and P99 TBT / TTFT against max_num_seqs; infeasible candidates marked."""
+def _slo_rule(value: float | None, label: str):
+    """A dashed horizontal SLO line with its label (None: nothing)."""
+    if value is None or value != value or value == float("inf"):
+        return None
+    d = pl.DataFrame({"y": [value], "label": [label]})
+    rule = alt.Chart(d).mark_rule(strokeDash=[5, 4], color="#555").encode(y="y:Q")
+    txt = alt.Chart(d).mark_text(align="left", dx=4, dy=-6, color="#555", fontSize=10).encode(
+        y="y:Q", text="label:N", x=alt.value(0))
+    return rule + txt
+
+
+def _with_slo(chart, value, label):
+    rule = _slo_rule(value, label)
+    return chart if rule is None else chart + rule
+
+
+def tuning_frontier(table: pl.DataFrame, recommended: int | None, *, slo_ttft_p99_s=None,
+                    slo_tbt_p99_s=None):
+    """P99 TTFT and TBT against max_num_seqs with the SLO lines; colour = the verdict."""
     t = table.select("max_num_seqs", "max_num_batched_tokens", "goodput_rps", "tbt_p99_s",
-                     "ttft_p99_s", "feasible").with_columns(
+                     "ttft_p99_s", "feasible", "margin_rate_scale").with_columns(
+        pl.col("goodput_rps", "tbt_p99_s", "ttft_p99_s", "margin_rate_scale").cast(pl.Float64)).with_columns(
         choice=pl.when(pl.col("max_num_seqs") == (recommended if recommended is not None else -1))
         .then(pl.lit("recommended"))
         .when(pl.col("feasible")).then(pl.lit("meets SLO + budget"))
@@ -25,17 +43,17 @@ def tuning_frontier(table: pl.DataFrame, recommended: int | None):
                                        title="--max-num-seqs"))
     dom = ["recommended", "meets SLO + budget", "breaks SLO or budget"]
     rng = [COLORS["recommended"], "#4c78a8", "#e45756"]
-    good = (base.mark_line(color="#999") .encode(y=alt.Y("goodput_rps:Q", title="goodput (req/s)"))
-            + base.mark_point(size=90, filled=True).encode(
-                y="goodput_rps:Q", color=alt.Color("choice:N", scale=alt.Scale(domain=dom, range=rng),
-                                                   title=None),
-                tooltip=["max_num_seqs", "goodput_rps", "ttft_p99_s", "tbt_p99_s", "feasible"]))
-    tbt = (base.mark_line(point=True, color="#e45756")
-           .encode(y=alt.Y("tbt_p99_s:Q", title="P99 TBT (s)")))
-    return _style(alt.hconcat(good.properties(width=WIDTH // 2 - 40, height=HEIGHT,
-                                              title="Goodput by --max-num-seqs"),
-                              tbt.properties(width=WIDTH // 2 - 40, height=HEIGHT,
-                                             title="P99 TBT by --max-num-seqs")))
+    color = alt.Color("choice:N", scale=alt.Scale(domain=dom, range=rng), title=None,
+                      legend=alt.Legend(orient="bottom"))
+    tip = ["max_num_seqs", "goodput_rps", "ttft_p99_s", "tbt_p99_s", "margin_rate_scale"]
+
+    def panel(col, title, slo):
+        ch = (base.mark_line(color="#999").encode(y=alt.Y(f"{col}:Q", title=title))
+              + base.mark_point(size=90, filled=True).encode(y=f"{col}:Q", color=color, tooltip=tip))
+        return _with_slo(ch, slo, "SLO").properties(width=WIDTH // 2 - 40, height=HEIGHT,
+                                                    title=f"{title} by --max-num-seqs")
+    return _style(alt.hconcat(panel("ttft_p99_s", "P99 TTFT (s)", slo_ttft_p99_s),
+                              panel("tbt_p99_s", "P99 TBT (s)", slo_tbt_p99_s)))
 
 
 def preemption_windows(per_window: pl.DataFrame, window_s: float, verdict: str):
@@ -53,24 +71,30 @@ def preemption_windows(per_window: pl.DataFrame, window_s: float, verdict: str):
                                                     subtitle=f"verdict: {verdict}")))
 
 
-def headroom_curve(table: pl.DataFrame):
-    """Preemption rate against P99 TBT as load grows (the flash-crowd point marked)."""
-    t = table.select("label", "rate_scale", "surge", "preemptions_per_min", "tbt_p99_s", "ok",
-                     "verdict").with_columns(
-        kind=pl.when(pl.col("surge")).then(pl.lit("flash crowd")).otherwise(pl.lit("rate scale")))
-    base = alt.Chart(t).encode(
-        x=alt.X("preemptions_per_min:Q", title="preemptions per minute"),
-        y=alt.Y("tbt_p99_s:Q", title="P99 TBT (s)"))
-    line = base.transform_filter("datum.kind == 'rate scale'").mark_line(color="#999")
-    pts = base.mark_point(size=100, filled=True).encode(
-        color=alt.Color("ok:N", scale=alt.Scale(domain=[True, False],
-                                                range=[COLORS["recommended"], COLORS["peak"]]),
-                        title="within SLO, peak-only"),
-        shape=alt.Shape("kind:N", title=None),
-        tooltip=["label", "preemptions_per_min", "tbt_p99_s", "verdict"])
-    labels = base.mark_text(dy=-12, fontSize=10).encode(text="label:N")
-    return _style((line + pts + labels).properties(width=WIDTH, height=HEIGHT,
-                                                   title="Load vs. preemption rate and P99 TBT"))
+def headroom_curve(table: pl.DataFrame, *, slo_ttft_p99_s=None, slo_tbt_p99_s=None):
+    """The metrics that break as load grows: P99 TTFT and TBT against the rate scale of each
+    searched replay, with the SLO lines; colour = within SLOs and budget (and keeping up)."""
+    t = (table.filter(~pl.col("surge"))
+         .select("rate_scale", "ttft_p99_s", "tbt_p99_s", "ok", "breaks")
+         .with_columns(pl.col("ttft_p99_s", "tbt_p99_s").cast(pl.Float64))
+         .with_columns(verdict=pl.when(pl.col("ok")).then(pl.lit("within SLOs and budget"))
+                       .otherwise(pl.lit("breaks")))
+         .sort("rate_scale"))
+    base = alt.Chart(t).encode(x=alt.X("rate_scale:Q", title="× today's request rate",
+                                       scale=alt.Scale(zero=False)))
+    color = alt.Color("verdict:N", title=None, legend=alt.Legend(orient="bottom"),
+                      scale=alt.Scale(domain=["within SLOs and budget", "breaks"],
+                                      range=[COLORS["recommended"], COLORS["peak"]]))
+
+    def panel(col, title, slo):
+        ch = (base.mark_line(color="#999").encode(y=alt.Y(f"{col}:Q", title=title,
+                                                            scale=alt.Scale(type="log")))
+              + base.mark_point(size=80, filled=True).encode(
+                  y=f"{col}:Q", color=color, tooltip=["rate_scale", col, "breaks"]))
+        return _with_slo(ch, slo, "SLO").properties(width=WIDTH // 2 - 40, height=HEIGHT,
+                                                    title=f"{title} as load grows")
+    return _style(alt.hconcat(panel("ttft_p99_s", "P99 TTFT (s)", slo_ttft_p99_s),
+                              panel("tbt_p99_s", "P99 TBT (s)", slo_tbt_p99_s)))
 
 
 def stall_timeline(stalls: pl.DataFrame, slow_steps: pl.DataFrame, threshold_s: float):

@@ -74,7 +74,7 @@ def _full_bins(duration_s: float, bin_s: int) -> pl.DataFrame:
 
 def _time_x(duration_s: float, field: str = "t") -> alt.X:
     unit, _ = time_unit(duration_s)
-    return alt.X(f"{field}:Q", title=f"simulated time ({unit})", scale=alt.Scale(nice=False))
+    return alt.X(f"{field}:Q", title=f"simulated time ({unit})", scale=alt.Scale(nice=False, domainMin=0))
 
 
 def _with_time(frame: pl.DataFrame, duration_s: float, bin_s: int) -> pl.DataFrame:
@@ -194,7 +194,7 @@ def preemptions(events: pl.DataFrame, sim_seconds: float):
     sub = (f"{n_re:,} recompute + {n_sw:,} swap preemptions"
            + (f"; mean per minute over {per}-minute bins" if per > 1 else ""))
     return _style(alt.Chart(frame).mark_rect(stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("minute:Q", title="simulated time (min)", axis=alt.Axis(format="d")),
+        x=alt.X("minute:Q", title="simulated time (min)", axis=alt.Axis(format="d"), scale=alt.Scale(domainMin=0)),
         x2="end:Q",
         y=alt.Y("y0:Q", title="preemptions per minute"), y2="y1:Q",
         color=alt.Color("mode:N", scale=_scale(names), sort=names, title="mode"),

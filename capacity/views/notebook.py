@@ -81,7 +81,7 @@ def runs_table(db: str | Path) -> pl.DataFrame:
 
 
 def store_runs(db: str | Path, runs: list[RunResult]) -> pl.DataFrame:
-    """Write every run an analysis made (its `keep_runs` list); the stored runs' ids and labels."""
+    """Write every run an analysis made (`planner.runs`); the stored runs' ids and labels."""
     for r in runs:
         write_run(db, r.tables())
     return pl.DataFrame({"run_id": [r.run_id for r in runs], "label": [r.run["label"] for r in runs]},
@@ -264,51 +264,18 @@ def stalls_chart(tables: dict[str, pl.DataFrame], threshold_s: float):
 # ---- tuning and headroom --------------------------------------------------------------------
 
 def tuning_chart(tuning):
-    """Goodput and throughput per max_num_seqs (feasible points filled), and P99 TTFT / TBT
-    against their SLOs: where the frontier is and what breaks past it."""
-    t = tuning.table().with_columns(
-        point=pl.when(pl.col("feasible")).then(pl.lit("feasible")).otherwise(pl.lit("breaks SLO/budget")))
+    """The report's tuning chart (one chart per result, shared)."""
+    from capacity.views.analysis import tuning_frontier
     rec = tuning.recommended.max_num_seqs if tuning.recommended else None
-    x = alt.X("max_num_seqs:Q", title="--max-num-seqs", scale=alt.Scale(type="log", base=2))
-    rates = t.unpivot(index=["max_num_seqs", "point"], on=["goodput_rps", "throughput_rps"],
-                      variable_name="rate", value_name="rps")
-    top = alt.Chart(rates).encode(x=x, y=alt.Y("rps:Q", title="req/s"),
-                                  color=alt.Color("rate:N", title=None))
-    top = (top.mark_line() + top.mark_point(size=70, filled=True).encode(
-        shape=alt.Shape("point:N", title=None))).properties(
-        width=WIDTH, height=HEIGHT, title=_title(
-            "max_num_seqs sweep", f"recommended: {rec if rec is not None else 'none feasible'}"))
-    lat = t.select("max_num_seqs", ttft_p99_s=pl.col("ttft_p99_s") / tuning.slo_ttft_p99_s,
-                   tbt_p99_s=pl.col("tbt_p99_s") / tuning.slo_tbt_p99_s).unpivot(
-        index="max_num_seqs", variable_name="p99", value_name="of_slo")
-    low = alt.Chart(lat).mark_line(point=True).encode(
-        x=x, y=alt.Y("of_slo:Q", title="P99 / SLO"), color=alt.Color("p99:N", title=None))
-    slo = alt.Chart(pl.DataFrame({"of_slo": [1.0]})).mark_rule(color=COLORS["peak"],
-                                                               strokeDash=[4, 3]).encode(y="of_slo:Q")
-    layers = [top]
-    if rec is not None:
-        layers.append(alt.Chart(pl.DataFrame({"max_num_seqs": [rec]})).mark_rule(
-            color=COLORS["recommended"], strokeDash=[6, 3]).encode(x="max_num_seqs:Q"))
-    return _look(alt.vconcat(alt.layer(*layers), alt.layer(low, slo).properties(
-        width=WIDTH, height=HEIGHT * 0.6), spacing=8).resolve_scale(color="independent"))
+    return tuning_frontier(tuning.table(), rec, slo_ttft_p99_s=tuning.slo_ttft_p99_s,
+                           slo_tbt_p99_s=tuning.slo_tbt_p99_s)
 
 
 def headroom_chart(hr):
-    """Per rate scale: preemptions per minute and P99 TTFT, coloured by the verdict."""
-    t = hr.table().with_columns(load=pl.when(pl.col("surge")).then(pl.lit("flash crowd"))
-                                .otherwise(pl.format("x{}", pl.col("rate_scale"))))
-    names = ["none", "peak-only", "structural"]
-    color = alt.Color("verdict:N", scale=alt.Scale(domain=names, range=[
-        COLORS["recommended"], COLORS["waiting"], COLORS["peak"]]), title="preemption")
-    order = t["load"].to_list()
-    base = alt.Chart(t).encode(x=alt.X("load:N", sort=order, title="load"), color=color,
-                               tooltip=["load:N", "verdict:N", "ttft_p99_s:Q", "meets_slo:N"])
-    pre = base.mark_bar().encode(y=alt.Y("preemptions_per_min:Q", title="preemptions / min"))
-    ttft = base.mark_bar().encode(y=alt.Y("ttft_p99_s:Q", title="TTFT p99 (s)"))
-    sub = f"absorbs up to x{hr.max_ok_scale:g}" if hr.max_ok_scale else "no scale within the SLOs"
-    return _look(alt.hconcat(pre.properties(width=WIDTH / 2 - 40, height=HEIGHT),
-                             ttft.properties(width=WIDTH / 2 - 40, height=HEIGHT)).properties(
-        title=_title("Surge headroom", sub)))
+    """The report's headroom chart: P99 TTFT and TBT against the searched rate scales."""
+    from capacity.views.analysis import headroom_curve
+    return headroom_curve(hr.table(), slo_ttft_p99_s=hr.slo_ttft_p99_s,
+                          slo_tbt_p99_s=hr.slo_tbt_p99_s)
 
 
 # ---- priority -------------------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""The `vllm serve` arguments that reproduce a replayed configuration, and back.
+
+`vllm_flags(config)` spells out every setting a recommendation depends on (batch limits, prefix
+caching, chunked prefill, scheduling policy, preemption mode and the host tier), resolved, so that
+`apply_flags(base, vllm_flags(config))` replays exactly like `config` (tested). Flags are argv
+tokens (["--max-num-seqs", "128", ...]). Queue-only (preemption_mode="none") has no vLLM
+spelling: `vllm_flags` refuses it and callers say so in words.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from replay.config import EngineConfig, resolve
+
+KV_OFFLOADING_BACKEND = "native"
+
+
+class NotExpressible(ValueError):
+    """The configuration has no vLLM flag (queue-only admission)."""
+
+
+def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
+    if config.preemption_mode == "none":
+        raise NotExpressible("queue-only admission (no preemption) has no vLLM flag")
+    spec = resolve(config).spec
+    out = ["--max-num-seqs", str(spec.max_num_seqs),
+           "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
+           "--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching",
+           "--enable-chunked-prefill" if spec.enable_chunked_prefill else "--no-enable-chunked-prefill",
+           "--scheduling-policy", spec.policy]
+    if config.scheduler == "v0":
+        out += ["--preemption-mode", config.preemption_mode]
+        if config.preemption_mode == "swap":
+            out += ["--swap-space", f"{config.swap_space:g}"]
+    elif config.preemption_mode == "swap":
+        # V1's host tier is sized in total over the TP group (reference B8).
+        out += ["--kv-offloading-size", f"{config.swap_space * config.tensor_parallel_size:g}",
+                "--kv-offloading-backend", KV_OFFLOADING_BACKEND]
+    return tuple(out)
+
+
+_VALUED = {"--max-num-seqs": ("max_num_seqs", int),
+           "--max-num-batched-tokens": ("max_num_batched_tokens", int),
+           "--scheduling-policy": ("scheduling_policy", str),
+           "--preemption-mode": ("preemption_mode", str),
+           "--swap-space": ("swap_space", float)}
+_SWITCHES = {"--enable-prefix-caching": ("enable_prefix_caching", True),
+             "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+             "--enable-chunked-prefill": ("enable_chunked_prefill", True),
+             "--no-enable-chunked-prefill": ("enable_chunked_prefill", False)}
+
+
+def apply_flags(base: EngineConfig, flags: list[str] | tuple[str, ...]) -> EngineConfig:
+    """`base` with a full set of recommended vLLM flags applied (the inverse of `vllm_flags`)."""
+    changes: dict = {}
+    it = iter(flags)
+    for flag in it:
+        if flag in _SWITCHES:
+            name, value = _SWITCHES[flag]
+            changes[name] = value
+            continue
+        try:
+            value = next(it)
+        except StopIteration:
+            raise ValueError(f"{flag}: missing its value") from None
+        if flag in _VALUED:
+            name, cast = _VALUED[flag]
+            changes[name] = cast(value)
+        elif flag == "--kv-offloading-size":
+            changes.update(preemption_mode="swap",
+                           swap_space=float(value) / base.tensor_parallel_size)
+        elif flag == "--kv-offloading-backend":
+            if value != KV_OFFLOADING_BACKEND:
+                raise ValueError(f"--kv-offloading-backend: kvcap models {KV_OFFLOADING_BACKEND!r} "
+                                 f"only, got {value!r}")
+        else:
+            raise ValueError(f"{flag}: not a flag kvcap recommends")
+    if base.scheduler == "v1" and "--kv-offloading-size" not in flags:
+        changes["preemption_mode"] = "recompute"     # no host tier: V1 only recomputes
+    return dataclasses.replace(base, **changes)

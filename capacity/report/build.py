@@ -1,0 +1,83 @@
+"""Assemble the report of a capacity plan: its sections, files and the JSON result.
+
+Everything quoted comes from `Plan` (capacity.analyses.plan): the recommendation at the top, then
+each analysis. An overloaded plan gets its stability and tuning sections and no rule file.
+Must not replay anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+from capacity.analyses.metrics import summary
+from capacity.analyses.plan import Plan
+from capacity.analyses.stalls import attribute_stalls
+from capacity.report import sections as sec
+from capacity.report.render import text, write_report
+from traces.stats import trace_info
+
+RULES_FILE = "kvcap-preemption-rules.yml"
+
+
+def write_atomic(path: Path, content: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(content)
+    os.replace(tmp, path)
+
+
+def result_dict(plan: Plan, name: str) -> dict:
+    """The `kvcap report --json` object (the contract keys first)."""
+    rec, tn = plan.recommendation, plan.tuning
+    return {"sustainable": rec.sustainable, "offered_rps": rec.offered_rps,
+            "served_rps": rec.served_rps, "headroom_rate_scale": rec.headroom_rate_scale,
+            "recommendation": rec.as_dict(), "trace": name,
+            "stability": plan.stability.as_dict(),
+            "sustainable_load": plan.sustainable_load.as_dict() if plan.sustainable_load else None,
+            "recommended_mode": plan.modes.recommended if plan.modes else None,
+            "recommended_swap_space_gib": (plan.sizing.recommended_swap_space_gib
+                                           if plan.sizing and plan.sizing.needed else None),
+            "recommended_max_num_seqs": (tn.recommended.max_num_seqs
+                                         if tn and tn.recommended else None),
+            "margin_rate_scale": tn.margin.scale if tn and tn.margin else None,
+            "preemption_verdict": plan.classification.verdict if plan.classification else None,
+            "alert_threshold_5m": plan.alert.threshold if plan.alert else None,
+            "baseline": summary(plan.baseline.tables()),
+            "tuning": tn.as_dict() if tn else None}
+
+
+def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
+                 priority_note: str | None = None) -> tuple[Path, dict]:
+    extra = []
+    if plan.tuning is not None:
+        extra.append(sec.tuning_section(plan.tuning))
+    if plan.alert is not None:
+        extra.append(sec.budget_section(plan.classification, plan.alert))
+    if plan.headroom is not None:
+        extra.append(sec.headroom_section(plan.headroom))
+    run = plan.recommended_run or plan.baseline
+    extra.append(sec.stalls_section(attribute_stalls(run.tables())))
+    if priority is not None:
+        psec = sec.priority_section(priority)
+        if priority_note:
+            psec = dataclasses.replace(psec, body=text(priority_note) + psec.body)
+        extra.append(psec)
+    result = result_dict(plan, name)
+    rules = out / RULES_FILE
+    if plan.alert is not None:
+        write_atomic(rules, plan.alert.yaml)
+        result["rules"] = str(rules)
+    elif rules.exists():
+        rules.unlink()         # a rule file from an earlier run must not look like this one's
+    index = write_report(out, title=f"kvcap capacity report — {name}", trace_summary=trace_info(trace),
+                         run=plan.baseline, sizing=plan.sizing, modes=plan.modes,
+                         recommendation=plan.recommendation, stability=plan.stability,
+                         extra_sections=extra,
+                         extra_summary={k: result[k] for k in ("recommended_mode",
+                                                               "recommended_max_num_seqs",
+                                                               "margin_rate_scale",
+                                                               "recommended_swap_space_gib",
+                                                               "tuning")})
+    return index, result

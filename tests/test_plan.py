@@ -1,0 +1,133 @@
+"""The capacity plan end to end (issue 14, done-when): an overloaded trace gets "overloaded", a
+sustainable-load figure and no flags; a sustainable one gets flags that, replayed, reproduce the
+recommended row exactly, and the same headroom from the report and `kvcap headroom`."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capacity.analyses.flags import NotExpressible, apply_flags, vllm_flags
+from capacity.analyses.search import search_scale
+from replay.config import EngineConfig, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+KVCAP = str(Path(sys.executable).with_name("kvcap"))
+CONV = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+BASE = ["--scheduler", "v0", "--num-gpu-blocks-override", "1800"]
+SLO = ["--slo-ttft-p99", "3", "--slo-tbt-p99", "0.2", "--preemption-budget", "any"]
+
+
+@pytest.fixture(scope="module")
+def conv800(tmp_path_factory):
+    from traces.loaders import load_trace, write_trace
+    path = tmp_path_factory.mktemp("t") / "conv800.parquet"
+    write_trace(load_trace(CONV).head(800), path)
+    return path
+
+
+def kvcap_json(*args):
+    res = subprocess.run([KVCAP, *map(str, args), "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def report(conv800, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    doc = kvcap_json("report", conv800, "-o", out, *BASE, *SLO, "--max-num-seqs-grid", "16,32,64",
+                     "--workers", "2")
+    return out, doc
+
+
+def test_report_contract_keys(report):
+    out, doc = report
+    summary = json.loads((out / "summary.json").read_text())
+    for d in (doc, summary):
+        assert d["sustainable"] is True and d["offered_rps"] > 0 and d["served_rps"] > 0
+        assert d["headroom_rate_scale"] is not None
+        rec = d["recommendation"]
+        assert rec["flags"] and all(isinstance(f, str) for f in rec["flags"])
+        assert {"ttft_p99_s", "tbt_p99_s", "preemptions"} <= set(rec["expected"])
+    assert summary["recommendation"] == doc["recommendation"]
+    assert (out / "kvcap-preemption-rules.yml").exists()
+
+
+def test_printed_flags_replay_the_recommended_row_exactly(conv800, report):
+    out, doc = report
+    rec = doc["recommendation"]
+    run = kvcap_json("replay", conv800, *BASE, *rec["flags"], "--db", out / "check.duckdb")
+    exp = rec["expected"]
+    assert run["ttft_p99_s"] == exp["ttft_p99_s"]
+    assert run["tbt_p99_s"] == exp["tbt_p99_s"]
+    assert run["preemptions_recompute"] + run["preemptions_swap"] == exp["preemptions"]
+    html = (out / "index.html").read_text()
+    for flag in rec["flags"]:
+        assert flag in html
+    # The tuning row of the recommended value is that replay too.
+    tn = doc["tuning"]
+    (row,) = [c for c in tn["candidates"] if c["max_num_seqs"] == tn["recommended_max_num_seqs"]]
+    assert (row["ttft_p99_s"], row["tbt_p99_s"], row["preemptions"]) == \
+        (exp["ttft_p99_s"], exp["tbt_p99_s"], exp["preemptions"])
+    assert row["margin_rate_scale"] == doc["headroom_rate_scale"]
+
+
+def test_report_and_headroom_command_give_the_same_headroom(conv800, report):
+    _, doc = report
+    h = kvcap_json("headroom", conv800, *BASE, *doc["recommendation"]["flags"], *SLO,
+                   "--workers", "2")
+    assert h["headroom_rate_scale"] == doc["headroom_rate_scale"]
+
+
+def test_overloaded_trace_gets_overloaded_a_sustainable_load_and_no_flags(conv800, tmp_path):
+    # 500 blocks: the engine serves about half of conv800's rate — the trace at twice its
+    # sustainable rate.
+    doc = kvcap_json("report", conv800, "-o", tmp_path, "--num-gpu-blocks-override", "500",
+                     *SLO, "--max-num-seqs-grid", "32,64", "--workers", "2")
+    rec = doc["recommendation"]
+    assert doc["sustainable"] is False and rec["flags"] == [] and rec["expected"] is None
+    assert doc["headroom_rate_scale"] is None
+    k = rec["sustainable_rate_scale"]
+    assert 0.4 <= k <= 0.6, k
+    assert rec["headline"].startswith("overloaded: serves")
+    assert "sustainable load ≈" in rec["headline"]
+    assert doc["served_rps"] < 0.6 * doc["offered_rps"]
+    assert not (tmp_path / "kvcap-preemption-rules.yml").exists()
+    assert doc["recommended_swap_space_gib"] is None
+    html = (tmp_path / "index.html").read_text()
+    assert "overloaded: serves" in html and "No flags" in html
+    # The figure is a searched one: replaying at it keeps up, at its failing bound it does not.
+    s = doc["sustainable_load"]
+    assert s["failed_at"] / s["scale"] <= 1.05 + 1e-9
+
+
+@pytest.mark.parametrize("cfg", [
+    EngineConfig(), EngineConfig(scheduler="v0"), EngineConfig(enable_prefix_caching=False),
+    EngineConfig(scheduler="v0", preemption_mode="swap", swap_space=2.5),
+    EngineConfig(preemption_mode="swap", swap_space=3.0, tensor_parallel_size=2),
+    EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096, scheduling_policy="priority"),
+])
+def test_flags_round_trip_to_the_same_engine(cfg):
+    back = apply_flags(EngineConfig(scheduler=cfg.scheduler, model=cfg.model,
+                                    tensor_parallel_size=cfg.tensor_parallel_size), vllm_flags(cfg))
+    assert resolve(back).spec == resolve(cfg).spec
+    assert back.preemption_mode == cfg.preemption_mode
+
+
+def test_queue_only_has_no_flags():
+    with pytest.raises(NotExpressible):
+        vllm_flags(EngineConfig(preemption_mode="none"))
+
+
+def test_search_brackets_the_threshold_to_its_precision():
+    for edge in (0.37, 1.0, 1.3, 2.9, 7.0):
+        s = search_scale(lambda x: x <= edge)
+        assert s.scale <= edge < s.failed_at and s.failed_at / s.scale <= 1.05 + 1e-9
+        assert len(s.probes) <= 12
+    top = search_scale(lambda x: True)
+    assert top.capped and top.scale == 8.0
+    from capacity.analyses.search import run_searches
+    fast = run_searches(["x"], lambda todo: [s <= 0.52 for _, s in todo], guesses={"x": 0.5})["x"]
+    slow = search_scale(lambda x: x <= 0.52)
+    assert fast.scale <= 0.52 < fast.failed_at and len(fast.probes) < len(slow.probes)
