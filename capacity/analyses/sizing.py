@@ -101,17 +101,11 @@ def unbounded_cpu_blocks(trace: pl.DataFrame, block_size: int) -> int:
     return int(total)
 
 
-MAX_DEMAND_BINS = 200_000     # a week of seconds; longer spans get wider bins (memory bound)
-
-
 def demand_series(steps: pl.DataFrame, kv_bytes_per_block: int) -> pl.DataFrame:
-    """Per simulated second (wider bins past MAX_DEMAND_BINS seconds, so that a trace spanning
-    years stays small): the peak concurrently evicted KV (GiB) and request count."""
+    """Per simulated second: the peak concurrently evicted KV (GiB) and request count."""
     if steps.height == 0:
         return pl.DataFrame({"t_s": [], "gib": [], "requests": []})
-    lo_s, hi_s = float(steps["start_s"].min()), float(steps["start_s"].max())
-    width = max(1, math.ceil((hi_s - lo_s + 1) / MAX_DEMAND_BINS))
-    per_s = (steps.with_columns(second=(pl.col("start_s") // width).cast(pl.Int64))
+    per_s = (steps.with_columns(second=pl.col("start_s").floor().cast(pl.Int64))
              .group_by("second").agg(blocks=pl.col("evicted_blocks").max(),
                                      requests=pl.col("evicted_requests").max()))
     # Seconds with steps plus a zero on each side of every gap: the same line as every second from
@@ -121,7 +115,7 @@ def demand_series(steps: pl.DataFrame, kv_bytes_per_block: int) -> pl.DataFrame:
     edges = np.concatenate([have, have - 1, have + 1])
     full = pl.DataFrame({"second": np.unique(edges[(edges >= lo) & (edges <= hi)])})
     return (full.join(per_s, on="second", how="left").fill_null(0).sort("second")
-            .select(t_s=(pl.col("second") * width).cast(pl.Float64),
+            .select(t_s=pl.col("second").cast(pl.Float64),
                     gib=pl.col("blocks") * kv_bytes_per_block / GIB,
                     requests=pl.col("requests")))
 
