@@ -133,3 +133,28 @@ def test_throughput_counts_produced_tokens_in_int64():
     # without output_tokens_done (older tables), the asked lengths, summed without wrapping
     only = req.drop("output_tokens_done")
     assert only.select(produced_tokens(only).sum()).item() == 2 * (2**31 - 1)
+
+
+def test_swap_demand_series_is_sized_by_steps_not_span():
+    """Item 7: a year-2100 timestamp made the per-second series 2.4e9 rows (18 GiB)."""
+    from capacity.analyses.sizing import demand_series
+    steps = pl.DataFrame({"start_s": [0.0, 0.5, 1.2, 5.0, 2.4e9], "evicted_blocks": [1, 3, 2, 4, 7],
+                          "evicted_requests": [1, 2, 1, 1, 1]})
+    s = demand_series(steps, 2**30)
+    assert s.height <= 10
+    assert s["t_s"].to_list() == [0.0, 1.0, 2.0, 4.0, 5.0, 6.0, 2.4e9 - 1, 2.4e9]
+    assert s["gib"].to_list() == [3.0, 2.0, 0.0, 0.0, 4.0, 0.0, 0.0, 7.0]
+
+
+def test_rule_files_get_umask_permissions_and_no_temp_file(tmp_path):
+    import os
+    import stat
+
+    from capacity.report.build import write_atomic
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "rules.yml", "groups: []\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "rules.yml").stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["rules.yml"]

@@ -151,11 +151,9 @@ def alerts_cmd(
     engine=None,
 ) -> None:
     """Classify the preemption of normal traffic and write Prometheus alerting rules."""
-    import os
-    import tempfile
-
     from capacity.analyses.classify import alert_rule, classify
     from replay.run import replay
+    from traces import atomic
     trace, name = trace_input(file, trace_format, 1.0)
     with err.status("alerts: replaying normal traffic…"):
         res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
@@ -167,10 +165,8 @@ def alerts_cmd(
                        f"rule derived from it would fire all the time — no rule written")
     c = classify(tables, window_s=window_s)
     rule = alert_rule(tables, model_name=model_name)
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(rule.yaml)
-    os.replace(tmp, out)
+    # whole or not at all, umask permissions, no temp file left on a full disk (traces.atomic)
+    atomic.write_text(out, rule.yaml)
     result = {"verdict": c.verdict, "evidence": c.evidence, "threshold": rule.threshold,
               "normal_max_5m": rule.normal_max_5m, "rules": str(out), "run_id": res.run_id}
     if as_json:

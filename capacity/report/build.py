@@ -7,8 +7,6 @@ Must not replay anything.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 
 from capacity.analyses.metrics import summary
@@ -16,16 +14,15 @@ from capacity.analyses.plan import Plan
 from capacity.analyses.stalls import attribute_stalls
 from capacity.report import sections as sec
 from capacity.report.render import text, write_report
+from traces import atomic
 from traces.stats import trace_info
 
 RULES_FILE = "kvcap-preemption-rules.yml"
 
 
 def write_atomic(path: Path, content: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(content)
-    os.replace(tmp, path)
+    # temp file removed on failure, umask permissions (mkstemp alone left it 0600)
+    atomic.write_text(path, content)
 
 
 def result_dict(plan: Plan, name: str) -> dict:

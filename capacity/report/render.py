@@ -470,6 +470,5 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
     doc = summary_dict(title=title, trace_summary=trace_summary, run=run, run_sum=run_sum,
                        sizing=sizing, modes=modes, rec=recommendation, stab=stability,
                        sections=sections, extra=extra_summary)
-    atomic.write_text(out / "summary.json", json.dumps(doc, indent=2, allow_nan=False) + "
-")
+    atomic.write_text(out / "summary.json", json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return index
