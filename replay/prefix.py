@@ -61,7 +61,6 @@ class TraceBlockKeys:
                  hash_block_tokens: int = 512) -> None:
         self.block_size = block_size
         self.hash_block_tokens = hash_block_tokens
-        self._prompt_len = prompt_len
         # Per row: chain ids, one per trace hash (None when the row has no hashes).
         chains: dict[tuple[int, int], int] = {}
         self._chain: list[list[int] | None] = []
@@ -75,18 +74,18 @@ class TraceBlockKeys:
                 ids.append(cid)
                 parent = cid
             self._chain.append(ids)
+        # Per row: how many leading engine blocks have shareable keys (covered by the hashes).
+        self._shared = [0 if ids is None else
+                        min(len(ids) * hash_block_tokens, int(p)) // block_size
+                        for ids, p in zip(self._chain, prompt_len)]
 
     def num_shared_blocks(self, row: int) -> int:
         """How many leading engine blocks of `row` have shareable keys."""
-        ids = self._chain[row]
-        if ids is None:
-            return 0
-        covered = min(len(ids) * self.hash_block_tokens, int(self._prompt_len[row]))
-        return covered // self.block_size
+        return self._shared[row]
 
     def key(self, row: int, k: int) -> int:
         ids = self._chain[row]
-        if ids is not None and k < self.num_shared_blocks(row):
+        if k < self._shared[row]:
             j = ((k + 1) * self.block_size - 1) // self.hash_block_tokens
             return (ids[j] << _K_BITS) | k
         return -((row << _K_BITS) | k) - 1
