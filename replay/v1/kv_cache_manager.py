@@ -94,8 +94,8 @@ class KVCacheManager:
              num_tokens: int) -> list[int] | None:
         """`allocate_slots` for a running request (no prefix hit, no full-ISL gate, no
         watermark): None (and no change) when the new blocks do not fit; else the new blocks."""
-        slots = min(num_computed + num_new_tokens, self.max_model_len)
-        need = self._cdiv(slots) - self.held[row]
+        end = num_computed + num_new_tokens
+        need = -(-min(end, self.max_model_len) // self.block_size) - self.held[row]
         new: list[int] = []
         if need > 0:
             if need > self.pool.num_free:
@@ -103,7 +103,13 @@ class KVCacheManager:
             new = self.pool.pop_new(need)
             self.tables[row].extend(new)
             self.held[row] += need
-        self.cache_blocks(row, min(num_computed + num_new_tokens, num_tokens))
+        # (cache_blocks inlined: this runs for every running request in every step)
+        if self.pool.enable_caching:
+            n_full = min(end, num_tokens) // self.block_size
+            nc = self.num_cached[row]
+            if nc < n_full:
+                self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
+                self.num_cached[row] = n_full
         return new
 
     def allocate_slots(self, row: int, num_new_tokens: int, num_tokens: int,

@@ -259,12 +259,13 @@ class V1Scheduler:
                       preempted: list, swap_out: list) -> int:
         """vLLM's running loop from request i on: allocate, preempting until it fits."""
         st, kv, L = self.state, self.kv, self.spec.max_model_len
-        running = self.running
+        running, prompt = self.running, self._prompt
+        num_computed, num_output = st.num_computed, st.num_output
         priority = self.spec.policy == "priority"
         while i < len(running) and budget > 0:
             r = running[i]
-            c = int(st.num_computed[r])
-            nt = self._prompt[r] + int(st.num_output[r])
+            c = int(num_computed[r])
+            nt = prompt[r] + int(num_output[r])
             n = nt - c
             if 0 < thr < n:
                 n = thr
