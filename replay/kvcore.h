@@ -1,6 +1,6 @@
 /* What the two compiled replay cores (replay/v1/_core.c, replay/v0/_core.c) share: growable
  * columns, the tables a replay produces (steps, events, stalls, fleet TBT samples: the columns of
- * replay.loop.RawRun), the hash that spreads block keys, and the Python glue (buffer views of the
+ * replay.raw.RawRun), the hash that spreads block keys, and the Python glue (buffer views of the
  * request arrays, columns handed back as bytearrays). Header-only: each core is one translation
  * unit, so everything here is static.
  */
@@ -49,12 +49,12 @@ static inline uint64_t mix64(uint64_t x) {
 }
 
 /* ------------------------------------------------------------------ the run's tables */
-/* Event kinds: indices into replay.loop.EVENT_KINDS. */
+/* Event kinds: indices into replay.raw.EVENT_KINDS. */
 enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
        EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5 };
 
 typedef struct {
-    /* One row per step: replay.loop.STEP_COLUMNS. */
+    /* One row per step: replay.raw.STEP_COLUMNS. */
     vecd start_s, duration_s;
     veci32 num_running, num_waiting, num_swapped, swap_out_blocks, swap_in_blocks, num_preempted,
         evicted_requests;
@@ -134,7 +134,7 @@ static inline PyObject *list_i32(const int32_t *p, int64_t n) {
     return l;
 }
 
-/* The columns as a dict of bytearrays (replay/v1/core.py turns them into numpy); the core adds
+/* The columns as a dict of bytearrays (replay/compiled.py turns them into numpy); the core adds
  * its own scalars (final time, abort) to it. */
 static PyObject *tables_dict(const Tables *o) {
 #define COL(name, v, item) #name, bytes_of((v).d, (v).n, item)
@@ -186,7 +186,7 @@ static void views_release(Views *vs) {
 
 /* ------------------------------------------------------------------ request arrays */
 /* replay.state.RequestState's arrays and the loop's per-request outputs (numpy buffers, written
- * in place), in the order replay/v1/core.py passes them. */
+ * in place), in the order replay/compiled.py passes them. */
 typedef struct {
     int64_t n;
     const double *arrival;
@@ -393,7 +393,7 @@ static inline double cost_step_s(const Cost *c, int64_t tokens, int64_t samples,
 }
 
 /* ------------------------------------------------------------------ the replay loop */
-/* replay/loop.py's step-by-step branch around a core's schedule() and update(): the virtual
+/* replay/loop.py (the reference loop) around a core's schedule() and update(): the virtual
  * clock, arrivals, events, evicted-KV gauges, step rows, TBT samples and stalls. */
 typedef struct {
     double t;                             /* virtual clock */

@@ -1,8 +1,8 @@
 """Content keys of KV blocks, chained like vLLM's block hashes (reference B5, A8).
 
 A block's key stands for (all tokens before it, its own tokens): two requests share a cached block
-only when their keys are equal. Keys are Python ints that fit in an int64 (the V1 block pool keeps
-them in numpy). `keys(row, start, stop)` gives a run of them in one call. Two sources:
+only when their keys are equal. Keys are Python ints that fit in an int64 (the compiled cores keep
+them as int64). `keys(row, start, stop)` gives a run of them in one call. Two sources:
 
 - `TraceBlockKeys`: from a trace's `prefix_hashes` (one hash per `hash_block_tokens` prompt tokens,
   e.g. Mooncake's 512). Engine block k of a prompt is shared when every trace block it touches is
@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-import numpy as np
-
 _K_BITS = 24  # engine blocks per request < 2**24 (268M tokens at block_size 16)
 
 
 class BlockKeys(Protocol):
     """Negative keys are request-unique (`unique_key`) and, within a request, follow all of its
-    shared (>= 0) keys; the V1 block pool relies on both to register unique keys lazily."""
+    shared (>= 0) keys (replay/kvcore.h `key_of` computes the same keys)."""
 
     def key(self, row: int, k: int) -> int:
         """Key of block k (0-based) of request `row`; only asked for blocks whose tokens are all
@@ -63,7 +61,6 @@ class TraceBlockKeys:
                  hash_block_tokens: int = 512) -> None:
         self.block_size = block_size
         self.hash_block_tokens = hash_block_tokens
-        self._prompt_len = prompt_len
         # Per row: chain ids, one per trace hash (None when the row has no hashes).
         chains: dict[tuple[int, int], int] = {}
         self._chain: list[list[int] | None] = []
@@ -77,37 +74,24 @@ class TraceBlockKeys:
                 ids.append(cid)
                 parent = cid
             self._chain.append(ids)
+        # Per row: how many leading engine blocks have shareable keys (covered by the hashes).
+        self._shared = [0 if ids is None else
+                        min(len(ids) * hash_block_tokens, int(p)) // block_size
+                        for ids, p in zip(self._chain, prompt_len)]
 
     def num_shared_blocks(self, row: int) -> int:
         """How many leading engine blocks of `row` have shareable keys."""
-        ids = self._chain[row]
-        if ids is None:
-            return 0
-        covered = min(len(ids) * self.hash_block_tokens, int(self._prompt_len[row]))
-        return covered // self.block_size
+        return self._shared[row]
 
     def key(self, row: int, k: int) -> int:
         ids = self._chain[row]
-        if ids is not None and k < self.num_shared_blocks(row):
+        if k < self._shared[row]:
             j = ((k + 1) * self.block_size - 1) // self.hash_block_tokens
             return (ids[j] << _K_BITS) | k
         return -((row << _K_BITS) | k) - 1
 
     def keys(self, row: int, start: int, stop: int) -> list[int]:
-        n_shared = self.num_shared_blocks(row)
-        mid = min(max(n_shared, start), stop)
-        out = _unique_keys(row, mid, stop)
-        if start < mid <= start + 16:
-            # A few blocks (most calls: a running request's newly full block): Python ints, the
-            # same values as the numpy expression below without its per-call cost.
-            ids, bs, hbt = self._chain[row], self.block_size, self.hash_block_tokens
-            out[:0] = [(ids[((k + 1) * bs - 1) // hbt] << _K_BITS) | k for k in range(start, mid)]
-        elif start < mid:
-            ids = np.asarray(self._chain[row], np.int64)
-            k = np.arange(start, mid, dtype=np.int64)
-            shared = (ids[((k + 1) * self.block_size - 1) // self.hash_block_tokens] << _K_BITS) | k
-            out[:0] = shared.tolist()
-        return out
+        return [self.key(row, k) for k in range(start, stop)]
 
 
 class TokenBlockKeys:

@@ -50,3 +50,12 @@ def assert_identical(fast, slow):
     and the clock; a failure names the first divergence (step, request, field, both values)."""
     where = first_divergence(fast, slow, NAMES)
     assert where is None, where
+
+
+def run_stepped(engine, spec, arrival, prompt, output, hashes=None, priority=None):
+    """The compiled core stepped from Python through the per-step contract (`StepCore`), driven by
+    the reference loop: must equal `run_compiled` (the same core run to the end in C)."""
+    from replay.compiled import StepCore
+    state, keys, ex = make_engine(engine, spec, arrival, prompt, output, hashes, priority)
+    return loop.run(state, StepCore(engine, spec, state, keys), ex,
+                    kv_bytes_per_block=spec.kv_bytes_per_block)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_helpers import assert_identical, make_engine, run_both_with
+from core_helpers import assert_identical, make_engine, run_both_with, run_compiled, run_stepped
 from replay.state import Status
 from replay import compiled, loop
 from replay.v0.scheduler import V0Scheduler
@@ -262,3 +262,12 @@ def test_stale_evictor_entry_is_skipped_by_both_paths():
     # Row 0 can never fit this pool (rejected); the others finish.
     assert fast.state.status.tolist() == [Status.REJECTED] + [Status.FINISHED] * 4
     assert fast.state.num_swaps.sum() > 0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads(), spec=v0_specs())
+def test_per_step_contract_equals_run_to_end(w, spec):
+    """The core stepped through `StepCore` by the reference loop == the core run in C."""
+    arrival, prompt, output, prio, hashes = w
+    assert_identical(run_stepped("v0", spec, arrival, prompt, output, hashes, prio),
+                     run_compiled("v0", spec, arrival, prompt, output, hashes, prio))

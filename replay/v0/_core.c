@@ -6,14 +6,15 @@
  *
  * This is a transcription, not a second model: every rule below is the Python one of
  * replay/v0/scheduler.py, admission.py, preemption.py, budget.py, block_manager.py,
- * block_pool.py, replay/loop.py (its step-by-step branch) and replay/cost_model.py, in the same
+ * block_pool.py, replay/loop.py (the reference loop) and replay/cost_model.py, in the same
  * order, so the tables come out identical (tests/test_v0_core.py compares them with the Python
- * step-by-step path). Names follow the Python ones; comments say where C keeps something
+ * reference; the oracle and golden scenarios run on both). Names follow the Python ones; comments say where C keeps something
  * differently (a stamp instead of a set, a flag array instead of a dict).
  *
- * Python drives it in chunks of steps like the V1 core (replay/v1/_core.c): core_new() takes the
- * request arrays (written in place, like the Python loop writes RequestState), core_run()
- * advances up to a number of steps, core_results() hands the columns back as bytearrays.
+ * Python drives it like the V1 core (replay/v1/_core.c): to the end in chunks of steps (core_new()
+ * takes the request arrays, written in place like the Python loop writes RequestState, and the
+ * spec by field name; core_run() advances; core_results() hands the columns back as bytearrays),
+ * or one step at a time through the reference's contract (core_add/abort/schedule/update/snapshot).
  */
 #include "../kvcore.h"
 #include <math.h>
@@ -342,7 +343,7 @@ static inline int is_cached_live(const Pool *p, int64_t key) {
 /* ------------------------------------------------------------------ the engine */
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
-/* Event kinds: indices into replay.loop.EVENT_KINDS. */
+/* Event kinds: indices into replay.raw.EVENT_KINDS. */
 enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };
 enum { A_OK = 0, A_LATER = 1, A_NEVER = 2 };   /* AllocStatus */
 enum { ERR = -1, SWAP_FULL = -2 };               /* phase return codes */
@@ -1068,7 +1069,7 @@ static int has_unfinished(const void *core) {
     return c->waiting.len || c->running.len || c->swapped.len;
 }
 
-/* One engine step: schedule(), the executor's duration, update() (loop.py's step-by-step branch;
+/* One engine step: schedule(), the executor's duration, update() (replay/loop.py's step;
  * the loop's own bookkeeping is in kvcore.h). 1 when the run ends (trace done or engine abort). */
 static int one_step(void *core) {
     Core *c = (Core *)core;

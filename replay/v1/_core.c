@@ -1,18 +1,17 @@
-/* kvcap's compiled replay core: the V1 scheduler (FCFS; preemption by recompute, or none = queue
- * only), its block pool and prefix cache, the replay loop and the analytic cost model, one engine
- * step at a time.
+/* kvcap's compiled V1 replay core: the V1 scheduler (FCFS or priority; preemption by recompute,
+ * swap to the host offload tier, or none = queue only), its block pool and prefix cache, the replay
+ * loop and the analytic cost model, one engine step at a time.
  *
- * This is a transcription, not a second model: every rule below is the Python one of
- * replay/v1/scheduler.py, kv_cache_manager.py, block_pool.py, replay/loop.py (its step-by-step
- * branch) and replay/cost_model.py, in the same order, so the tables come out identical (the
- * differential tests in tests/test_v1_core.py compare them with the Python step-by-step path).
- * Where Python keeps something lazily for speed (request-unique keys enter the cache map only at
- * preemption), C keeps it eagerly: the map then holds the same block for every key ever looked up.
+ * This is a transcription, not a second model: every rule below is the one of the Python reference
+ * (replay/v1/scheduler.py, kv_cache_manager.py, block_pool.py, host_tier.py, replay/loop.py and
+ * replay/cost_model.py), in the same order, so the tables come out identical (tests/test_v1_core.py
+ * compares them; the oracle and golden scenarios run on both).
  *
- * Python drives it in chunks of steps (progress bar, Ctrl-C between chunks): core_new() takes the
- * request arrays (written in place, like the Python loop writes RequestState), core_run() advances
- * up to a number of steps, core_results() hands the step/event/stall/TBT columns back as
- * bytearrays. Nothing here allocates per step except amortised growth of the output columns.
+ * Python (replay/compiled.py) drives it either to the end in chunks of steps (progress bar, Ctrl-C
+ * between chunks: core_new, core_run, core_results) or one step at a time through the reference's
+ * contract (core_add, core_schedule, core_update, core_snapshot: `StepCore`). core_new reads the
+ * resolved spec by field name. Nothing here allocates per step except amortised growth of the
+ * output columns.
  */
 #include "../kvcore.h"
 #include <math.h>
@@ -627,7 +626,7 @@ static void update(Core *c) {
     }
 }
 
-/* One engine step: schedule(), the executor's duration, update() (loop.py's step-by-step branch;
+/* One engine step: schedule(), the executor's duration, update() (replay/loop.py's step;
  * the loop's own bookkeeping is in kvcore.h). 1 when the run ends. */
 static int one_step(void *core) {
     Core *c = (Core *)core;

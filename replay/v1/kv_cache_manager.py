@@ -4,15 +4,12 @@ Mirrors vLLM 0.33 `KVCacheManager` + `FullAttentionManager` for one full-attenti
 `get_computed_blocks` (longest run of cached full blocks, at most `num_tokens - 1` tokens),
 `allocate_slots` (the `need` formula with hit blocks that are currently free, the
 `scheduler_reserve_full_isl` gate and the watermark) and registering full blocks in the prefix cache
-at scheduling time (a batch's rows in one pool call; keys come in runs from `BlockKeys.keys`).
-Owns the block tables; the scheduler owns the queues and the request counters. Must not import traces/, capacity/ or torch.
+at scheduling time. Owns the block tables; the scheduler owns the queues and the request counters.
+Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from replay.prefix import BlockKeys
 from replay.v1.block_pool import BlockPool
@@ -32,13 +29,6 @@ class Admission:
     num_loaded_blocks: int = 0
 
 
-def _first_unique(keys: list[int]) -> int:
-    """Index of the first request-unique (negative) key of a row's run (shared keys lead)."""
-    if keys[-1] >= 0:
-        return len(keys)
-    return next(i for i, k in enumerate(keys) if k < 0)
-
-
 class KVCacheManager:
     __slots__ = ("pool", "block_size", "max_model_len", "keys", "tables", "held", "num_cached")
 
@@ -50,15 +40,14 @@ class KVCacheManager:
         self.keys = keys
         # row -> block ids in token order (only rows that hold blocks).
         self.tables: dict[int, list[int]] = {}
-        # Per row (numpy, so the scheduler can read them for a whole batch): blocks held (the
-        # table's length) and how many leading blocks of the table are registered in the cache.
-        self.held = np.zeros(num_rows, np.int64)
-        self.num_cached = np.zeros(num_rows, np.int64)
+        # Per row: blocks held (the table's length) and how many leading blocks of the table are
+        # registered in the cache.
+        self.held = [0] * num_rows
+        self.num_cached = [0] * num_rows
 
     # ---------------------------------------------------------------- keys
     def block_keys(self, row: int, start: int, stop: int) -> list[int]:
-        """Keys of blocks start..stop-1 of `row` (all full and known). Not memoised: a run of
-        keys is one C-level range or numpy expression, cheaper than keeping them per row."""
+        """Keys of blocks start..stop-1 of `row` (all full and known)."""
         return self.keys.keys(row, start, stop)
 
     # ---------------------------------------------------------------- lookup
@@ -70,36 +59,22 @@ class KVCacheManager:
         max_blocks = (num_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return []
-        cached = self.pool.cached
-        # Scan in growing chunks: hits usually end long before max_blocks, and a chunk is a
-        # C-level map over the dict.
         hits: list[int] = []
-        start, step = 0, 16
-        while start < max_blocks:
-            stop = min(start + step, max_blocks)
-            chunk = list(map(cached.get, self.block_keys(row, start, stop)))
-            if None in chunk:
-                hits += chunk[:chunk.index(None)]
+        for k in range(max_blocks):
+            b = self.pool.lookup(self.keys.key(row, k))
+            if b is None:
                 break
-            hits += chunk
-            start, step = stop, step * 4
+            hits.append(b)
         return hits
 
     # ---------------------------------------------------------------- allocation
     def _cdiv(self, n: int) -> int:
         return -(-n // self.block_size)
 
-    def num_blocks_needed(self, row: int, num_new_tokens: int, num_computed: int,
-                          adm: Admission | None = None) -> int | None:
-        """Blocks `allocate_slots` would take (None when it would fail)."""
+    def num_blocks_needed(self, row: int, num_new_tokens: int, adm: Admission) -> int | None:
+        """Blocks `allocate_slots` would take for an admission (None when it would fail)."""
         pool = self.pool
         free = pool.num_free
-        if adm is None:
-            # Running request: no hits, no gate, no watermark.
-            held = int(self.held[row])
-            slots = min(num_computed + num_new_tokens, self.max_model_len)
-            need = max(self._cdiv(slots) - held, 0)
-            return need if need <= free else None
         hits = adm.hit_blocks
         nh = len(hits) + adm.num_loaded_blocks
         evictable = pool.num_evictable(hits) if hits else 0
@@ -115,24 +90,43 @@ class KVCacheManager:
             return None
         return need
 
-    def allocate_slots(self, row: int, num_new_tokens: int, num_computed: int, num_tokens: int,
-                       adm: Admission | None = None) -> list[int] | None:
-        """Give `row` slots for `num_new_tokens` more tokens; None (and no change) if they do not
-        fit. Returns the newly popped blocks (loaded host blocks first, in table order)."""
-        if self.num_blocks_needed(row, num_new_tokens, num_computed, adm) is None:
+    def grow(self, row: int, num_new_tokens: int, num_computed: int,
+             num_tokens: int) -> list[int] | None:
+        """`allocate_slots` for a running request (no prefix hit, no full-ISL gate, no
+        watermark): None (and no change) when the new blocks do not fit; else the new blocks."""
+        end = num_computed + num_new_tokens
+        need = -(-min(end, self.max_model_len) // self.block_size) - self.held[row]
+        new: list[int] = []
+        if need > 0:
+            if need > self.pool.num_free:
+                return None
+            new = self.pool.pop_new(need)
+            self.tables[row].extend(new)
+            self.held[row] += need
+        # (cache_blocks inlined: this runs for every running request in every step)
+        if self.pool.enable_caching:
+            n_full = min(end, num_tokens) // self.block_size
+            nc = self.num_cached[row]
+            if nc < n_full:
+                self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
+                self.num_cached[row] = n_full
+        return new
+
+    def allocate_slots(self, row: int, num_new_tokens: int, num_tokens: int,
+                       adm: Admission) -> list[int] | None:
+        """Admit `row`: touch its hits (they head its new table), give it slots for
+        `num_new_tokens` tokens after them; None (and no change) if they do not fit. Returns the
+        newly popped blocks (loaded host blocks first, in table order)."""
+        if self.num_blocks_needed(row, num_new_tokens, adm) is None:
             return None
         pool = self.pool
-        if adm is None:
-            table = self.tables[row]
-            computed = num_computed
-        else:
-            hits = adm.hit_blocks
-            if hits:
-                pool.touch(hits)
-            table = self.tables[row] = list(hits)
-            self.num_cached[row] = len(hits)
-            self.held[row] = len(hits)
-            computed = (len(hits) + adm.num_loaded_blocks) * self.block_size
+        hits = adm.hit_blocks
+        if hits:
+            pool.touch(hits)
+        table = self.tables[row] = list(hits)
+        self.num_cached[row] = len(hits)
+        self.held[row] = len(hits)
+        computed = (len(hits) + adm.num_loaded_blocks) * self.block_size
         slots = min(computed + num_new_tokens, self.max_model_len)
         n_new = self._cdiv(slots) - len(table)
         new = pool.pop_new(n_new) if n_new > 0 else []
@@ -146,33 +140,10 @@ class KVCacheManager:
         """Register the full blocks covered by `num_tokens` (done when scheduled, not computed)."""
         if not self.pool.enable_caching:
             return
-        self.register_full(row, num_tokens // self.block_size)
-
-    def register_full(self, row: int, n_full: int) -> None:
-        """Register blocks [num_cached, n_full) of `row`."""
-        nc = int(self.num_cached[row])
-        if nc >= n_full:
-            return
-        self._register_run(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
-        self.num_cached[row] = n_full
-
-    def _register_run(self, blocks: list[int], keys: list[int]) -> None:
-        """Register one row's run of blocks: shared keys (>= 0) come first and enter the map,
-        request-unique keys (< 0) after them are registered lazily."""
-        if keys[0] < 0:
-            self.pool.register_unique(blocks, keys)
-            return
-        j = _first_unique(keys)
-        self.pool.register(blocks[:j], keys[:j])
-        if j < len(keys):
-            self.pool.register_unique(blocks[j:], keys[j:])
-
-    def publish(self, row: int) -> None:
-        """Enter `row`'s lazily registered blocks in the cache map (it is being preempted and
-        may re-hit them when it is admitted again)."""
-        nc = int(self.num_cached[row])
-        if nc:
-            self.pool.publish(self.tables[row][:nc], self.block_keys(row, 0, nc))
+        nc, n_full = self.num_cached[row], num_tokens // self.block_size
+        if nc < n_full:
+            self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
+            self.num_cached[row] = n_full
 
     def free(self, row: int) -> list[int]:
         """Release a request's blocks, tail first. Returns its table."""
@@ -182,6 +153,3 @@ class KVCacheManager:
         if table:
             self.pool.free(table)
         return table
-
-    def registered_blocks(self, row: int) -> Sequence[int]:
-        return self.tables.get(row, [])[: int(self.num_cached[row])]

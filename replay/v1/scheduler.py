@@ -177,7 +177,7 @@ class V1Scheduler:
                         full_sequence_must_fit=spec.scheduler_reserve_full_isl,
                         watermark_blocks=self.watermark_blocks if self.running else 0,
                         num_loaded_blocks=len(load_keys))
-        if kv.num_blocks_needed(row, n, 0, adm) is None:
+        if kv.num_blocks_needed(row, n, adm) is None:
             return None
         if self.mode == "none":
             whole = self._cdiv(min(self._prompt[row] + self._out_len[row], spec.max_model_len))
@@ -202,8 +202,6 @@ class V1Scheduler:
                 self._swapped.add(row)
             else:
                 fallback = self.host.num_blocks == 0
-        if kv.pool.enable_caching:
-            kv.publish(row)      # its own blocks become hits for its re-admission
         table = self._release(row)
         st.num_computed[row] = 0
         st.status[row] = Status.WAITING
@@ -261,12 +259,13 @@ class V1Scheduler:
                       preempted: list, swap_out: list) -> int:
         """vLLM's running loop from request i on: allocate, preempting until it fits."""
         st, kv, L = self.state, self.kv, self.spec.max_model_len
-        running = self.running
+        running, prompt = self.running, self._prompt
+        num_computed, num_output = st.num_computed, st.num_output
         priority = self.spec.policy == "priority"
         while i < len(running) and budget > 0:
             r = running[i]
-            c = int(st.num_computed[r])
-            nt = self._prompt[r] + int(st.num_output[r])
+            c = int(num_computed[r])
+            nt = prompt[r] + int(num_output[r])
             n = nt - c
             if 0 < thr < n:
                 n = thr
@@ -275,7 +274,7 @@ class V1Scheduler:
                 i += 1
                 continue
             while True:
-                new = kv.allocate_slots(r, n, c, nt)
+                new = kv.grow(r, n, c, nt)
                 if new is not None:
                     break
                 if self.mode == "none":
@@ -322,7 +321,7 @@ class V1Scheduler:
                                           "GPU pool free"))
                 continue
             n, adm, load_keys = got
-            new = kv.allocate_slots(r, n, 0, adm.num_tokens, adm)
+            new = kv.allocate_slots(r, n, adm.num_tokens, adm)
             assert new is not None
             waiting.pop()
             running.append(r)
