@@ -135,25 +135,43 @@ static inline PyObject *list_i32(const int32_t *p, int64_t n) {
 }
 
 /* The columns as a dict of bytearrays (replay/compiled.py turns them into numpy); the core adds
- * its own scalars (final time, abort) to it. */
-static PyObject *tables_dict(const Tables *o) {
-#define COL(name, v, item) #name, bytes_of((v).d, (v).n, item)
-    return Py_BuildValue(
-        "{" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsNsNsNsNsN" "sNsNsNsNsNsN}",
-        COL(start_s, o->start_s, 8), COL(duration_s, o->duration_s, 8),
-        COL(num_running, o->num_running, 4), COL(num_waiting, o->num_waiting, 4),
-        COL(num_swapped, o->num_swapped, 4), COL(num_prefill_tokens, o->num_prefill_tokens, 8),
-        COL(num_decode_tokens, o->num_decode_tokens, 8),
-        COL(gpu_blocks_used, o->gpu_blocks_used, 8), COL(cpu_blocks_used, o->cpu_blocks_used, 8),
-        COL(swap_out_blocks, o->swap_out_blocks, 4), COL(swap_in_blocks, o->swap_in_blocks, 4),
-        COL(num_preempted, o->num_preempted, 4), COL(evicted_requests, o->evicted_requests, 4),
-        COL(evicted_blocks, o->evicted_blocks, 8),
-        COL(ev_t, o->ev_t, 8), COL(ev_step, o->ev_step, 8), COL(ev_row, o->ev_row, 8),
-        COL(ev_kind, o->ev_kind, 1), COL(ev_blocks, o->ev_blocks, 8),
-        COL(sl_row, o->sl_row, 8), COL(sl_pre, o->sl_pre, 8), COL(sl_res, o->sl_res, 8),
-        COL(sl_stall, o->sl_stall, 8), COL(sl_mode, o->sl_mode, 1),
-        COL(tbt_v, o->tbt_v, 8), COL(tbt_w, o->tbt_w, 8));
+ * its own scalars (final time, abort) to it. Each column's C buffer is freed as soon as it is
+ * copied, so a long run never holds both copies of all its columns (peak memory); the columns
+ * are handed over once (a second call returns them empty). */
+static int col_move(PyObject *d, const char *name, void **p, int64_t *n, int64_t *cap,
+                    size_t item) {
+    PyObject *b = bytes_of(*p, *n, item);
+    int rc = b ? PyDict_SetItemString(d, name, b) : -1;
+    Py_XDECREF(b);
+    free(*p);
+    *p = NULL;
+    *n = *cap = 0;          /* empty: a later push grows it afresh */
+    return rc;
+}
+
+static PyObject *tables_dict(Tables *o) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+#define COL(name, v, item) \
+    if (col_move(d, #name, (void **)&(v).d, &(v).n, &(v).cap, item) < 0) goto fail;
+    COL(start_s, o->start_s, 8) COL(duration_s, o->duration_s, 8)
+    COL(num_running, o->num_running, 4) COL(num_waiting, o->num_waiting, 4)
+    COL(num_swapped, o->num_swapped, 4) COL(num_prefill_tokens, o->num_prefill_tokens, 8)
+    COL(num_decode_tokens, o->num_decode_tokens, 8)
+    COL(gpu_blocks_used, o->gpu_blocks_used, 8) COL(cpu_blocks_used, o->cpu_blocks_used, 8)
+    COL(swap_out_blocks, o->swap_out_blocks, 4) COL(swap_in_blocks, o->swap_in_blocks, 4)
+    COL(num_preempted, o->num_preempted, 4) COL(evicted_requests, o->evicted_requests, 4)
+    COL(evicted_blocks, o->evicted_blocks, 8)
+    COL(ev_t, o->ev_t, 8) COL(ev_step, o->ev_step, 8) COL(ev_row, o->ev_row, 8)
+    COL(ev_kind, o->ev_kind, 1) COL(ev_blocks, o->ev_blocks, 8)
+    COL(sl_row, o->sl_row, 8) COL(sl_pre, o->sl_pre, 8) COL(sl_res, o->sl_res, 8)
+    COL(sl_stall, o->sl_stall, 8) COL(sl_mode, o->sl_mode, 1)
+    COL(tbt_v, o->tbt_v, 8) COL(tbt_w, o->tbt_w, 8)
 #undef COL
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ buffer views */

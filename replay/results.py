@@ -44,11 +44,16 @@ def request_status(status: np.ndarray) -> np.ndarray:
     return names
 
 
+def _run_ids(run_id: str, n: int) -> pl.Series:
+    """The run id repeated n times (a million-step run: no Python list of n references)."""
+    return pl.repeat(run_id, n, dtype=pl.Utf8, eager=True)
+
+
 def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.DataFrame]:
     st = raw.state
     rid = trace["request_id"].to_numpy()
     requests = pl.DataFrame({
-        "run_id": pl.Series([run_id] * st.n, dtype=pl.Utf8),
+        "run_id": _run_ids(run_id, st.n),
         "request_id": trace["request_id"],
         "arrival_s": trace["arrival_s"],
         "priority": trace["priority"],
@@ -69,11 +74,11 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
     }).with_columns(pl.col(c).fill_nan(None) for c in
                     ("first_scheduled_s", "first_token_s", "finish_s", "max_tbt_s"))
     s = raw.steps
-    steps = pl.DataFrame({"run_id": pl.Series([run_id] * raw.num_steps, dtype=pl.Utf8),
+    steps = pl.DataFrame({"run_id": _run_ids(run_id, raw.num_steps),
                           "step": np.arange(1, raw.num_steps + 1, dtype=np.int64), **s})
     ev = raw.events
     events = pl.DataFrame({
-        "run_id": pl.Series([run_id] * len(ev["t_s"]), dtype=pl.Utf8),
+        "run_id": _run_ids(run_id, len(ev["t_s"])),
         "t_s": pl.Series(ev["t_s"], dtype=pl.Float64),
         "step": pl.Series(ev["step"], dtype=pl.Int64) + 1,
         "request_id": pl.Series(rid[np.asarray(ev["row"], dtype=np.int64)], dtype=pl.Int64),
@@ -83,13 +88,13 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
     })
     sl = raw.stalls
     stalls = pl.DataFrame({
-        "run_id": pl.Series([run_id] * len(sl["row"]), dtype=pl.Utf8),
+        "run_id": _run_ids(run_id, len(sl["row"])),
         "request_id": pl.Series(rid[np.asarray(sl["row"], dtype=np.int64)], dtype=pl.Int64),
         "preempted_s": pl.Series(sl["preempted_s"], dtype=pl.Float64),
         "resumed_s": pl.Series(sl["resumed_s"], dtype=pl.Float64),
         "stall_s": pl.Series(sl["stall_s"], dtype=pl.Float64),
         "mode": pl.Series(sl["mode"], dtype=pl.Utf8),
     })
-    tbt = pl.DataFrame({"run_id": pl.Series([run_id] * len(raw.tbt_values), dtype=pl.Utf8),
+    tbt = pl.DataFrame({"run_id": _run_ids(run_id, len(raw.tbt_values)),
                         "tbt_s": raw.tbt_values, "weight": raw.tbt_weights})
     return {"requests": requests, "steps": steps, "events": events, "stalls": stalls, "tbt": tbt}
