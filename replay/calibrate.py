@@ -15,7 +15,8 @@ per shape (started as: prefill compute-bound, decode memory-bound) until it sett
 shape of each family is held out; the report gives the mean absolute % error there, predicted by a
 `CostModel` built from the profile itself (so the JSON is checked end to end).
 
-Imports torch, numpy and replay's engine modules only (the GPU machine has no polars/duckdb).
+Imports torch, numpy, replay's engine modules and traces.atomic (standard library only) only:
+the GPU machine has no polars/duckdb.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from replay.state import RequestState
 from replay.stub import StubExecutor, compute_dtype, kv_dtype
 from replay.stub_kv import KVLayout, PagedKV
 from replay.stub_model import StubShape, StubShapeName, WeightlessModel
+from traces import atomic
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,9 +258,12 @@ def fit_constants(flops, nbytes, swap_bytes, t, swap_t, compute_bound0) -> dict:
         if np.array_equal(new, comp) or new.all() or (~new).all():
             break
         comp = new
-    return {"overhead_s": float(coef[0]), "flops_per_s": float(1.0 / inv_f),
-            "hbm_bytes_per_s": float(1.0 / inv_b), "host_link_bytes_per_s": float(host),
-            "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+    out = {"overhead_s": float(coef[0]), "flops_per_s": float(1.0 / inv_f),
+           "hbm_bytes_per_s": float(1.0 / inv_b), "host_link_bytes_per_s": float(host),
+           "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+    # Without swap measurements the host link is unknown: leave the catalog value (a NaN in the
+    # profile would make every replay that reads it spin on NaN step times).
+    return {k: v for k, v in out.items() if np.isfinite(v) and (v > 0 or k == "overhead_s")}
 
 
 # ------------------------------------------------------------------------------------ calibrate
@@ -354,6 +359,8 @@ def _bandwidths(rows: list[dict], block_bytes: int) -> dict:
 
 def write_profile(profile: dict, path: str | Path) -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"-o: {path} is a directory; give a file name such as {path / 'profile.json'}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, indent=1) + "\n")
+    atomic.write_text(path, json.dumps(profile, indent=1) + "\n")
     return path

@@ -259,9 +259,15 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         raise ValueError(f"model: no Hugging Face config.json at {cfg_path}; pass a catalog name "
                          f"({', '.join(MODELS)}) or the path of a config.json")
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"model: cannot read {cfg_path} as JSON ({e})") from e
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model: cannot read {cfg_path} as JSON (line {e.lineno}, column "
+                         f"{e.colno}: {e.msg})") from None
+    except (OSError, UnicodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"model: cannot read {cfg_path} as JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"model: {cfg_path}: expected a JSON object (a Hugging Face config.json), "
+                         f"got {type(cfg).__name__}")
     # Multimodal wrappers keep the language model's shape under text_config.
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         text = dict(cfg["text_config"])
@@ -272,6 +278,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     if missing:
         raise ValueError(f"model: {cfg_path} lacks {', '.join(missing)}; kvcap needs a decoder "
                          "config with these fields")
+    cfg = _checked_shape(cfg, cfg_path)
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
     if dtype not in _DTYPE_BYTES:
         raise ValueError(f"model: {cfg_path} has torch_dtype {dtype!r}; expected one of "
@@ -292,6 +299,43 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         # vLLM's fallback when a config names no length (derived max_model_len default).
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
         weight_dtype_bytes=dtype_bytes, num_params_estimated=estimated)
+
+
+# config.json fields kvcap reads as counts: whole numbers >= 1 (31.7 layers or 0 heads is a damaged
+# file, not a model), bounded so that no product of them overflows or sizes a huge allocation.
+_SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                 "vocab_size", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                 "num_local_experts", "num_experts", "moe_intermediate_size")
+_SHAPE_MAX = 1 << 24
+_CONTEXT_MAX = 1 << 31  # max_position_embeddings: up to 2^31 tokens
+
+
+def _checked_shape(cfg: dict, path: Path) -> dict:
+    """cfg with its shape fields as ints; a bad one is a one-line error naming file and field."""
+    out = dict(cfg)
+    for key in _SHAPE_FIELDS:
+        value = cfg.get(key)
+        if value is None or (value == 0 and key in ("num_local_experts", "num_experts",
+                                                    "head_dim", "num_key_value_heads",
+                                                    "max_position_embeddings",
+                                                    "moe_intermediate_size")):
+            continue  # absent (or 0, which these files use for "not set"): the usual default
+        top = _CONTEXT_MAX if key == "max_position_embeddings" else _SHAPE_MAX
+        whole = (isinstance(value, int) and not isinstance(value, bool)) or \
+            (isinstance(value, float) and value.is_integer())
+        if not whole or not 1 <= value <= top:
+            raise ValueError(f"model: {path}, field {key!r}: {value!r} is not a whole number from "
+                             f"1 to {top}; fix the config.json")
+        out[key] = int(value)
+    heads = out["num_attention_heads"]
+    if not out.get("head_dim") and out["hidden_size"] % heads:
+        raise ValueError(f"model: {path}, field 'hidden_size': {out['hidden_size']} is not a "
+                         f"multiple of num_attention_heads {heads} and no head_dim is given")
+    kv = out.get("num_key_value_heads") or heads
+    if heads % kv:
+        raise ValueError(f"model: {path}, field 'num_key_value_heads': {kv} does not divide "
+                         f"num_attention_heads {heads}")
+    return out
 
 
 def _params_from_index(directory: Path, dtype_bytes: int) -> int | None:

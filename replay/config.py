@@ -170,6 +170,7 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
     per_token = memory.kv_bytes_per_token(model, tp, c.kv_cache_dtype)
     per_block = memory.kv_bytes_per_block(model, tp, c.kv_cache_dtype, c.block_size)
     available = memory.available_kv_bytes(model, gpu, tp, util)
+    _check_pool_sizes(c, gpu, per_block, available)
     if c.num_gpu_blocks_override is None:
         gpu_blocks = max(0, available // per_block)
         _check_kv_memory(c, model, gpu, util, available, gpu_blocks, max_model_len)
@@ -312,6 +313,31 @@ def _check_v0_only(c: EngineConfig) -> None:
                          "preemption_mode='recompute', scheduling_policy='fcfs', or scheduler='v1'")
 
 
+# No host pins more than this for one GPU's swap pool: a bound on what a flag may make kvcap allocate.
+MAX_HOST_POOL_BYTES = 4 * 2**40
+
+
+def _check_pool_sizes(c: EngineConfig, gpu: GpuSpec, per_block: int, available: int) -> None:
+    """Block pools are arrays sized by their block counts, so a count no GPU or host could hold is
+    refused here (1e12 blocks asked numpy for 7 TiB) instead of failing inside the engine."""
+    if available > 0 and per_block > available:
+        raise ValueError(f"block_size: one block of {c.block_size} tokens needs "
+                         f"{per_block / GIB:.2f} GiB of KV cache, more than the available "
+                         f"{available / GIB:.2f} GiB on {gpu.name}; use block_size 16 (vLLM's default)")
+    if c.num_gpu_blocks_override is not None:
+        most = gpu.memory_bytes // per_block
+        if c.num_gpu_blocks_override > most:
+            raise ValueError(f"num_gpu_blocks_override: {c.num_gpu_blocks_override} blocks of "
+                             f"{per_block / 2**20:.2f} MiB exceed the whole {gpu.memory_gib:.0f} GiB "
+                             f"of {gpu.name} (at most {most}); lower it")
+    host = (c.num_cpu_blocks_override * per_block if c.num_cpu_blocks_override is not None
+            else c.swap_space * GIB)
+    if host > MAX_HOST_POOL_BYTES:
+        flag = "num_cpu_blocks_override" if c.num_cpu_blocks_override is not None else "swap_space"
+        raise ValueError(f"{flag}: a host pool of {host / GIB:,.0f} GiB per GPU is more than "
+                         f"{MAX_HOST_POOL_BYTES // GIB:,} GiB; lower it")
+
+
 def _check_batch_limits(c: EngineConfig, seqs: int, tokens: int, max_model_len: int,
                         chunked: bool) -> None:
     if tokens < seqs:
@@ -385,12 +411,18 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name}: {value!r} is not one of {', '.join(map(repr, allowed))}")
 
 
+# Counts are stored in 32-bit INTEGER columns of the run table (and int32 arrays in the cores).
+INT32_MAX = 2**31 - 1
+
+
 def _int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}: expected an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name}: {value} is below the minimum {minimum}; set it to at least "
                          f"{minimum}")
+    if value > INT32_MAX:
+        raise ValueError(f"{name}: {value} is above the maximum {INT32_MAX}; lower it")
 
 
 def _number(name: str, value: object) -> None:

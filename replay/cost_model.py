@@ -21,6 +21,7 @@ Must not import traces/, capacity/, polars, duckdb or torch.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -56,16 +57,81 @@ class CostConstants:
     allreduce_latency_s: float = 8e-6
     activation_bytes: int = 2
 
+    def __post_init__(self) -> None:
+        # A zero rate divides by zero, NaN or infinity makes every step NaN/inf seconds (a replay
+        # that never ends): every constant is finite and in its range, or the config is refused.
+        for name, (low, high, low_open) in _RANGES.items():
+            value = getattr(self, name)
+            if name == "activation_bytes":
+                ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+                what = f"a whole number of bytes from {low} to {high}"
+            else:
+                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and math.isfinite(value) and (value > low if low_open else value >= low)
+                      and value <= high)
+                what = (f"a finite number {'>' if low_open else '>='} {low:g}"
+                        + (f" and <= {high:g}" if math.isfinite(high) else ""))
+            if not ok:
+                raise ValueError(f"{name}: {value!r} is not {what}")
+
     def with_profile(self, path: str | Path) -> "CostConstants":
         """Constants overridden by a calibration profile (`kvcap calibrate` output)."""
-        data = json.loads(Path(path).read_text())
-        consts = data.get("constants", data)
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(consts) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown cost-model constants {unknown}; known: {sorted(known)}")
-        return replace(self, **{k: float(v) if k != "activation_bytes" else int(v)
-                                for k, v in consts.items()})
+        return replace(self, **read_profile(path))
+
+
+# name -> (low, high, low bound exclusive)
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "flops_per_s": (0.0, math.inf, True), "hbm_bytes_per_s": (0.0, math.inf, True),
+    "host_link_bytes_per_s": (0.0, math.inf, True), "interconnect_bytes_per_s": (0.0, math.inf, True),
+    "compute_efficiency": (0.0, 1.0, True), "memory_efficiency": (0.0, 1.0, True),
+    "overhead_s": (0.0, 60.0, False), "allreduce_latency_s": (0.0, 1.0, False),
+    "activation_bytes": (1, 16, False),
+}
+
+
+def read_profile(path: str | Path) -> dict[str, float | int]:
+    """The checked constants of a calibration profile: `{"constants": {...}}` (or the constants
+    alone). Every problem is one line naming the file (and line, or constant) and the fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ValueError(f"calibration: {path} is a directory; pass the profile JSON that "
+                         "`kvcap calibrate -o FILE` wrote") from None
+    except FileNotFoundError:
+        raise ValueError(f"calibration: {path}: no such file; run `kvcap calibrate` to make one") from None
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"calibration: cannot read {path} ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"calibration: {path}, line {exc.lineno}, column {exc.colno}: invalid "
+                         f"JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"calibration: {path}: invalid JSON ({exc})") from None
+    consts = data.get("constants", data) if isinstance(data, dict) else data
+    if not isinstance(consts, dict):
+        raise ValueError(f"calibration: {path}: expected a JSON object with a \"constants\" object "
+                         f"(the output of `kvcap calibrate`), got {type(consts).__name__}")
+    known = {f.name for f in fields(CostConstants)}
+    unknown = sorted(set(consts) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown cost-model constants {unknown}; known: {sorted(known)}")
+    out: dict[str, float | int] = {}
+    for k, v in consts.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"calibration: {path}, constant {k!r}: expected a number, got {v!r}")
+        if k == "activation_bytes" and float(v).is_integer():
+            v = int(v)
+        out[k] = v if k == "activation_bytes" else float(v)
+    probe = dict(flops_per_s=1.0, hbm_bytes_per_s=1.0, host_link_bytes_per_s=1.0,
+                 interconnect_bytes_per_s=1.0)
+    try:
+        CostConstants(**{**probe, **out})
+    except ValueError as exc:
+        raise ValueError(f"calibration: {path}, constant {exc}; fix the profile or run "
+                         "`kvcap calibrate` again") from None
+    return out
 
 
 class CostModel:

@@ -9,6 +9,8 @@ return rows go through `con.sql(...)` relations (`.pl()`) or `execute(...).fetch
 """
 from __future__ import annotations
 
+import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,65 +46,228 @@ SCHEMA = {
 }
 
 
-class StoreLocked(RuntimeError):
+class StoreError(ValueError):
+    """The database cannot be used or written: one line naming the file, what is wrong, the fix."""
+
+
+class StoreLocked(StoreError, RuntimeError):
     """Another process holds the DuckDB file."""
+
+
+class WriteInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a run was being written; `committed` says whether it was (the message must
+    tell the truth: an interrupt during COMMIT is deferred until the COMMIT is done)."""
+
+    def __init__(self, path: str | Path, *, committed: bool) -> None:
+        super().__init__(f"{path}: the run was {'written' if committed else 'not written'}")
+        self.path, self.committed = str(path), committed
+
+
+# No extension is ever installed or loaded: a SQLite file given as --db made DuckDB try to download
+# its sqlite scanner.
+_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+_DUCKDB_MAGIC = b"DUCK"       # bytes 8..12 of every DuckDB database file
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_db_file(path: str | Path, *, must_exist: bool) -> None:
+    """Refuse, before DuckDB opens it, a --db that is not a DuckDB database (or is missing when
+    it is only read)."""
+    p = Path(path)
+    if p.is_dir():
+        raise StoreError(f"database {p} is a directory; pass a file path such as {p / DEFAULT_DB}")
+    if not p.exists():
+        if must_exist:
+            raise StoreError(f"{p}: no such database; write it first with --db (`kvcap replay`, "
+                             "`kvcap logs`) or check the path")
+        if not p.parent.is_dir():
+            raise StoreError(f"database {p}: folder {p.parent} does not exist; create it first")
+        return
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise StoreError(f"database {p}: cannot read it ({exc.strerror or exc})") from None
+    if not head:
+        raise StoreError(f"database {p} is empty (0 bytes), not a DuckDB database; delete it or "
+                         "pass another --db")
+    if head.startswith(_SQLITE_MAGIC):
+        raise StoreError(f"database {p} is a SQLite file, not a DuckDB database; pass another --db")
+    if head[8:12] != _DUCKDB_MAGIC:
+        raise StoreError(f"database {p} is not a DuckDB database file; pass another --db")
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 @contextmanager
 def connect(path: str | Path, *, read_only: bool = False):
+    check_db_file(path, must_exist=read_only)
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
-    except duckdb.IOException as e:
+        con = duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+    except duckdb.Error as e:
         if "lock" in str(e).lower():
             raise StoreLocked(f"database {path} is locked by another process; "
                               "wait for it to finish or use another --db") from None
-        raise
+        raise StoreError(f"database {path}: cannot open it ({_one_line(e)})") from None
     try:
         yield con
     finally:
         con.close()
 
 
-def ensure_schema(con) -> None:
+def ensure_schema(con, path: str | Path = "the database") -> None:
     for table, cols in SCHEMA.items():
-        con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+        try:
+            con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+        except duckdb.Error as e:
+            raise StoreError(f"database {path}: cannot create table {table} ({_one_line(e)})") from None
     # Files written before runs.implementation ('compiled' | 'reference') existed gain it (NULL).
     con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS implementation VARCHAR")
+    check_schema(con, path)
+
+
+# Columns ensure_schema adds to older files (ALTER TABLE): a read-only reader does not require them.
+_ADDED_LATER = {"runs": ("implementation",)}
+
+
+def check_schema(con, path: str | Path = "the database") -> None:
+    """A table of ours that lacks columns was written by something else (or another version)."""
+    found: dict[str, set[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                     "WHERE table_schema = 'main'").fetchall():
+        found.setdefault(table, set()).add(column)
+    for table, cols in SCHEMA.items():
+        if table not in found:
+            continue
+        want = [c.split()[0] for c in cols.replace("\n", " ").split(",")]
+        missing = [c for c in want if c not in found[table] and c not in _ADDED_LATER.get(table, ())]
+        if missing:
+            raise StoreError(f"database {path}: table {table} lacks columns {', '.join(missing[:5])}; "
+                             "it was not written by this kvcap; pass another --db")
+
+
+# DuckDB INTEGER is 32-bit: a value beyond it failed the INSERT after a whole replay, so the tables
+# are checked first and the column is named.
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_int32(tables: dict[str, pl.DataFrame]) -> None:
+    for table, cols in SCHEMA.items():
+        df = tables.get(table)
+        if df is None or df.height == 0:
+            continue
+        for spec in cols.replace("\n", " ").split(","):
+            name, kind = spec.split()[:2]
+            if kind != "INTEGER" or name not in df.columns:
+                continue
+            col = df[name]
+            if col.dtype.is_numeric() and col.len() and col.null_count() < col.len():
+                lo, hi = col.min(), col.max()
+                if lo < _INT32[0] or hi > _INT32[1]:
+                    raise StoreError(f"{table}.{name}: value {hi if hi > _INT32[1] else lo} does "
+                                     "not fit the 32-bit INTEGER column; nothing was written")
 
 
 def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
-    """Append one run (all tables) atomically; replaces an earlier run with the same run_id."""
+    """Append one run (all tables) atomically; replaces an earlier run with the same run_id.
+
+    A failure leaves the database as it was (a database this call created is removed again) and
+    raises `StoreError` with DuckDB's real reason; Ctrl-C raises `WriteInterrupted`."""
     run_id = tables["runs"]["run_id"][0]
-    with connect(path) as con:
-        ensure_schema(con)
-        con.execute("BEGIN TRANSACTION")
+    _check_int32(tables)
+    created = not Path(path).exists()
+    committed = False
+    try:
+        with connect(path) as con:
+            ensure_schema(con, path)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for table in SCHEMA:
+                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                    df = tables.get(table)
+                    if df is None or df.height == 0:
+                        continue
+                    con.register("_incoming", df.to_arrow())
+                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
+                    con.unregister("_incoming")
+                with _interrupt_deferred() as pending:
+                    con.execute("COMMIT")
+                    committed = True
+                if pending:
+                    raise KeyboardInterrupt
+            except BaseException:
+                if not committed:
+                    _rollback(con)
+                raise
+    except KeyboardInterrupt:
+        if created and not committed:
+            _remove_db(path)
+        raise WriteInterrupted(path, committed=committed) from None
+    except duckdb.Error as e:
+        if created:
+            _remove_db(path)
+        raise StoreError(f"database {path}: the run was not written ({_one_line(e)})") from None
+    except StoreError:
+        if created:
+            _remove_db(path)
+        raise
+
+
+def _rollback(con) -> None:
+    """Undo the open transaction; if DuckDB already ended it (a failed COMMIT), there is nothing
+    to undo, and that second error must not hide the first one."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
+def _remove_db(path: str | Path) -> None:
+    for p in (Path(path), Path(f"{path}.wal")):
         try:
-            for table in SCHEMA:
-                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-                df = tables.get(table)
-                if df is None or df.height == 0:
-                    continue
-                con.register("_incoming", df.to_arrow())
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
-                con.unregister("_incoming")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+            p.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+@contextmanager
+def _interrupt_deferred():
+    """Hold Ctrl-C during the COMMIT (main thread only); yields a list that is non-empty when
+    one arrived, so the caller raises it once the COMMIT has finished."""
+    pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield pending
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def read_table(path: str | Path, table: str, run_id: str | None = None) -> pl.DataFrame:
     with connect(path, read_only=True) as con:
+        check_schema(con, path)
         sql = f"SELECT * FROM {table}" + (" WHERE run_id = $1" if run_id else "")
-        return con.sql(sql, params=[run_id] if run_id else None).pl()
+        try:
+            return con.sql(sql, params=[run_id] if run_id else None).pl()
+        except duckdb.Error as e:
+            raise StoreError(f"database {path}: cannot read table {table} ({_one_line(e)})") from None
 
 
 def list_runs(path: str | Path) -> pl.DataFrame:
     with connect(path, read_only=True) as con:
+        check_schema(con, path)
         (has_runs,), = con.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchall()
         if not has_runs:
             return pl.DataFrame()
-        return con.sql("SELECT run_id, created_at, label, trace_name, scheduler, model, gpu, "
+        try:
+            return con.sql("SELECT run_id, created_at, label, trace_name, scheduler, model, gpu, "
                            "max_num_seqs, preemption_mode, status, num_requests, sim_seconds, "
                            "wall_seconds FROM runs ORDER BY created_at").pl()
+        except duckdb.Error as e:
+            raise StoreError(f"database {path}: cannot read its runs ({_one_line(e)})") from None

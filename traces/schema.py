@@ -25,4 +25,17 @@ DEFAULT_HASH_BLOCK_TOKENS = 512
 
 
 class TraceError(ValueError):
-    """Bad input: the message names the file, the line (or row) and the column."""
+    """Bad input: the message names the file, the line (or row) and the column.
+
+    The message is made printable: a value echoed from a file may hold a newline or a terminal
+    escape code, which must not reach the user's terminal raw (nor break the one-line rule)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
+
+
+def printable(text: str) -> str:
+    """`text` with control and other non-printable characters escaped (`\\x1b`, `\\n`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -46,21 +46,23 @@ def trace_info(df: pl.DataFrame, *, hash_block_tokens: int = DEFAULT_HASH_BLOCK_
     output = df["output_tokens"].to_numpy().astype(np.int64)
     duration_s = float(t[-1])
     minute = np.floor(t / 60.0).astype(np.int64)
-    per_min = np.bincount(minute)
-    tokens_per_min = np.bincount(minute, weights=prompt + output)
-    per_s = np.bincount(np.floor(t).astype(np.int64))
+    # Bins that hold requests only (a far-future timestamp must not size an array by the span).
+    minutes, per_min = np.unique(minute, return_counts=True)
+    tokens_per_min = _sum_by_bin(minute, minutes, prompt + output)
+    per_s = np.unique(np.floor(t).astype(np.int64), return_counts=True)[1]
+    num_minutes = int(minute[-1]) + 1  # every minute up to the last request, empty ones included
     window_ends = np.searchsorted(t, t + 60.0, side="left")
     info = {
         "requests": n,
         "duration_s": duration_s,
         "mean_rps": n / duration_s if duration_s > 0 else None,
-        "mean_rpm": n / len(per_min),
+        "mean_rpm": n / num_minutes,
         "peak_rpm": int(per_min.max()),
-        "peak_rpm_minute": int(per_min.argmax()),
+        "peak_rpm_minute": int(minutes[per_min.argmax()]),
         "peak_60s": int((window_ends - np.arange(n)).max()),
         "peak_rps": int(per_s.max()),
         "peak_tokens_per_min": int(tokens_per_min.max()),
-        "peak_tokens_minute": int(tokens_per_min.argmax()),
+        "peak_tokens_minute": int(minutes[tokens_per_min.argmax()]),
         "prompt_tokens": length_summary(prompt),
         "output_tokens": length_summary(output),
         "priorities": _counts(df, "priority"),
@@ -68,6 +70,12 @@ def trace_info(df: pl.DataFrame, *, hash_block_tokens: int = DEFAULT_HASH_BLOCK_
         "prefix": prefix_reuse(df, hash_block_tokens=hash_block_tokens),
     }
     return info
+
+
+def _sum_by_bin(bins: np.ndarray, unique_bins: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Sum of `weights` per entry of `unique_bins` (bins sorted, as arrival times are)."""
+    idx = np.searchsorted(unique_bins, bins)
+    return np.bincount(idx, weights=weights, minlength=len(unique_bins))
 
 
 def _counts(df: pl.DataFrame, column: str) -> dict[str, int]:

@@ -233,9 +233,37 @@ def synthesize(scenario: str = DEFAULT_SCENARIO, params: Params | None = None, *
     cls, build = SCENARIOS[scenario]
     if not isinstance(params, cls):
         raise TraceError(f"scenario {scenario!r} takes {cls.__name__}, got {type(params).__name__}")
-    if params.duration_s <= 0 or params.rate_rps <= 0:
-        raise TraceError("duration_s and rate_rps must be > 0")
+    _check_params(scenario, params)
     return build(params)
+
+
+# At most this many requests expected (rate x duration): memory is sized by the requests.
+MAX_EXPECTED_REQUESTS = 100_000_000
+# Fields that may be 0 (the rest of the floats must be > 0); amplitude is a fraction.
+_MAY_BE_ZERO = {"ramp_s", "hold_s", "decay_s", "surge_start_s", "batch_submit_s", "amplitude",
+                "surge_factor"}
+
+
+def _check_params(scenario: str, params: Params) -> None:
+    """Every number finite and in range, and a bounded amount of work; one line naming the field."""
+    for f in fields(params):
+        value = getattr(params, f.name)
+        if isinstance(value, float) or (isinstance(value, int) and str(f.type) == "float"):
+            floor = 0.0 if f.name in _MAY_BE_ZERO else None
+            if not np.isfinite(value) or (value < 0 if floor is not None else value <= 0):
+                bound = ">= 0" if floor is not None else "> 0"
+                raise TraceError(f"scenario {scenario!r}, parameter {f.name}: {value!r} must be a "
+                                 f"finite number {bound}")
+        elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise TraceError(f"scenario {scenario!r}, parameter {f.name}: {value} must be >= 0")
+    if getattr(params, "amplitude", 0.0) > 1:
+        raise TraceError(f"scenario {scenario!r}, parameter amplitude: {params.amplitude} must be "  # type: ignore[union-attr]
+                         "<= 1 (a rate cannot go negative)")
+    peak = params.rate_rps * max(1.0, getattr(params, "surge_factor", 1.0))
+    if peak * params.duration_s > MAX_EXPECTED_REQUESTS:
+        raise TraceError(f"scenario {scenario!r}: rate_rps x duration_s asks for about "
+                         f"{peak * params.duration_s:.3g} requests, more than "
+                         f"{MAX_EXPECTED_REQUESTS:,}; lower rate_rps or duration_s")
 
 
 def default_trace() -> pl.DataFrame:

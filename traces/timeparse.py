@@ -75,6 +75,7 @@ def _epoch_ns(src: Source, df: pl.DataFrame, column: str, fmt: str) -> tuple[pl.
             shown = "empty" if raw[i] is None or not raw[i].strip() else repr(raw[i])
             raise src.error(int(df["_row"][i]), column,
                             f"unparsable timestamp {shown} (format {fmt!r}; set --timestamp-format)")
+        _check_ns_range(src, df, column, text, fmt)
     if parsed.dtype.time_zone is not None:  # type: ignore[union-attr]
         parsed = parsed.dt.convert_time_zone("UTC")
     bad = parsed.is_null()
@@ -82,6 +83,24 @@ def _epoch_ns(src: Source, df: pl.DataFrame, column: str, fmt: str) -> tuple[pl.
         raise src.error(int(df["_row"][int(bad.arg_max())]), column, "missing timestamp")
     origin = str(raw[int(parsed.arg_min())])
     return parsed.dt.epoch("ns"), origin
+
+
+# Nanosecond datetimes span 1677-09-21 .. 2262-04-11; polars wraps a year outside silently (9999 became
+# 1816, reported as "timestamp decreases"), so the year is checked first.
+_NS_YEARS = (1678, 2261)
+
+
+def _check_ns_range(src: Source, df: pl.DataFrame, column: str, text: pl.Series, fmt: str) -> None:
+    if fmt.startswith("%Y"):  # every auto format: the year is the leading digits, no second parse
+        year = text.str.extract(r"^\s*([+-]?\d+)", 1).cast(pl.Int64, strict=False)
+    else:
+        year = text.str.to_datetime(fmt, time_unit="us", strict=False).dt.year().cast(pl.Int64)
+    out = ((year < _NS_YEARS[0]) | (year > _NS_YEARS[1])).fill_null(False)
+    if out.any():
+        i = int(out.arg_max())
+        raise src.error(int(df["_row"][i]), column,
+                        f"timestamp {df[column][i]!r} is out of range (year {year[i]}); kvcap reads "
+                        f"years {_NS_YEARS[0]} to {_NS_YEARS[1]}")
 
 
 def _pick_format(text: pl.Series) -> str:

@@ -20,13 +20,16 @@ def _rng(seed: int) -> np.random.Generator:
 
 def scale_rate(df: pl.DataFrame, factor: float) -> pl.DataFrame:
     """factor x the request rate: times divided by factor (2.0 = same requests in half the time)."""
-    if not factor > 0:
-        raise TraceError(f"rate scale factor must be > 0, got {factor}")
+    if not (factor > 0 and np.isfinite(factor)):
+        raise TraceError(f"rate scale factor must be a finite number > 0 (2 = twice the rate), "
+                         f"got {factor}")
     return df.with_columns(pl.col("arrival_s") / factor)
 
 
 def time_window(df: pl.DataFrame, start_s: float, end_s: float | None = None) -> pl.DataFrame:
     """Requests with start_s <= arrival_s < end_s, times made relative to the window's first request."""
+    if not np.isfinite(start_s) or (end_s is not None and np.isnan(end_s)):
+        raise TraceError(f"time window: start {start_s} / end {end_s} s must be numbers")
     out = df.filter((pl.col("arrival_s") >= start_s)
                     & (pl.col("arrival_s") < (end_s if end_s is not None else float("inf"))))
     if len(out) == 0:
@@ -41,6 +44,9 @@ def overlay_surge(df: pl.DataFrame, *, start_s: float, duration_s: float, extra_
     same window drawn with replacement (extra_factor 1.0 doubles the traffic there). New ids follow
     the largest existing id; at equal times original requests come first. `tenant` relabels the
     extra requests (e.g. "surge") when given."""
+    if not all(np.isfinite(v) for v in (start_s, duration_s, extra_factor)) or extra_factor > 1e3:
+        raise TraceError(f"surge: start {start_s} s, duration {duration_s} s and factor "
+                         f"{extra_factor} must be finite numbers (factor at most 1000)")
     end_s = start_s + duration_s
     window = df.filter((pl.col("arrival_s") >= start_s) & (pl.col("arrival_s") < end_s))
     if len(window) == 0 or duration_s <= 0 or extra_factor < 0:

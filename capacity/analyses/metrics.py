@@ -32,13 +32,24 @@ def nearest_rank(values, q: float, weights=None) -> float | None:
     return float(v[order][np.searchsorted(cw, k, "left")])
 
 
+def produced_tokens(requests: pl.DataFrame) -> pl.Expr:
+    """Output tokens a request really produced (Int64): an output cut at max_model_len produced
+    fewer than it asked for, and sums of Int32 token counts wrap past 2^31."""
+    asked = pl.col("output_tokens").cast(pl.Int64)
+    if "output_tokens_done" in requests.columns:
+        return pl.col("output_tokens_done").cast(pl.Int64).fill_null(asked)
+    return asked
+
+
 def request_latencies(requests: pl.DataFrame) -> pl.DataFrame:
-    """Per-request TTFT, E2E, TPOT (seconds); null where undefined."""
+    """Per-request TTFT, E2E, TPOT (seconds); null where undefined. TPOT is over the tokens the
+    request produced (see `produced_tokens`)."""
+    produced = produced_tokens(requests)
     return requests.with_columns(
         ttft_s=pl.col("first_token_s") - pl.col("arrival_s"),
         e2e_s=pl.when(pl.col("status") == "finished").then(pl.col("finish_s") - pl.col("arrival_s")),
-        tpot_s=pl.when((pl.col("status") == "finished") & (pl.col("output_tokens") > 1))
-        .then((pl.col("finish_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1)),
+        tpot_s=pl.when((pl.col("status") == "finished") & (produced > 1))
+        .then((pl.col("finish_s") - pl.col("first_token_s")) / (produced - 1)),
         queue_s=pl.col("first_scheduled_s") - pl.col("arrival_s"),
     )
 
@@ -69,7 +80,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
     sim = run["sim_seconds"] or 0.0
     peak_cpu = int(steps["cpu_blocks_used"].max() or 0) if steps.height else 0
     peak_gpu = int(steps["gpu_blocks_used"].max() or 0) if steps.height else 0
-    out_tokens = int(fin["output_tokens"].sum() or 0)
+    out_tokens = int(fin.select(produced_tokens(fin).sum()).item() or 0)
     ttft = fin["ttft_s"].to_numpy()
     res = {
         "run_id": run["run_id"], "status": run["status"],

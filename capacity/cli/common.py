@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -20,7 +21,10 @@ class CliError(Exception):
 
 
 def fail(message: str) -> None:
-    typer.echo(f"kvcap: error: {message}", err=True)
+    from traces.schema import printable
+    # One line, control characters escaped: a value echoed from a file must not drive the terminal.
+    first = (message.strip().splitlines() or ["error"])[0]
+    typer.echo(f"kvcap: error: {printable(first)}", err=True)
     raise typer.Exit(2)
 
 
@@ -43,17 +47,119 @@ def guarded(fn):
     """Turn expected failures (bad input, locked DB, bad config) into one line and exit 2."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from replay.store import StoreLocked
+        from replay.store import StoreLocked, WriteInterrupted
         from traces.schema import TraceError
         try:
+            check_flags(fn.__name__, kwargs)
             return fn(*args, **kwargs)
-        except (CliError, TraceError, StoreLocked, ValueError, FileNotFoundError) as e:
+        except (CliError, TraceError, StoreLocked, ValueError, FileNotFoundError,
+                IsADirectoryError, NotADirectoryError, PermissionError) as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             fail(msg)
+        except OSError as e:  # disk full, read-only folder: the real reason, one line
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            fail(f"{where}{e.strerror or e}; nothing more was written")
+        except WriteInterrupted as e:
+            said = ("the run being written was committed to " if e.committed
+                    else "nothing was written for the unfinished run to ") + e.path
+            typer.echo(f"kvcap: interrupted; {said}", err=True)
+            raise typer.Exit(130)
         except KeyboardInterrupt:
             typer.echo("kvcap: interrupted; nothing was written for the unfinished run", err=True)
             raise typer.Exit(130)
+        except Exception as e:
+            # A DuckDB error from an analysis query on a damaged or foreign database (duckdb is not
+            # imported here: most commands never load it).
+            if type(e).__module__.split(".")[0] not in ("duckdb", "_duckdb"):
+                raise
+            fail(f"database error ({type(e).__name__}): {str(e).strip() or type(e).__name__}")
     return wrapper
+
+
+# ------------------------------------------------------------------ flag checks at the boundary
+# Parameter name -> (flag, rule). Every command goes through `guarded`, which applies the rules of
+# the parameters it has before any work starts: a bad value is one line naming the flag and the fix.
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+_POSITIVE = (lambda x: _finite(x) and x > 0, "a finite number > 0")
+_NON_NEGATIVE = (lambda x: _finite(x) and x >= 0, "a finite number >= 0")
+FLAG_RULES: dict[str, tuple[str, tuple]] = {
+    "rate_scale": ("--rate-scale", _POSITIVE),
+    "headroom": ("--headroom", (lambda x: _finite(x) and 0 <= x <= 10, "a fraction from 0 to 10 (0.2 = 20 %)")),
+    "what_if": ("--what-if", (lambda x: _finite(x) and 0 < x <= 1, "a fraction > 0 and <= 1")),
+    "host_ram_gib": ("--host-ram-gib", _POSITIVE),
+    "context_tokens": ("--context-tokens", (lambda x: x >= 1, "a whole number >= 1")),
+    "slo_ttft_p99": ("--slo-ttft-p99", _POSITIVE),
+    "slo_tbt_p99": ("--slo-tbt-p99", _POSITIVE),
+    "workers": ("--workers", (lambda x: 1 <= x <= 1024, "a whole number from 1 to 1024")),
+    "target_peak": ("--target-peak", _POSITIVE),
+    "max_preemptions_per_minute": ("--max-preemptions-per-minute", _NON_NEGATIVE),
+    "window_s": ("--window-s", _POSITIVE),
+    "threshold_s": ("--threshold-s", _NON_NEGATIVE),
+    "offset_s": ("--offset-s", (_finite, "a finite number of seconds")),
+    "year": ("--year", (lambda x: 1970 <= x <= 2200, "a year from 1970 to 2200")),
+    "engine": ("--engine", (lambda x: x >= 0, "a whole number >= 0")),
+}
+# Comma lists: parameter -> (flag, element type, rule).
+LIST_RULES: dict[str, tuple[str, type, tuple]] = {
+    "sweep": ("--sweep", float, (lambda x: _finite(x) and 0 < x <= 10, "fractions of the peak > 0, e.g. 0.25,0.5,1")),
+    "scales": ("--scales", float, (lambda x: _finite(x) and 0 < x <= 1000, "rate scales > 0, e.g. 1,1.5,2")),
+    "max_num_seqs_grid": ("--max-num-seqs-grid", int, (lambda x: 1 <= x < 2**31, "whole numbers >= 1, e.g. 64,128,256")),
+    "max_num_batched_tokens_grid": ("--max-num-batched-tokens-grid", int,
+                                    (lambda x: 1 <= x < 2**31, "whole numbers >= 1, e.g. 2048,8192")),
+}
+# Commands whose --db is only read: it must exist.
+_READS_DB = {"attribute_cmd", "validate_cmd"}
+# Output paths: parameter -> (flag, what it must be). report writes a folder, the others a file.
+_OUTPUT_DIR_COMMANDS = {"report_cmd"}
+
+
+def check_flags(command: str, kwargs: dict) -> None:
+    """Apply FLAG_RULES / LIST_RULES and the path checks to a command's arguments."""
+    for name, value in kwargs.items():
+        if value is None or isinstance(value, bool):
+            continue
+        if name in FLAG_RULES and isinstance(value, (int, float)):
+            flag, (ok, what) = FLAG_RULES[name]
+            if not ok(value):
+                raise CliError(f"{flag} {value!r}: must be {what}")
+        elif name in LIST_RULES and isinstance(value, str):
+            flag, kind, (ok, what) = LIST_RULES[name]
+            for item in (x.strip() for x in value.split(",")):
+                if not item:
+                    continue
+                try:
+                    number = kind(item)
+                except ValueError:
+                    raise CliError(f"{flag}: {item!r} is not a number; give {what}") from None
+                if not ok(number):
+                    raise CliError(f"{flag}: {item!r} is out of range; give {what}")
+    _check_paths(command, kwargs)
+
+
+def _check_paths(command: str, kwargs: dict) -> None:
+    from replay.store import check_db_file
+    db = kwargs.get("db")
+    if isinstance(db, Path):
+        check_db_file(db, must_exist=command in _READS_DB)
+    calibration = kwargs.get("calibration")
+    if isinstance(calibration, Path):
+        from replay.cost_model import read_profile
+        read_profile(calibration)  # a bad profile is refused before the replay, not after it
+    for name, flag in (("out", "-o"), ("output", "-o")):
+        out = kwargs.get(name)
+        if not isinstance(out, Path):
+            continue
+        if command in _OUTPUT_DIR_COMMANDS:
+            if out.exists() and not out.is_dir():
+                raise CliError(f"{flag} {out}: is a file; the report is a folder (index.html, "
+                               "figures); pass a folder name")
+        elif out.is_dir():
+            raise CliError(f"{flag} {out}: is a folder; pass a file name")
+        elif not (out.parent if str(out.parent) else Path(".")).is_dir():
+            raise CliError(f"{flag} {out}: folder {out.parent} does not exist; create it first")
 
 
 # name -> (annotation, typer.Option). Defaults None mean "vLLM's version/hardware default".

@@ -17,6 +17,7 @@ Must not import duckdb, altair or replay.
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,7 +101,14 @@ def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None =
     for i in range(n):
         if not ok[i]:
             continue
-        gaps = [float(x) for x in itls[i]]
+        try:
+            gaps = [float(x) for x in itls[i]]
+        except (TypeError, ValueError):
+            raise ClientFormatError(f"{source}: request {i}: 'itls' is not a list of numbers") from None
+        bad = next((g for g in (float(ttfts[i]), *gaps) if not math.isfinite(g) or g < 0), None)
+        if bad is not None:
+            raise ClientFormatError(f"{source}: request {i}: latency {bad!r} in 'ttfts'/'itls'; "
+                                    "latencies are finite seconds >= 0")
         rel_send = (float(starts[i]) - s0) if s0 is not None else None
         offs = np.cumsum([float(ttfts[i]), *gaps])
         k = len(offs)

@@ -26,6 +26,9 @@ ISO = re.compile(r"^\W{0,2}(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:
 VLLM_PREFIX = re.compile(r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(\d{2})-(\d{2})\s+"
                          r"(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?\s+\[?[\w./-]+:\d+\]")
 ENGINE = re.compile(r"Engine (\d+):\s*$")
+# vLLM >= 0.10 prefixes each line with its process, "(APIServer pid=1234) INFO ...": several servers
+# logging into one file (docker compose, a shared journal) are told apart by it.
+PID = re.compile(r"\bpid=(\d+)\)")
 WARNING = re.compile(r"Sequence group (\S+) is preempted by (?:PreemptionMode\.)?(\w+) mode\b"
                      r"(?:.*?total_\w*preemption\w*=(\d+))?")
 
@@ -48,6 +51,7 @@ PARTS = {
     "CPU KV cache usage": (re.compile(rf"{_NUM}\s*%"), "cpu_kv_usage", "pct"),
     "Prefix cache hit rate": (re.compile(rf"{_NUM}\s*%"), "prefix_cache_hit_rate", "pct"),
 }
+_INT32_MAX = 2**31 - 1  # the stats columns are 32-bit (DuckDB INTEGER)
 REQUIRED = ("prompt_throughput_tps", "generation_throughput_tps", "running", "waiting", "gpu_kv_usage")
 # Stats logging interval when a row has no predecessor to measure it from (reference D2).
 DEFAULT_INTERVAL_S = {"v0": 5.0, "v1": 10.0}
@@ -139,6 +143,12 @@ def parse_stats_body(body: str) -> dict:
             raise StatsLineError(f"bad value for {name.strip()!r}: {value.strip()!r}")
         v = m.group(1)
         row[col] = float(v) / 100.0 if kind == "pct" else kind(float(v) if kind is float else v)
+        if kind is int and not 0 <= row[col] <= _INT32_MAX:
+            raise StatsLineError(f"{name.strip()!r}: {v} is out of range (0 to {_INT32_MAX})")
+        if kind == "pct" and not 0.0 <= row[col] <= 1.0:
+            raise StatsLineError(f"{name.strip()!r}: {v}% is not a percentage from 0 to 100")
+        if kind is float and row[col] < 0:
+            raise StatsLineError(f"{name.strip()!r}: {v} is negative")
     missing = [c for c in REQUIRED if c not in row]
     if missing:
         raise StatsLineError(f"stats line without {', '.join(missing)}")
@@ -146,8 +156,12 @@ def parse_stats_body(body: str) -> dict:
 
 
 def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> ParsedLog:
-    """Parse a vLLM server log. Line numbers are 1-based."""
-    clock = Clock(year)
+    """Parse a vLLM server log. Line numbers are 1-based. Lines of several processes (`pid=`)
+    keep apart: each has its own clock (year roll-over) and, when a file holds more than one,
+    its rows get the source `FILE pid=N`."""
+    clocks: dict[str | None, Clock] = {}
+    pids: list[str | None] = []         # per stats row / warning row, in order
+    warn_pids: list[str | None] = []
     stats, warns, bad = [], [], []
     n = 0
     for n, raw in enumerate(lines, 1):
@@ -155,6 +169,9 @@ def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> Parse
         is_stats, is_prefix, is_warn = STATS_MARK in line, V0_PREFIX_MARK in line, WARNING_MARK in line
         if not (is_stats or is_prefix or is_warn):
             continue
+        pm = PID.search(line[:200])
+        pid = pm.group(1) if pm else None
+        clock = clocks.setdefault(pid, Clock(year))
         t = clock.time(line)
         if t is None:
             bad.append((source_file, n, "no timestamp", line[:300]))
@@ -166,6 +183,7 @@ def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> Parse
                 continue
             warns.append((source_file, n, t, epoch_s(t), m.group(1), m.group(2).lower(),
                           int(m.group(3)) if m.group(3) else None))
+            warn_pids.append(pid)
         elif is_prefix:
             _attach_v0_prefix(stats, line, source_file, n, t, bad)
         else:
@@ -181,12 +199,24 @@ def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> Parse
                        era="v0" if v0 and eng is None else "v1",
                        engine=int(eng.group(1)) if eng else 0)
             stats.append(row)
+            pids.append(pid)
     st = pl.DataFrame(stats, schema={k: v for k, v in STATS_SCHEMA.items()
                                      if k not in ("interval_s", "preemptions_est")}, strict=False)
     pre = pl.DataFrame(warns, schema=PREEMPTION_SCHEMA, orient="row")
-    st = _finish_stats(st, pre)
+    if len({p for p in pids + warn_pids}) > 1:
+        st = st.with_columns(source_file=pl.Series(_pid_sources(source_file, pids), dtype=pl.Utf8))
+        pre = pre.with_columns(source_file=pl.Series(_pid_sources(source_file, warn_pids), dtype=pl.Utf8))
+        parts = [_finish_stats(st.filter(pl.col("source_file") == s), pre.filter(pl.col("source_file") == s))
+                 for s in sorted(set(st["source_file"].to_list()))]
+        st = pl.concat(parts).sort("line") if parts else _finish_stats(st, pre)
+    else:
+        st = _finish_stats(st, pre)
     return ParsedLog(source_file=source_file, lines=n, stats=st, preemptions=pre,
                      unparsed=pl.DataFrame(bad, schema=UNPARSED_SCHEMA, orient="row"))
+
+
+def _pid_sources(source_file: str, pids: list[str | None]) -> list[str]:
+    return [source_file if p is None else f"{source_file} pid={p}" for p in pids]
 
 
 def _attach_v0_prefix(stats: list, line: str, source: str, n: int, t: datetime, bad: list) -> None:

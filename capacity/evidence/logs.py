@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import duckdb
 import polars as pl
 
 from capacity.evidence.clientparse import CLIENT_SCHEMA, ClientFormatError, looks_like_vllm_bench, parse_client_file
@@ -31,7 +32,7 @@ _DUCK = {pl.Utf8: "VARCHAR", pl.Int64: "BIGINT", pl.Int32: "INTEGER", pl.Float64
          pl.Datetime("us"): "TIMESTAMP", pl.Boolean: "BOOLEAN"}
 SOURCES_SCHEMA = {"source_file": pl.Utf8, "kind": pl.Utf8, "era": pl.Utf8, "lines": pl.Int64,
                   "rows": pl.Int64, "unparsed": pl.Int64, "year": pl.Int32, "year_source": pl.Utf8,
-                  "ingested_at": pl.Datetime("us")}
+                  "ingested_at": pl.Datetime("us"), "path": pl.Utf8}
 EVIDENCE_TABLES = {"log_sources": SOURCES_SCHEMA, "log_stats": STATS_SCHEMA,
                    "log_preemptions": PREEMPTION_SCHEMA, "log_unparsed": UNPARSED_SCHEMA,
                    "client_tokens": CLIENT_SCHEMA}
@@ -44,6 +45,30 @@ def ddl(schema: dict) -> str:
 def ensure_evidence_schema(con) -> None:
     for table, schema in EVIDENCE_TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({ddl(schema)})")
+    # DBs from before `path` existed: the column is added (NULL = path not recorded).
+    con.execute("ALTER TABLE log_sources ADD COLUMN IF NOT EXISTS path VARCHAR")
+
+
+def source_keys(paths: list[Path], con) -> dict[Path, str]:
+    """The `source_file` key of each file: its name, unless another file with the same name (in
+    this call, or already in the DB from another folder) exists; then its full path. Rows are
+    replaced per key, so two `server.log` from different folders must never share one."""
+    full = {p: str(Path(p).resolve()) for p in paths}
+    known: dict[str, set[str]] = {}
+    key_of: dict[str, str] = {}  # a file ingested before keeps the key it got then
+    for key, path in con.execute("SELECT source_file, path FROM log_sources").fetchall():
+        if path is not None:
+            known.setdefault(key, set()).add(path)
+            key_of[path] = key
+    by_name: dict[str, set[str]] = {}
+    for p in paths:
+        by_name.setdefault(Path(p).name, set()).add(full[p])
+    keys = {}
+    for p in paths:
+        name = Path(p).name
+        clash = len(by_name[name]) > 1 or bool(known.get(name, set()) - {full[p]})
+        keys[p] = key_of.get(full[p]) or (full[p] if clash else name)
+    return keys
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,7 +112,9 @@ def detect_kind(path: Path) -> str:
 
 
 def _write(con, table: str, source: str, df: pl.DataFrame) -> None:
-    con.execute(f"DELETE FROM {table} WHERE source_file = ?", [source])
+    # A file holding several servers stores its rows as "FILE pid=N" (see logparse): those go too.
+    con.execute(f"DELETE FROM {table} WHERE source_file = ? OR starts_with(source_file, ?)",
+                [source, f"{source} pid="])
     if df.height:
         con.register("_incoming", df.to_arrow())
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
@@ -129,10 +156,11 @@ def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | 
     results, now = [], datetime.now()
     with connect(db) as con:
         ensure_evidence_schema(con)
+        keys = source_keys(paths, con)
         con.execute("BEGIN TRANSACTION")
         try:
             for p in paths:
-                name = Path(p).name
+                name = keys[p]
                 if kinds[p] == "client":
                     df = clients[p]
                     _write(con, "client_tokens", name, df)
@@ -142,7 +170,7 @@ def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | 
                                  anchored=df["send_time"].null_count() == 0 and df.height > 0)
                 else:
                     with open(p, errors="replace") as f:
-                        parsed = parse_server_log(f, name, year)
+                        parsed = parse_server_log(f, name, _year_for(p, year, year_source, now))
                     eras = sorted(set(parsed.stats["era"].to_list())) or (["v0"] if parsed.preemptions.height else [])
                     for table, df in (("log_stats", parsed.stats), ("log_preemptions", parsed.preemptions),
                                       ("log_unparsed", parsed.unparsed)):
@@ -157,14 +185,34 @@ def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | 
                                      "lines": r.lines, "rows": r.rows, "unparsed": r.unparsed,
                                      "year": year if r.kind == "server" else None,
                                      "year_source": year_source if r.kind == "server" else None,
-                                     "ingested_at": now}], schema=SOURCES_SCHEMA)
+                                     "ingested_at": now, "path": str(Path(p).resolve())}],
+                                   schema=SOURCES_SCHEMA)
                 _write(con, "log_sources", name, src)
                 results.append(r)
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:  # the failed COMMIT already ended it; keep the real error
+                pass
             raise
     return results, year, year_source
+
+
+def _year_for(path: Path, year: int, year_source: str, now: datetime) -> int:
+    """The year of the log's first vLLM timestamp. Given with --year: as given. Assumed (the
+    current year): a first month after the current one means the log started last year (a log
+    is not from the future, e.g. December's log read in January)."""
+    if year_source != "assumed (current year; pass --year)":
+        return year
+    with open(path, errors="replace") as f:
+        for i, line in enumerate(f):
+            m = VLLM_PREFIX.search(strip_ansi(line))
+            if m:
+                return year - 1 if int(m.group(1)) > now.month else year
+            if i > 100_000:
+                break
+    return year
 
 
 def read_evidence(db: Path, *tables: str) -> dict[str, pl.DataFrame]:

@@ -28,6 +28,7 @@ from capacity.analyses.modes import ModeComparison
 from capacity.analyses.metrics import summary as run_summary
 from capacity.analyses.sizing import SwapSizing
 from replay.results import RunResult
+from traces import atomic
 
 PNG_SCALE = 2
 SVG_ZOOM = 1.25     # charts are drawn for ~900 px; the page is ~1150 px wide
@@ -457,16 +458,17 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
     svgs = {}
     for fig in (f for s in sections for f in s.charts):
         svgs[fig.name], png = render_chart(fig.chart)
-        (out / f"{fig.name}.png").write_bytes(png)
+        atomic.write_bytes(out / f"{fig.name}.png", png)
     r = run.run
     subtitle = (f"{r.get('model')} on {r.get('gpu')} × {r.get('tp', 1)}, scheduler "
                 f"{r.get('scheduler')}; {run_sum['requests']:,} requests over "
                 f"{seconds(run_sum['sim_seconds'])} simulated")
     footer = f"kvcap {r.get('kvcap_version', '')} · run {run.run_id} · offline report"
     index = out / "index.html"
-    index.write_text(render_html(title, subtitle, sections, svgs, footer), encoding="utf-8")
+    # Each file whole or not at all (temp + rename): a full disk leaves no truncated index.html.
+    atomic.write_text(index, render_html(title, subtitle, sections, svgs, footer))
     doc = summary_dict(title=title, trace_summary=trace_summary, run=run, run_sum=run_sum,
                        sizing=sizing, modes=modes, rec=recommendation, stab=stability,
                        sections=sections, extra=extra_summary)
-    (out / "summary.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    atomic.write_text(out / "summary.json", json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return index

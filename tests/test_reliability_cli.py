@@ -1,0 +1,135 @@
+"""Issue 13, items 6, 8, 9, 10, 11 at the command line: every flag is checked before the work
+starts (one line naming the flag and the fix, exit 2), DuckDB errors and disk errors are one line,
+echoed text is escaped, and an interrupt tells the truth about what was written."""
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from capacity.cli import app
+from capacity.cli.common import fail, guarded
+from replay.store import WriteInterrupted
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def trace(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,3\n1.0,30,4\n")
+    return f
+
+
+def run(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    return res.exit_code, res.stderr if hasattr(res, "stderr") else res.output
+
+
+@pytest.mark.parametrize("args,flag", [
+    (("alerts", "{t}", "--window-s", "0"), "--window-s"),
+    (("tune", "{t}", "--max-num-seqs-grid", "8,16", "--slo-ttft-p99", "nan", "--slo-tbt-p99", "1"),
+     "--slo-ttft-p99"),
+    (("tune", "{t}", "--max-num-seqs-grid", "8,16", "--slo-ttft-p99", "-1", "--slo-tbt-p99", "1"),
+     "--slo-ttft-p99"),
+    (("tune", "{t}", "--max-num-seqs-grid", "8,x", "--slo-ttft-p99", "1", "--slo-tbt-p99", "1"),
+     "--max-num-seqs-grid"),
+    (("tune", "{t}", "--max-num-seqs-grid", "8", "--slo-ttft-p99", "1", "--slo-tbt-p99", "1",
+      "--workers", "-3"), "--workers"),
+    (("headroom", "{t}", "--slo-ttft-p99", "1", "--slo-tbt-p99", "1", "--target-peak", "0"), "--target-peak"),
+    (("logs", "{t}", "--year", "0"), "--year"),
+    (("size-swap", "{t}", "--sweep", "x"), "--sweep"),
+    (("size-swap", "{t}", "--headroom", "nan"), "--headroom"),
+    (("replay", "{t}", "--rate-scale", "inf"), "--rate-scale"),
+    (("report", "{t}", "--workers", "-3"), "--workers"),
+])
+def test_bad_flag_is_one_line_naming_it(tmp_path, trace, args, flag):
+    code, err = run(*(a.format(t=trace) for a in args), *(["--db", tmp_path / "k.duckdb"]
+                                                          if args[0] in ("logs", "replay") else []))
+    assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_report_to_an_existing_file_fails_before_any_work(tmp_path, trace):
+    out = tmp_path / "report.txt"
+    out.write_text("keep me")
+    t0 = time.perf_counter()
+    code, err = run("report", trace, "-o", out)
+    assert code == 2 and "-o" in err and time.perf_counter() - t0 < 5
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("cmd", ["alerts", "calibrate"])
+def test_directory_as_output_file(tmp_path, trace, cmd):
+    args = ("alerts", trace, "-o", tmp_path) if cmd == "alerts" else ("calibrate", "--quick", "-o", tmp_path)
+    code, err = run(*args)
+    assert code == 2 and "folder" in err
+
+
+def test_directory_or_bad_profile_as_calibration_fails_before_replaying(tmp_path, trace):
+    code, err = run("replay", trace, "--calibration", tmp_path, "--db", tmp_path / "k.duckdb")
+    assert code == 2 and "directory" in err
+    bad = tmp_path / "p.json"
+    bad.write_text('{"constants": {"overhead_s": NaN}}')
+    code, err = run("replay", trace, "--calibration", bad, "--db", tmp_path / "k.duckdb")
+    assert code == 2 and "overhead_s" in err and not (tmp_path / "k.duckdb").exists()
+
+
+def test_sqlite_db_and_missing_db_for_validate(tmp_path, trace):
+    import sqlite3
+    db = tmp_path / "s.db"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.commit()
+    code, err = run("replay", trace, "--db", db)
+    assert code == 2 and "SQLite" in err
+    code, err = run("validate", "--db", tmp_path / "missing.duckdb", "--run", "x")
+    assert code == 2 and "no such database" in err
+
+
+def test_duckdb_error_from_an_analysis_is_one_line():
+    import duckdb
+
+    @guarded
+    def cmd():
+        duckdb.connect().execute("SELECT * FROM nope")
+    with pytest.raises(typer.Exit) as exc:
+        cmd()
+    assert exc.value.exit_code == 2
+
+
+def test_disk_full_is_one_line(capsys):
+    @guarded
+    def cmd():
+        raise OSError(28, "No space left on device", "/full/index.html")
+    with pytest.raises(typer.Exit):
+        cmd()
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("committed,said", [(True, "was committed"), (False, "nothing was written")])
+def test_interrupt_while_writing_tells_the_truth(capsys, committed, said):
+    @guarded
+    def cmd():
+        raise WriteInterrupted("k.duckdb", committed=committed)
+    with pytest.raises(typer.Exit) as exc:
+        cmd()
+    assert exc.value.exit_code == 130 and said in capsys.readouterr().err
+
+
+def test_echoed_control_characters_are_escaped(capsys):
+    with pytest.raises(typer.Exit):
+        fail("bad header 'TIME\x1b[2J\x1b[31mSTAMP'\nsecond line")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b" in err and len(err.strip().splitlines()) == 1
+
+
+def test_throughput_counts_produced_tokens_in_int64():
+    from capacity.analyses.metrics import produced_tokens
+    req = pl.DataFrame({"output_tokens": pl.Series([2**31 - 1, 2**31 - 1], dtype=pl.Int32),
+                        "output_tokens_done": pl.Series([2**31 - 1, 100], dtype=pl.Int64)})
+    assert req.select(produced_tokens(req).sum()).item() == 2**31 - 1 + 100
+    # without output_tokens_done (older tables), the asked lengths, summed without wrapping
+    only = req.drop("output_tokens_done")
+    assert only.select(produced_tokens(only).sum()).item() == 2 * (2**31 - 1)
