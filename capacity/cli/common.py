@@ -101,6 +101,8 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
     "offset_s": ("--offset-s", (_finite, "a finite number of seconds")),
     "year": ("--year", (lambda x: 1970 <= x <= 2200, "a year from 1970 to 2200")),
     "engine": ("--engine", (lambda x: x >= 0, "a whole number >= 0")),
+    "precision": ("--precision", (lambda x: _finite(x) and 0 < x < 1, "a fraction > 0 and < 1 (0.05 = 5 %)")),
+    "kv_offloading_size": ("--kv-offloading-size", _POSITIVE),
 }
 # Comma lists: parameter -> (flag, element type, rule).
 LIST_RULES: dict[str, tuple[str, type, tuple]] = {
