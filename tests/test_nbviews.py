@@ -69,6 +69,9 @@ class _Point:
 def test_kv_table_flattens_dicts_and_dataclasses():
     t = nbviews.kv_table({"a": 1.23456, "b": {"c": None}, "d": _Point(), "skip": [1, 2]})
     assert dict(t.iter_rows()) == {"a": "1.235", "b.c": "-", "d.x": "0.1", "d.y": "-"}
+    # Shown as plain text in a notebook: no quoted strings, no dtype row.
+    shown = t._repr_html_()
+    assert "<td>1.235</td>" in shown and "&quot;" not in shown and "str" not in shown
 
 
 def test_trace_and_prefix_tables(trace):

@@ -160,3 +160,33 @@ def test_notebook_is_stripped_and_parameterized(path):
     assert "db_path" in tagged[0].source
     first = nb.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith("# ") and "Question" in first.source
+
+
+def test_notebook_headroom_is_the_cli_headroom(executed, tmp_path):
+    """Issue 14: the report, `kvcap headroom` and the notebooks give the same headroom. Notebook
+    04 (tune by margin, then the headroom of the pick) against `kvcap tune` + `kvcap headroom`
+    on the same trace, engine, SLOs and budget."""
+    import re
+    import subprocess
+
+    from traces.loaders import write_trace
+    from traces.synth import synthesize
+    nb, _ = executed["04-max-num-seqs"]
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    shown = re.search(r"headroom_rate_scale: (\S+)", text).group(1)
+    path = tmp_path / "flash.parquet"
+    write_trace(synthesize("flash-crowd", **SMALL_FLASH), path)
+    kvcap = str(Path(sys.executable).with_name("kvcap"))
+    common = [str(path), "--num-gpu-blocks-override", "2500", "--slo-ttft-p99", "2",
+              "--slo-tbt-p99", "0.2", "--preemption-budget", "0.5", "--json"]
+
+    def run(*args):
+        res = subprocess.run([kvcap, *args], capture_output=True, text=True, cwd=ROOT)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+    tuned = run("tune", *common, "--max-num-seqs-grid", "32,64")
+    head = run("headroom", *common, *tuned["flags"], "--no-surge")
+    assert str(head["headroom_rate_scale"]) == shown
+    if tuned["recommended_max_num_seqs"] is not None:
+        assert head["headroom_rate_scale"] == tuned["margin_rate_scale"]

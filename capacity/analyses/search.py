@@ -78,13 +78,20 @@ class _Bracket:
             return _round(min(self.lo * self.step, MAX_SCALE))
         if self.hi / self.lo <= 1 + self.precision:
             return None
-        if self.guess is not None and self.lo == _round(self.guess) and len(self.probes) == 2:
-            # The guess (a measured capacity) passed: the edge is usually just above it.
-            up = _round(self.lo * (1 + self.precision))
+        if self.guess is not None and self.galloping:
+            # The guess (a measured capacity) passed: the edge is usually just above it, so
+            # step up from it by precision, 2x precision, 4x ... until a probe fails.
+            up = _round(self.lo * (1 + self.precision * 2 ** (len(self.probes) - 2)))
             if up < self.hi:
                 return up
         mid = _round(math.sqrt(self.lo * self.hi))
         return mid if self.lo < mid < self.hi else None
+
+    @property
+    def galloping(self) -> bool:
+        """Every probe since the guess passed (the first probe, at `start`, failed)."""
+        return (len(self.probes) >= 2 and not self.probes[0][1]
+                and all(ok for _, ok in self.probes[1:]))
 
     def record(self, scale: float, ok: bool) -> None:
         self.probes.append((scale, ok))

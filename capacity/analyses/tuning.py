@@ -81,8 +81,8 @@ def choose(cands: list[Candidate], margins: list[ScaleSearch | None]) -> tuple[C
     words = [f"max_num_seqs={pick.max_num_seqs} meets the SLOs up to {pm.words()} today's "
              f"traffic (its margin), the largest of the feasible values; at today's load: "
              f"TTFT p99 {pick.ttft_p99_s:.3g} s, TBT p99 {pick.tbt_p99_s:.3g} s, "
-             f"{pick.slo_share:.0%} of requests within both SLOs ({pick.preemption_verdict} "
-             f"preemption)"]
+             f"{pick.slo_share:.0%} of requests within both SLOs (preemption: "
+             f"{pick.preemption_verdict})"]
     others = [f"{c.max_num_seqs}: ×{m.scale:.2f}" for c, m in feasible if c is not pick and m]
     if others:
         words.append("the other feasible values' margins: " + ", ".join(others))

@@ -104,7 +104,32 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def kv_table(d: dict, keys: tuple[str, ...] | None = None) -> pl.DataFrame:
+class TextTable:
+    """A table of formatted text that a notebook shows as plain HTML: numbers as numbers, no
+    quotes and no dtype row (polars' own display quotes every string). Everything else is the
+    polars frame's (`.frame`, indexing, `iter_rows`, ...)."""
+
+    def __init__(self, frame: pl.DataFrame) -> None:
+        self.frame = frame
+
+    def __getattr__(self, name):
+        return getattr(self.frame, name)
+
+    def __getitem__(self, key):
+        return self.frame[key]
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{a}: {b}" for a, b in self.frame.iter_rows())
+
+    def _repr_html_(self) -> str:
+        import html
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.frame.columns)
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>"
+                       for r in self.frame.iter_rows())
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def kv_table(d: dict, keys: tuple[str, ...] | None = None) -> TextTable:
     """A dict (or dataclass) as a two-column table of text, nested dicts flattened with '.'."""
     if dataclasses.is_dataclass(d):
         d = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
@@ -118,8 +143,8 @@ def kv_table(d: dict, keys: tuple[str, ...] | None = None) -> pl.DataFrame:
             flat[k] = v
     if keys is not None:
         flat = {k: flat.get(k) for k in keys}
-    return pl.DataFrame({"metric": list(flat), "value": [_fmt(v) for v in flat.values()]},
-                        schema={"metric": pl.Utf8, "value": pl.Utf8})
+    return TextTable(pl.DataFrame({"metric": list(flat), "value": [_fmt(v) for v in flat.values()]},
+                                  schema={"metric": pl.Utf8, "value": pl.Utf8}))
 
 
 TRACE_KEYS = ("requests", "duration_s", "mean_rps", "peak_rps", "peak_rpm", "peak_rpm_minute",
@@ -127,12 +152,12 @@ TRACE_KEYS = ("requests", "duration_s", "mean_rps", "peak_rps", "peak_rpm", "pea
               "prompt_tokens.max", "output_tokens.p50", "output_tokens.p99", "output_tokens.max")
 
 
-def trace_table(info: dict) -> pl.DataFrame:
+def trace_table(info: dict) -> TextTable:
     """The headline numbers of `traces.stats.trace_info`."""
     return kv_table(info, TRACE_KEYS)
 
 
-def prefix_table(info: dict) -> pl.DataFrame:
+def prefix_table(info: dict) -> TextTable:
     """Prefix reuse of `trace_info`, or one row saying the trace carries no prefix hashes."""
     if not info.get("prefix"):
         return kv_table({"prefix reuse": "no prefix hashes in this trace (e.g. a Mooncake trace has them)"})
