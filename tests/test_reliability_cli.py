@@ -45,6 +45,8 @@ def run(*args):
     (("size-swap", "{t}", "--headroom", "nan"), "--headroom"),
     (("replay", "{t}", "--rate-scale", "inf"), "--rate-scale"),
     (("report", "{t}", "--workers", "-3"), "--workers"),
+    (("replay", "{t}", "--kv-offloading-size", "nan"), "--kv-offloading-size"),
+    (("replay", "{t}", "--kv-offloading-size", "-4"), "--kv-offloading-size"),
 ])
 def test_bad_flag_is_one_line_naming_it(tmp_path, trace, args, flag):
     code, err = run(*(a.format(t=trace) for a in args), *(["--db", tmp_path / "k.duckdb"]

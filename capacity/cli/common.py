@@ -101,6 +101,8 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
     "offset_s": ("--offset-s", (_finite, "a finite number of seconds")),
     "year": ("--year", (lambda x: 1970 <= x <= 2200, "a year from 1970 to 2200")),
     "engine": ("--engine", (lambda x: x >= 0, "a whole number >= 0")),
+    "kv_offloading_size": ("--kv-offloading-size", (lambda x: _finite(x) and 0 <= x <= 4096,
+                                                    "GiB from 0 to 4096 (the whole TP group)")),
     "precision": ("--precision", (lambda x: _finite(x) and 0.001 <= x <= 0.5,
                                   "a relative precision from 0.001 to 0.5 (0.05 = 5 %)")),
 }
