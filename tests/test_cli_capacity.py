@@ -1,39 +1,17 @@
 """The capacity commands from the command line (issue 14): JSON contracts, stability first, the
 flags that reproduce the recommended replay, margins, one headroom everywhere, rule files."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-KVCAP = str(Path(sys.executable).with_name("kvcap"))
-CONV = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+from capacity_helpers import conv800, kvcap, kvcap_json  # noqa: F401 (conv800: a fixture)
+
 # conv800 on these pools (measured): 1800 blocks keeps up (4.30 of 4.40 req/s) and preempts a
 # little; 500 blocks serves 2.21 of 4.40 req/s — the trace at twice its sustainable rate.
 POOL = ["--num-gpu-blocks-override", "1800"]
 OVERLOAD = ["--num-gpu-blocks-override", "500"]
 SLO = ["--slo-ttft-p99", "3", "--slo-tbt-p99", "0.2", "--preemption-budget", "any"]
-
-
-@pytest.fixture(scope="module")
-def conv800(tmp_path_factory):
-    from traces.loaders import load_trace, write_trace
-    path = tmp_path_factory.mktemp("t") / "conv800.parquet"
-    write_trace(load_trace(CONV).head(800), path)
-    return path
-
-
-def kvcap(*args, rc=0):
-    res = subprocess.run([KVCAP, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == rc, res.stderr
-    return res
-
-
-def kvcap_json(*args):
-    return json.loads(kvcap(*args, "--json").stdout)
 
 
 def test_size_swap_json_keys_and_fractions(conv800, tmp_path):

@@ -2,9 +2,6 @@
 sustainable-load figure and no flags; a sustainable one gets flags that, replayed, reproduce the
 recommended row exactly, and the same headroom from the report and `kvcap headroom`."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,25 +9,10 @@ from capacity.analyses.flags import NotExpressible, apply_flags, vllm_flags
 from capacity.analyses.search import search_scale
 from replay.config import EngineConfig, resolve
 
-ROOT = Path(__file__).resolve().parents[1]
-KVCAP = str(Path(sys.executable).with_name("kvcap"))
-CONV = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+from capacity_helpers import conv800, kvcap, kvcap_json  # noqa: F401 (conv800: a fixture)
+
 BASE = ["--scheduler", "v0", "--num-gpu-blocks-override", "1800"]
 SLO = ["--slo-ttft-p99", "3", "--slo-tbt-p99", "0.2", "--preemption-budget", "any"]
-
-
-@pytest.fixture(scope="module")
-def conv800(tmp_path_factory):
-    from traces.loaders import load_trace, write_trace
-    path = tmp_path_factory.mktemp("t") / "conv800.parquet"
-    write_trace(load_trace(CONV).head(800), path)
-    return path
-
-
-def kvcap_json(*args):
-    res = subprocess.run([KVCAP, *map(str, args), "--json"], capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
 
 
 @pytest.fixture(scope="module")

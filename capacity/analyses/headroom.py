@@ -55,7 +55,6 @@ def load_point(tables: dict[str, pl.DataFrame], *, rate_scale: float, surge: boo
                slo_ttft_p99_s: float, slo_tbt_p99_s: float, budget: Budget) -> LoadPoint:
     st = stability(tables)
     c = evaluate(tables, slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
-    breaks = ([] if st.sustainable else ["overloaded"]) + ([c.breaks] if c.breaks else [])
     return LoadPoint(rate_scale=rate_scale, surge=surge, run_id=c.run_id, requests=st.requests,
                      offered_rps=st.offered_rps, served_rps=st.served_rps,
                      sustainable=st.sustainable, throughput_rps=c.throughput_rps,
@@ -63,7 +62,7 @@ def load_point(tables: dict[str, pl.DataFrame], *, rate_scale: float, surge: boo
                      tbt_p99_s=c.tbt_p99_s, preemptions=c.preemptions,
                      verdict=c.preemption_verdict, meets_slo=c.meets_slo,
                      within_budget=c.within_budget, ok=st.sustainable and c.feasible,
-                     breaks="; ".join(breaks))
+                     breaks=c.breaks)     # says "overloaded (serves X of Y req/s)" too
 
 
 def surge_window(trace: pl.DataFrame, start_s: float | None = None,

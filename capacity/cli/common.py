@@ -251,3 +251,10 @@ def store_runs(db: Optional[Path], runs) -> None:
     from replay.store import write_run
     for r in {r.run_id: r for r in runs}.values():
         write_run(db, r.tables())
+
+
+def seconds_text(v: float | None) -> str:
+    """Seconds for a terminal table: ms below 1 s, thousands separators, never 1.27e+03."""
+    if v is None:
+        return "-"
+    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"

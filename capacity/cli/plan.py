@@ -8,7 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
+from capacity.cli.common import (CliError, emit_json, engine_flags, guarded, store_runs,
+                                 trace_input)
+from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
 
@@ -108,13 +110,6 @@ def compare_modes_cmd(
     Console().print(f"[bold]recommendation:[/bold] {cmp.recommended} — {cmp.reason}")
     if cmp.queue_only_note:
         Console().print(f"[bold]queue-only:[/bold] {cmp.queue_only_note}")
-
-
-def _t(v: float | None) -> str:
-    """Seconds for reading: ms below 1 s, thousands separators, never 1.27e+03."""
-    if v is None:
-        return "-"
-    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
 
 
 def modes_table(cmp) -> Table:

@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from capacity.cli.common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
+from capacity.cli.common import (CliError, emit_json, engine_flags, guarded, store_runs,
+                                 trace_input)
+from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
 
@@ -22,12 +24,6 @@ def parse_grid(text: str, name: str) -> list[int]:
     if not vals or min(vals) <= 0:
         raise CliError(f"{name}: give positive integers, e.g. 64,128,256")
     return vals
-
-
-def _t(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
 
 
 def tuning_table(tn) -> Table:
