@@ -79,7 +79,8 @@ def choose(cands: list[Candidate], margins: list[ScaleSearch | None]) -> tuple[C
                       f"the load needs more GPUs or rate limiting")
     pick, pm = max(feasible, key=lambda cm: _key(*cm))
     words = [f"max_num_seqs={pick.max_num_seqs} meets the SLOs up to {pm.words()} today's "
-             f"traffic (its margin), the largest of the feasible values; at today's load: "
+             f"traffic (its margin), the largest margin of the feasible values (a tie goes to the "
+             f"higher goodput, then the smaller value); at today's load: "
              f"TTFT p99 {pick.ttft_p99_s:.3g} s, TBT p99 {pick.tbt_p99_s:.3g} s, "
              f"{pick.slo_share:.0%} of requests within both SLOs (preemption: "
              f"{pick.preemption_verdict})"]
