@@ -3,7 +3,10 @@ engines and the differential run (the compiled core with its block-pool invarian
 Python reference), compared with the first divergence named."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
+import pytest
 
 from replay import compiled, loop
 from replay.divergence import first_divergence
@@ -13,6 +16,19 @@ from replay.state import RequestState
 from replay_helpers import tiny_cost_model
 
 NAMES = ("compiled", "reference")
+
+
+def both_implementations(module_name: str):
+    """An autouse fixture that runs every test of `module_name` on both implementations; the
+    module's global IMPL names the one under test (its helpers build the scheduler from it)."""
+    module = sys.modules[module_name]
+
+    @pytest.fixture(params=["reference", "compiled"], autouse=True)
+    def implementation(request):
+        module.IMPL = request.param
+        yield request.param
+        module.IMPL = "reference"
+    return implementation
 
 
 def make_engine(engine, spec, arrival, prompt, output, hashes, priority=None):

@@ -10,19 +10,14 @@ import pytest
 
 from replay.compiled import StepCore
 from replay.v0 import V0Scheduler, preemption_warning
+from core_helpers import both_implementations
 from tests.oracle_driver import ORACLE, build, drive
 from tests.test_v0_oracle import VllmChunkView
 
 IMPL = "reference"
 
 
-@pytest.fixture(params=["reference", "compiled"], autouse=True)
-def implementation(request):
-    """Every scenario runs on both implementations."""
-    global IMPL
-    IMPL = request.param
-    yield request.param
-    IMPL = "reference"
+implementation = both_implementations(__name__)
 
 
 def make(spec, state, keys):

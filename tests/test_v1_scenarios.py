@@ -3,23 +3,16 @@ oracle runs) as readable golden tests of the V1 scheduler: exact admissions, vic
 and queue orders. Each test drives the oracle scenario file and names what it pins down."""
 from __future__ import annotations
 
-import pytest
-
 from replay.compiled import StepCore
 from replay.v1 import V1Scheduler
+from core_helpers import both_implementations
 from tests.oracle_driver import drive, load
 
 
 IMPL = "reference"
 
 
-@pytest.fixture(params=["reference", "compiled"], autouse=True)
-def implementation(request):
-    """Every scenario runs on both implementations (the compiled core through `StepCore`)."""
-    global IMPL
-    IMPL = request.param
-    yield request.param
-    IMPL = "reference"
+implementation = both_implementations(__name__)
 
 
 def run(name: str, **overrides) -> tuple[dict[int, dict], object]:
