@@ -52,6 +52,8 @@ static inline uint64_t mix64(uint64_t x) {
 /* Event kinds: indices into replay.raw.EVENT_KINDS. */
 enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
        EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5 };
+/* Batch kinds: indices into replay.raw.BATCH_KINDS. */
+enum { BK_NEW = 0, BK_RESUMED = 1, BK_RUNNING = 2, BK_PREFILL = 3, BK_DECODE = 4 };
 
 typedef struct {
     /* One row per step: replay.raw.STEP_COLUMNS. */
@@ -65,6 +67,8 @@ typedef struct {
     veci sl_row; vecd sl_pre, sl_res, sl_stall; veci8 sl_mode;
     /* Fleet TBT samples as (value, weight). */
     vecd tbt_v; veci tbt_w;
+    /* Per-step batch records (Loop.record_batches only): replay.raw.BATCH_COLUMNS. */
+    veci b_step, b_row, b_new, b_ctx; veci8 b_kind;
 } Tables;
 
 typedef struct {
@@ -115,7 +119,8 @@ static void tables_free(Tables *o) {
                   o->evicted_requests.d, o->num_prefill_tokens.d, o->num_decode_tokens.d,
                   o->gpu_blocks_used.d, o->cpu_blocks_used.d, o->evicted_blocks.d, o->ev_t.d,
                   o->ev_step.d, o->ev_row.d, o->ev_blocks.d, o->ev_kind.d, o->sl_row.d,
-                  o->sl_pre.d, o->sl_res.d, o->sl_stall.d, o->sl_mode.d, o->tbt_v.d, o->tbt_w.d};
+                  o->sl_pre.d, o->sl_res.d, o->sl_stall.d, o->sl_mode.d, o->tbt_v.d, o->tbt_w.d,
+                  o->b_step.d, o->b_row.d, o->b_new.d, o->b_ctx.d, o->b_kind.d};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
 
@@ -167,6 +172,8 @@ static PyObject *tables_dict(Tables *o) {
     COL(sl_row, o->sl_row, 8) COL(sl_pre, o->sl_pre, 8) COL(sl_res, o->sl_res, 8)
     COL(sl_stall, o->sl_stall, 8) COL(sl_mode, o->sl_mode, 1)
     COL(tbt_v, o->tbt_v, 8) COL(tbt_w, o->tbt_w, 8)
+    COL(b_step, o->b_step, 8) COL(b_row, o->b_row, 8) COL(b_new, o->b_new, 8)
+    COL(b_ctx, o->b_ctx, 8) COL(b_kind, o->b_kind, 1)
 #undef COL
     return d;
 fail:
@@ -421,6 +428,7 @@ typedef struct {
     int8_t *last_mode;                    /* per row: 1 recompute, 2 swap (its last preemption) */
     int64_t *evicted;                     /* per row: blocks of a swap victim not yet resumed */
     int64_t evicted_count, evicted_total;
+    int record_batches;                   /* keep every step's batch (Tables.b_*) */
 } Loop;
 
 static int loop_init(Loop *lp, const Req *q) {
@@ -443,6 +451,7 @@ static void loop_free(Loop *lp) {
 typedef struct {
     const int32_t *rows; const int64_t *num_new, *num_computed; const uint8_t *prefill;
     const uint8_t *sampled;               /* set by the core's update() */
+    const int8_t *kind;                   /* V1: BK_* per row; NULL (V0): prefill / decode */
     int64_t nrows;
     const int32_t *pre_rows; const int64_t *pre_blocks; const int8_t *pre_mode;
     const uint8_t *pre_fallback; int64_t npre;
@@ -508,6 +517,18 @@ static StepSums loop_sums(const Loop *lp, Req *q, const Plan *pl) {
     return s;
 }
 
+/* The step's batch, one record per scheduled row in batch order (replay/loop.py's
+ * record_batches). */
+static int loop_batches(const Loop *lp, Tables *o, const Plan *pl) {
+    for (int64_t j = 0; j < pl->nrows; j++) {
+        int8_t k = pl->kind ? pl->kind[j] : (pl->prefill[j] ? BK_PREFILL : BK_DECODE);
+        if (pushi(&o->b_step, lp->step) || pushi(&o->b_row, pl->rows[j]) ||
+            pushi(&o->b_new, pl->num_new[j]) || pushi(&o->b_ctx, pl->num_computed[j]) ||
+            pushi8(&o->b_kind, k)) return -1;
+    }
+    return 0;
+}
+
 /* After update(): record the step row (`row`, completed here with the loop's own columns), the
  * TBT samples (one weighted sample for the rows that also sampled in the previous step, then
  * the others one by one in batch order), stalls, finish times; advance the clock. Returns 1 when
@@ -535,6 +556,7 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
     row->evicted_requests = (int32_t)lp->evicted_count;
     row->evicted_blocks = lp->evicted_total;
     if (tables_step(o, row)) return -1;
+    if (lp->record_batches && loop_batches(lp, o, pl)) return -1;
     if (same && tables_tbt(o, end - t, same)) return -1;
     for (int64_t j = 0; j < pl->nrows; j++) {
         if (!pl->sampled[j]) continue;
