@@ -148,8 +148,13 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     out = ext.results(core)
     raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block)
     if record_batches:
-        raw.batches = {k: _col(out, c, t) for (k, t), c in
-                       zip(BATCH_COLUMNS.items(), ("b_step", "b_row", "b_new", "b_ctx", "b_kind"))}
+        count = _col(out, "b_count", np.int32)
+        raw.batches = {"step": np.repeat(np.arange(len(count), dtype=np.int64), count),
+                       "row": _col(out, "b_row", np.int32).astype(np.int64),
+                       "num_new_tokens": _col(out, "b_new", np.int64),
+                       "num_computed_tokens": _col(out, "b_ctx", np.int64),
+                       "kind": _col(out, "b_kind", np.int8)}
+        assert raw.batches.keys() == BATCH_COLUMNS.keys()
     if out.get("aborted"):
         raw.status, raw.abort_s = "aborted", out["abort_s"]
         raw.abort_reason = abort_reason(out["abort_row"], out["abort_needed"], out["abort_free"])

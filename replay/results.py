@@ -112,6 +112,9 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
     return out
 
 
+_KINDS = pl.Series(BATCH_KINDS, dtype=pl.Enum(list(BATCH_KINDS)))
+
+
 def batch_table(b: dict[str, np.ndarray], rid: np.ndarray, run_id: str) -> pl.DataFrame:
     """`batches`: one row per request scheduled in a step; `seq` is its place in the batch."""
     step = b["step"]
@@ -126,6 +129,6 @@ def batch_table(b: dict[str, np.ndarray], rid: np.ndarray, run_id: str) -> pl.Da
         "request_id": pl.Series(rid[b["row"]], dtype=pl.Int64),
         "num_new_tokens": b["num_new_tokens"],
         "num_computed_tokens": b["num_computed_tokens"],
-        "kind": pl.Series(b["kind"], dtype=pl.Int8).replace_strict(
-            dict(enumerate(BATCH_KINDS)), return_dtype=pl.Utf8),
+        # An Enum gathered from the codes (no string per row: a long replay has millions).
+        "kind": _KINDS.gather(b["kind"].astype(np.uint32)),
     })
