@@ -5,6 +5,7 @@ one JSON object (`--json`). Bad input -> one line `kvcap: error: ...`, exit 2 (c
 """
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import List, Optional
@@ -44,27 +45,34 @@ def logs_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Load vLLM server logs and client benchmark results into DuckDB (log_stats, log_preemptions,
-    log_unparsed, client_tokens)."""
-    from capacity.evidence.logs import ingest
-    results, used_year, year_source = ingest(list(files), db, year=year, kind=kind,
-                                             client_start=_client_start(client_start))
+    log_unparsed, log_engine, log_events, client_tokens). A file that cannot be read is skipped
+    with a warning; exit 2 only when none could be read."""
+    from capacity.evidence.logs import ingest_files
+    rep = ingest_files(list(files), db, year=year, kind=kind, client_start=_client_start(client_start))
+    results, used_year, year_source = rep.files, rep.year, rep.year_source
+    for s in rep.skipped:  # one plain line each (rich would wrap it)
+        print(f"kvcap: warning: {s.path}: skipped: {s.reason}", file=sys.stderr)
     unparsed = sum(r.unparsed for r in results)
     out = {"db": str(db), "year": used_year, "year_source": year_source,
            "files": [r.as_dict() for r in results],
+           "skipped": [s.as_dict() for s in rep.skipped],
            "stats_rows": sum(r.rows for r in results if r.kind == "server"),
            "preemption_warnings": sum(r.preemption_warnings for r in results),
+           "engine_lines": sum(r.engine_lines for r in results),
+           "events": sum(r.events for r in results),
            "client_tokens": sum(r.rows for r in results if r.kind == "client"),
            "unparsed": unparsed}
     if as_json:
         emit_json(out)
         return
     t = Table(title=f"evidence in {db} (log year {used_year}: {year_source})")
-    for c in ("file", "kind", "era", "lines", "rows", "warnings", "unparsed lines"):
+    for c in ("file", "kind", "era", "lines", "rows", "warnings", "engine", "events", "unparsed lines"):
         t.add_column(c)
     for r in results:
         bad = ", ".join(map(str, r.unparsed_lines[:10])) + (" …" if len(r.unparsed_lines) > 10 else "")
         t.add_row(r.source_file, r.kind, r.era or "-", str(r.lines or "-"), str(r.rows),
-                  str(r.preemption_warnings), f"{r.unparsed}" + (f" ({bad})" if bad else ""))
+                  str(r.preemption_warnings), str(r.engine_lines), str(r.events),
+                  f"{r.unparsed}" + (f" ({bad})" if bad else ""))
     Console().print(t)
     if unparsed:
         err.print(f"[yellow]{unparsed} candidate line(s) did not parse; see table log_unparsed")
