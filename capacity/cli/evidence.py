@@ -36,19 +36,25 @@ def _client_start(text: Optional[str]) -> datetime | None:
 
 @guarded
 def logs_cmd(
-    files: List[Path] = typer.Argument(..., help="vLLM server logs and/or client results (JSON, CSV, JSONL)."),
+    files: List[Path] = typer.Argument(..., help="vLLM server logs, client results (JSON, CSV, JSONL), "
+                                       "Prometheus /metrics scrapes (a folder, or a file with time lines) "
+                                       "and query_range JSON exports."),
     db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to write the evidence tables to."),
     year: Optional[int] = typer.Option(None, "--year", help="Year of the log timestamps (vLLM prints none)."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="server | client (default: detect from content)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="server | client | prometheus (default: detect "
+                                       "from content)."),
+    window_s: float = typer.Option(10.0, "--window-s", help="Prometheus: window (s) for counter rates, "
+                                   "gauge means and histogram quantiles (table prom_windows)."),
     client_start: Optional[str] = typer.Option(None, "--client-start",
                                                help="Wall-clock time of the first client request (ISO)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Load vLLM server logs and client benchmark results into DuckDB (log_stats, log_preemptions,
-    log_unparsed, log_engine, log_events, client_tokens). A file that cannot be read is skipped
+    """Load vLLM server logs, client benchmark results and Prometheus metrics into DuckDB (log_stats,
+    log_preemptions, log_unparsed, log_engine, log_events, client_tokens, prom_samples, prom_windows). A file that cannot be read is skipped
     with a warning; exit 2 only when none could be read."""
     from capacity.evidence.logs import ingest_files
-    rep = ingest_files(list(files), db, year=year, kind=kind, client_start=_client_start(client_start))
+    rep = ingest_files(list(files), db, year=year, kind=kind, client_start=_client_start(client_start),
+                       window_s=window_s)
     results, used_year, year_source = rep.files, rep.year, rep.year_source
     for s in rep.skipped:  # one plain line each (rich would wrap it)
         print(f"kvcap: warning: {s.path}: skipped: {s.reason}", file=sys.stderr)
@@ -61,6 +67,8 @@ def logs_cmd(
            "engine_lines": sum(r.engine_lines for r in results),
            "events": sum(r.events for r in results),
            "client_tokens": sum(r.rows for r in results if r.kind == "client"),
+           "prom_samples": sum(r.rows for r in results if r.kind == "prometheus"),
+           "prom_windows": sum(r.windows for r in results),
            "unparsed": unparsed}
     if as_json:
         emit_json(out)
