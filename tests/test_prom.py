@@ -53,6 +53,12 @@ def test_counter_increase_per_window_matches_what_was_added(db):
         added = truth("server-a", engine, "preemptions")
         # the first scrape has no predecessor: no increase, not 0
         assert [v for _, v in got] == [None, *map(float, added[1:])]
+    with duckdb.connect(str(db), read_only=True) as con:
+        spans = con.execute("SELECT from_s, to_s FROM prom_windows WHERE server = 'server-a' AND engine = '0' "
+                            "AND metric = 'vllm:num_preemptions_total' AND stat = 'increase' "
+                            "ORDER BY window_start_s").fetchall()
+    # what a window's increase covers: from the scrape before it to its own scrape
+    assert spans[1:] == [(T0 + (k - 1) * STEP, T0 + k * STEP) for k in range(1, N)]
     rate = win(db, "server-a", "vllm:prompt_tokens_total", "rate_per_s")
     assert [v for _, v in rate][1:] == pytest.approx([x / 10.0 for x in truth("server-a", "0", "prompt_tokens")[1:]])
 
@@ -134,3 +140,27 @@ def test_bad_prometheus_input_is_one_line(tmp_path):
 def test_time_lines_split_concatenated_scrapes():
     parts = split_scrapes("# 1747742400\na 1\n# scrape_time: 2025-05-20T12:00:10Z\na 2\n")
     assert [t for t, _ in parts] == [1747742400.0, 1747742410.0]
+
+
+def test_swap_sizing_from_v0_prometheus_gauges(tmp_path):
+    """V0 exports vllm:num_requests_swapped and vllm:cpu_cache_usage_perc: their peak sizes swap."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from capacity.evidence.logs_swap import size_swap_from_logs
+    from replay.config import EngineConfig
+    folder = tmp_path / "v0-server"
+    folder.mkdir()
+    reg = CollectorRegistry()
+    sw = Gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", ["model_name"], registry=reg)
+    cpu = Gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.", ["model_name"],
+                registry=reg)
+    for k, (n, u) in enumerate(((0, 0.0), (7, 0.42), (3, 0.1))):
+        sw.labels("m").set(n)
+        cpu.labels("m").set(u)
+        (folder / f"{T0 + 15 * k}.prom").write_text(generate_latest(reg).decode())
+    db = tmp_path / "ev.duckdb"
+    ingest_files([folder], db)
+    s = size_swap_from_logs(db, EngineConfig(model="llama-3.1-8b"), context_tokens=1000)
+    assert (s.peak_swapped_requests, s.evidence, s.peak_cpu_kv_usage) == (7, "prometheus", 0.42)
+    assert s.peak_source_file == "v0-server v0-server" and s.peak_at == "2025-05-20 12:00:15"
+    assert s.peak_swapped_blocks == 7 * 63            # ceil(1000 / 16) blocks each

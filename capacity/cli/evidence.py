@@ -126,9 +126,18 @@ def validate_cmd(
     source: Optional[str] = typer.Option(None, "--source", help="Server log file name (when several are loaded)."),
     engine: int = typer.Option(0, "--engine", help="Engine index (V1 data parallel)."),
     client: Optional[str] = typer.Option(None, "--client", help="Only these client results (file name)."),
+    prometheus: bool = typer.Option(False, "--prometheus", help="Compare with the Prometheus windows "
+                                    "(prom_windows) instead of the log's stats lines."),
+    server: Optional[str] = typer.Option(None, "--server", help="--prometheus: which server (when several)."),
+    rel_tol: float = typer.Option(0.25, "--rel-tol", help="--prometheus: a window parts ways beyond this "
+                                  "relative difference (and the metric's floor)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Compare a replay with the logged time series and client latencies; error per metric."""
+    """Compare a replay with the logged time series and client latencies, or with the Prometheus
+    series (--prometheus); error per metric, and where they part ways."""
+    if prometheus:
+        return _validate_prometheus(db, run, offset_s=offset_s, server=server, engine=str(engine),
+                                    rel_tol=rel_tol, as_json=as_json)
     from capacity.evidence.validate import validate
     v = validate(db, run, offset_s=offset_s, source=source, engine=engine, client=client)
     if as_json:
@@ -151,6 +160,29 @@ def validate_cmd(
     c.print(lt)
 
 
+def _validate_prometheus(db: Path, run: str, *, offset_s: float, server: Optional[str], engine: str,
+                         rel_tol: float, as_json: bool) -> None:
+    from capacity.evidence.promvalidate import compare_prometheus
+    if not rel_tol > 0:
+        raise CliError(f"--rel-tol: must be > 0, got {rel_tol:g}")
+    c = compare_prometheus(db, run, server=server, engine=engine, offset_s=offset_s, rel_tol=rel_tol)
+    if as_json:
+        emit_json(c.as_dict())
+        return
+    t = Table(title=f"replay {c.run_id} vs Prometheus {c.server} engine {c.engine or '-'} "
+                    f"({c.windows} windows of {c.window_s:g} s from {c.start})")
+    for col in ("metric", "n", "production mean", "replay mean", "MAE", "relative error", "bias"):
+        t.add_column(col)
+    for name, m in c.metrics.items():
+        t.add_row(name, str(m.n), _fmt(m.log_mean), _fmt(m.replay_mean), _fmt(m.mae),
+                  "-" if m.relative_error is None else f"{100 * m.relative_error:.1f} %", _fmt(m.bias))
+    out = Console()
+    out.print(t)
+    for d in c.divergences:
+        out.print(f"parts ways: {d.metric} over {d.windows} window(s) from {d.from_s:.0f} to {d.to_s:.0f} "
+                  f"(production {d.production_mean:.3g}, replay {d.replay_mean:.3g}, max |error| {d.max_abs_error:.3g})")
+
+
 def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optional[int],
                             headroom: float, as_json: bool) -> None:
     """`kvcap size-swap --from-logs` (called from capacity.cli.plan.size_swap_cmd)."""
@@ -162,7 +194,7 @@ def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optio
         emit_json(s.as_dict())
         return
     t = Table(title="swap-space sizing from production logs (per GPU)", show_header=False)
-    t.add_row("peak concurrently swapped (logged)",
+    t.add_row(f"peak concurrently swapped ({s.evidence})",
               f"{s.peak_swapped_requests} requests at {s.peak_at or '-'} ({s.peak_source_file or '-'})")
     t.add_row("KV per swapped request", f"{s.context_tokens:,} tokens ({s.context_source}) x "
               f"{s.kv_bytes_per_token:,} B/token ({s.model}, TP {s.tensor_parallel_size})")

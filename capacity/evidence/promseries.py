@@ -4,8 +4,11 @@ Windows are `[k * window_s, (k + 1) * window_s)` on the epoch clock, per series 
 metric, labels). A sample's increase is counted in the window it falls in:
 - counters: increase since the previous sample of the series; a decrease is a reset (the process
   restarted), after which the counter counted up from 0, so the increase is the new value (as
-  Prometheus' `increase()`). Stats `increase` and `rate_per_s` (= increase / window_s). A window
-  holding only a series' first sample has no increase (NULL), not 0.
+  Prometheus' `increase()`). Stats `increase` and `rate_per_s` (= increase / the seconds it covers).
+  A window holding only a series' first sample has no increase (NULL), not 0.
+What a window's values cover is exact: `from_s` .. `to_s` (epoch seconds), from the sample before
+its first one (counters, histograms; gauges: its first sample) to its last sample. Scrapes at
+aligned times cover the interval before the window start: comparisons use from_s / to_s.
 - gauges: `mean`, `max`, `last` of the samples in the window.
 - histograms: bucket increases (resets as for counters) -> `p50`, `p90`, `p99` by Prometheus'
   `histogram_quantile` (linear inside the bucket; the +Inf bucket answers the highest finite bound),
@@ -23,7 +26,8 @@ import polars as pl
 WINDOW_SCHEMA = {
     "source_file": pl.Utf8, "server": pl.Utf8, "metric": pl.Utf8, "type": pl.Utf8, "labels": pl.Utf8,
     "engine": pl.Utf8, "model_name": pl.Utf8, "window_start": pl.Datetime("us"), "window_start_s": pl.Float64,
-    "window_s": pl.Float64, "stat": pl.Utf8, "value": pl.Float64, "samples": pl.Int64,
+    "window_s": pl.Float64, "from_s": pl.Float64, "to_s": pl.Float64, "stat": pl.Utf8, "value": pl.Float64,
+    "samples": pl.Int64,
 }
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 SERIES = ["source_file", "server", "metric", "labels"]
@@ -35,7 +39,7 @@ def with_increments(df: pl.DataFrame) -> pl.DataFrame:
     key = [*SERIES, "part", "le"]
     d = pl.col("value").diff().over(key)
     return df.sort([*key, "epoch_s"], nulls_last=True).with_columns(
-        inc=pl.when(d < 0).then(pl.col("value")).otherwise(d))
+        inc=pl.when(d < 0).then(pl.col("value")).otherwise(d), prev_s=pl.col("epoch_s").shift(1).over(key))
 
 
 def windows(samples: pl.DataFrame, window_s: float) -> pl.DataFrame:
@@ -51,18 +55,22 @@ def windows(samples: pl.DataFrame, window_s: float) -> pl.DataFrame:
     if counters.height:
         c = counters.group_by(w).agg(
             increase=pl.when(pl.col("inc").is_not_null().any()).then(pl.col("inc").sum()),
-            samples=pl.len())
-        parts.append(c.unpivot(index=[*w, "samples"], on=["increase"], variable_name="stat"))
-        parts.append(c.select(*w, "samples", stat=pl.lit("rate_per_s"), value=pl.col("increase") / window_s))
+            samples=pl.len(), from_s=pl.col("prev_s").min(), to_s=pl.col("epoch_s").max())
+        parts.append(c.unpivot(index=[*w, "samples", "from_s", "to_s"], on=["increase"], variable_name="stat"))
+        parts.append(c.select(*w, "samples", "from_s", "to_s", stat=pl.lit("rate_per_s"),
+                              value=pl.col("increase") / (pl.col("to_s") - pl.col("from_s"))))
     gauges = df.filter(pl.col("type") == "gauge")
     if gauges.height:
         g = gauges.sort("epoch_s").group_by(w).agg(
-            mean=pl.col("value").mean(), max=pl.col("value").max(), last=pl.col("value").last(), samples=pl.len())
-        parts.append(g.unpivot(index=[*w, "samples"], on=["mean", "max", "last"], variable_name="stat"))
+            mean=pl.col("value").mean(), max=pl.col("value").max(), last=pl.col("value").last(), samples=pl.len(),
+            from_s=pl.col("epoch_s").min(), to_s=pl.col("epoch_s").max())
+        parts.append(g.unpivot(index=[*w, "samples", "from_s", "to_s"], on=["mean", "max", "last"],
+                               variable_name="stat"))
     hist = df.filter(pl.col("type") == "histogram")
     if hist.height:
         parts.append(_histogram_windows(hist, w))
-    out = pl.concat([p.select(*w, pl.col("samples").cast(pl.Int64), "stat", pl.col("value").cast(pl.Float64))
+    out = pl.concat([p.select(*w, pl.col("samples").cast(pl.Int64), pl.col("from_s").cast(pl.Float64),
+                              pl.col("to_s").cast(pl.Float64), "stat", pl.col("value").cast(pl.Float64))
                      for p in parts])
     out = out.with_columns(window_s=pl.lit(float(window_s)),
                            window_start=(pl.col("window_start_s") * 1e6).cast(pl.Int64).cast(pl.Datetime("us")))
@@ -72,27 +80,32 @@ def windows(samples: pl.DataFrame, window_s: float) -> pl.DataFrame:
 
 def _histogram_windows(hist: pl.DataFrame, w: list[str]) -> pl.DataFrame:
     buckets = (hist.filter(pl.col("part") == "bucket").group_by([*w, "le"])
-               .agg(inc=pl.col("inc").sum(), any_inc=pl.col("inc").is_not_null().any(), n=pl.len())
+               .agg(inc=pl.col("inc").sum(), any_inc=pl.col("inc").is_not_null().any(), n=pl.len(),
+                    from_s=pl.col("prev_s").min(), to_s=pl.col("epoch_s").max())
                .filter(pl.col("any_inc")).sort("le")
-               .group_by(w).agg(pl.col("le"), pl.col("inc"), n=pl.col("n").max()))
+               .group_by(w).agg(pl.col("le"), pl.col("inc"), n=pl.col("n").max(), from_s=pl.col("from_s").min(),
+                                to_s=pl.col("to_s").max()))
     rows = []
     for r in buckets.iter_rows(named=True):
         for stat, q in QUANTILES.items():
             rows.append({**{k: r[k] for k in w}, "stat": stat, "value": histogram_quantile(q, r["le"], r["inc"]),
-                         "samples": r["n"]})
+                         "samples": r["n"], "from_s": r["from_s"], "to_s": r["to_s"]})
     q = pl.DataFrame(rows, schema={**{k: hist.schema.get(k, pl.Float64) for k in w}, "stat": pl.Utf8,
-                                   "value": pl.Float64, "samples": pl.Int64}) if rows else None
+                                   "value": pl.Float64, "samples": pl.Int64, "from_s": pl.Float64,
+                                   "to_s": pl.Float64}) if rows else None
     sc = (hist.filter(pl.col("part").is_in(["sum", "count"])).group_by([*w, "part"])
-          .agg(inc=pl.when(pl.col("inc").is_not_null().any()).then(pl.col("inc").sum()), samples=pl.len())
-          .pivot(on="part", index=w, values=["inc", "samples"]))
+          .agg(inc=pl.when(pl.col("inc").is_not_null().any()).then(pl.col("inc").sum()), samples=pl.len(),
+               from_s=pl.col("prev_s").min(), to_s=pl.col("epoch_s").max())
+          .pivot(on="part", index=w, values=["inc", "samples", "from_s", "to_s"]))
     out = [] if q is None else [q]
     if sc.height and "inc_count" in sc.columns:
         mean = (pl.when(pl.col("inc_count") > 0).then(pl.col("inc_sum") / pl.col("inc_count"))
                 if "inc_sum" in sc.columns else pl.lit(None, dtype=pl.Float64))
-        out.append(sc.select(*w, stat=pl.lit("count"), value=pl.col("inc_count"), samples=pl.col("samples_count")))
-        out.append(sc.select(*w, stat=pl.lit("mean"), value=mean, samples=pl.col("samples_count")))
-    return pl.concat([o.select(*w, "stat", pl.col("value").cast(pl.Float64), pl.col("samples").cast(pl.Int64))
-                      for o in out])
+        span = dict(samples=pl.col("samples_count"), from_s=pl.col("from_s_count"), to_s=pl.col("to_s_count"))
+        out.append(sc.select(*w, stat=pl.lit("count"), value=pl.col("inc_count"), **span))
+        out.append(sc.select(*w, stat=pl.lit("mean"), value=mean, **span))
+    return pl.concat([o.select(*w, "stat", pl.col("value").cast(pl.Float64), pl.col("samples").cast(pl.Int64),
+                               pl.col("from_s").cast(pl.Float64), pl.col("to_s").cast(pl.Float64)) for o in out])
 
 
 def histogram_quantile(q: float, le: list[float], counts: list[float]) -> float | None:
