@@ -481,12 +481,13 @@ static int schedule(Core *c) {
             }
             int64_t victim;
             if (c->policy) {
-                /* The worst (priority, arrival); the first of equals in running order. */
+                /* The worst (priority, arrival, row): ties in arrival follow trace order. */
                 int64_t vi = 0;
                 for (int64_t j = 1; j < c->nrun; j++) {
                     int32_t x = c->running[j], y = c->running[vi];
-                    if (c->q.prio[x] > c->q.prio[y] ||
-                        (c->q.prio[x] == c->q.prio[y] && c->q.arrival[x] > c->q.arrival[y])) vi = j;
+                    if (c->q.prio[x] != c->q.prio[y] ? c->q.prio[x] > c->q.prio[y]
+                        : c->q.arrival[x] != c->q.arrival[y] ? c->q.arrival[x] > c->q.arrival[y]
+                        : x > y) vi = j;
                 }
                 victim = c->running[vi];
                 memmove(c->running + vi, c->running + vi + 1,

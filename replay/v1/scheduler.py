@@ -289,7 +289,9 @@ class V1Scheduler:
                                          "blocks despite its reservation")
                 if priority:
                     prio, arr = self._prio, self._arrival
-                    victim = max(running, key=lambda x: (prio[x], arr[x]))
+                    # Equal (priority, arrival): the later trace row, as vLLM's receipt
+                    # timestamps (distinct, in trace order) would rank them.
+                    victim = max(running, key=lambda x: (prio[x], arr[x], x))
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:
