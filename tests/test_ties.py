@@ -37,8 +37,6 @@ def test_tied_arrivals_decide_as_real_vllm_did_with_receipt_times(engine, name):
     sc, want = load(name)
     if any(r.get("arrival_time") is not None for r in sc["requests"]):
         pytest.skip("the scenario sets its own arrival times")
-    if sc.get("async_scheduling"):
-        pytest.skip("async scheduling: not modelled yet")
     build = make(engine)
     if engine == "v0":
         # V0's printed chunk includes the prefix hit taken in the step (test_v0_oracle).
