@@ -41,6 +41,7 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
            "v0_watermark": "V0's block-manager watermark", "kv_bytes_per_block": _BYTES},
     "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
            "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
+           "async_scheduling": "V1 knob (V0's async output processing is not modelled)",
            "kv_bytes_per_block": _BYTES},
 }
 

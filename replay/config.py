@@ -37,6 +37,9 @@ V1_API_SERVER_BATCH_DEFAULTS: dict[HardwareTier, tuple[int, int]] = {
 
 _FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark")
 
+# vLLM 0.33 turns async scheduling on when unset (VllmConfig; off under pipeline parallelism,
+# which kvcap does not model). kvcap's default until the async loop is the default here too.
+V1_ASYNC_SCHEDULING = False
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
@@ -68,6 +71,9 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     max_num_active_seqs: int | None = None
+    # V1: vLLM 0.33's `--async-scheduling/--no-async-scheduling` (AsyncScheduler: step k is
+    # scheduled before step k-1's output is applied). None = the version default.
+    async_scheduling: bool | None = None
     # Path of a cost-model profile (`kvcap calibrate`); carried for the executor, not read here.
     calibration: str | None = None
 
@@ -149,7 +155,8 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
     tp = c.tensor_parallel_size
     defaulted = {name for name in ("gpu_memory_utilization", "max_num_seqs",
                                    "max_num_batched_tokens", "max_model_len",
-                                   "enable_prefix_caching", "enable_chunked_prefill")
+                                   "enable_prefix_caching", "enable_chunked_prefill",
+                                   *(("async_scheduling",) if v1 else ()))
                  if getattr(c, name) is None}
     notes: list[str] = []
     if model.num_params_estimated:
@@ -164,6 +171,8 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
     if chunked is None:
         chunked = True if v1 else max_model_len > V0_AUTO_CHUNKED_ABOVE_LEN
     prefix = v1 if c.enable_prefix_caching is None else c.enable_prefix_caching
+    asynchronous = v1 and (V1_ASYNC_SCHEDULING if c.async_scheduling is None
+                           else c.async_scheduling)
     max_num_seqs, max_num_batched_tokens = _batch_limits(c, gpu, max_model_len, chunked, notes)
     _check_batch_limits(c, max_num_seqs, max_num_batched_tokens, max_model_len, chunked)
 
@@ -202,7 +211,8 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         preemption_mode=c.preemption_mode, on_swap_full=c.on_swap_full,
         long_prefill_token_threshold=c.long_prefill_token_threshold,
         scheduler_reserve_full_isl=c.scheduler_reserve_full_isl, watermark=c.watermark,
-        max_num_active_seqs=c.max_num_active_seqs, kv_bytes_per_block=per_block)
+        max_num_active_seqs=c.max_num_active_seqs, async_scheduling=asynchronous,
+        kv_bytes_per_block=per_block)
     return ResolvedEngine(
         config=c, spec=spec, model=model, gpu=gpu, gpu_memory_utilization=util,
         kv_bytes_per_token=per_token, kv_bytes_per_block=per_block, available_kv_bytes=available,
@@ -273,7 +283,7 @@ def _check_fields(c: EngineConfig) -> None:
     _choice("on_swap_full", c.on_swap_full, ("abort", "recompute"))
     _choice("scheduling_policy", c.scheduling_policy, ("fcfs", "priority"))
     _choice("kv_cache_dtype", c.kv_cache_dtype, memory.KV_CACHE_DTYPES)
-    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+    for name in ("enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
         if getattr(c, name) is not None and not isinstance(getattr(c, name), bool):
             raise ValueError(f"{name}: expected True, False or None (version default), "
                              f"got {getattr(c, name)!r}")
@@ -301,7 +311,8 @@ def _check_v0_only(c: EngineConfig) -> None:
     v1_knobs = {"long_prefill_token_threshold": c.long_prefill_token_threshold != 0,
                 "scheduler_reserve_full_isl": c.scheduler_reserve_full_isl is not True,
                 "watermark": c.watermark != 0.0,
-                "max_num_active_seqs": c.max_num_active_seqs is not None}
+                "max_num_active_seqs": c.max_num_active_seqs is not None,
+                "async_scheduling": bool(c.async_scheduling)}
     for name, changed in v1_knobs.items():
         if changed:
             raise ValueError(f"{name}: a V1 scheduler knob; V0 has none (its block watermark is "

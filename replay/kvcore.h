@@ -592,8 +592,9 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
         lp->preempted_at[r] = NAN;
         lp->last_tok[r] = end;
     }
-    for (int64_t j = 0; j < nfin; j++) q->finish[fin[j]] = end;
-    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in;
+    /* A request finishes with its last token (async: applied one step after it came). */
+    for (int64_t j = 0; j < nfin; j++) q->finish[fin[j]] = lp->last_tok[fin[j]];
+    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in || nfin;
     lp->idle_spins = progressed ? 0 : lp->idle_spins + 1;
     lp->t = end;
     lp->step++;

@@ -161,8 +161,10 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             preempted_at[sampled] = np.nan
             last_tok[sampled] = end
         if len(out.finished):
-            finish[out.finished] = end
-        progressed = len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
+            # A request finishes with its last token (async: applied one step after it came).
+            finish[out.finished] = last_tok[out.finished]
+        progressed = (len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
+                      or len(out.finished))
         idle_spins = 0 if progressed else idle_spins + 1
         t = end
         step += 1

@@ -168,5 +168,7 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         "config_json": cfg_json, "kvcap_version": KVCAP_VERSION, "num_steps": raw.num_steps,
         "kv_bytes_per_block": eng.kv_bytes_per_block, "abort_s": raw.abort_s,
         "abort_reason": raw.abort_reason, "implementation": raw.implementation,
+        # V1's engine loop (None on V0, which has one).
+        "async_scheduling": spec.async_scheduling if config.scheduler == "v1" else None,
     }
     return RunResult(run=run, **tables)

@@ -38,6 +38,9 @@ class SchedulerSpec:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     max_num_active_seqs: int | None = None
+    # V1 0.33 AsyncScheduler (oracle README §2, S13_async): step k is scheduled before step k-1's
+    # output is applied, so finishes and frees come one step late.
+    async_scheduling: bool = False
     # V0's block-manager watermark is hard-coded in vLLM (A2).
     v0_watermark: float = 0.01
     # Bytes of one KV block on one GPU (all layers, K and V); events report bytes from it.

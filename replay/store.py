@@ -27,7 +27,7 @@ SCHEMA = {
         preemption_mode VARCHAR, swap_space_gib DOUBLE, on_swap_full VARCHAR, executor VARCHAR,
         status VARCHAR, sim_seconds DOUBLE, wall_seconds DOUBLE, config_json VARCHAR,
         kvcap_version VARCHAR, num_steps BIGINT, kv_bytes_per_block BIGINT, abort_s DOUBLE,
-        abort_reason VARCHAR, implementation VARCHAR""",
+        abort_reason VARCHAR, implementation VARCHAR, async_scheduling BOOLEAN""",
     "requests": """run_id VARCHAR, request_id BIGINT, arrival_s DOUBLE, priority INTEGER,
         tenant VARCHAR, prompt_tokens INTEGER, output_tokens INTEGER, first_scheduled_s DOUBLE,
         first_token_s DOUBLE, finish_s DOUBLE, status VARCHAR, num_preemptions INTEGER,
@@ -130,11 +130,12 @@ def ensure_schema(con, path: str | Path = "the database") -> None:
     # Files written before runs.implementation ('compiled' | 'reference') existed gain it (NULL).
     con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS implementation VARCHAR")
     con.execute("ALTER TABLE events ADD COLUMN IF NOT EXISTS seq INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS async_scheduling BOOLEAN")
     check_schema(con, path)
 
 
 # Columns ensure_schema adds to older files (ALTER TABLE): a read-only reader does not require them.
-_ADDED_LATER = {"runs": ("implementation",), "events": ("seq",)}
+_ADDED_LATER = {"runs": ("implementation", "async_scheduling"), "events": ("seq",)}
 
 
 def check_schema(con, path: str | Path = "the database") -> None:

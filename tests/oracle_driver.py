@@ -57,6 +57,8 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
         policy=sc.get("policy", "fcfs"),
         preemption_mode="recompute" if (v1 or mode in (None, "null")) else mode,
         on_swap_full="abort",
+        # A scenario names its engine loop (the oracle's default is the synchronous one).
+        async_scheduling=v1 and bool(sc.get("async_scheduling", False)),
         **{k: sc[k] for k in ("long_prefill_token_threshold", "scheduler_reserve_full_isl",
                                "watermark", "max_num_active_seqs") if k in sc and v1})
     reqs = sc["requests"]

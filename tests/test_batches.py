@@ -26,9 +26,8 @@ ONE_SECOND_STEPS = CostModel(
                             interconnect_bytes_per_s=1e30, overhead_s=1.0))
 
 # Scenarios a trace replay cannot express: client aborts, arrival times that are not in file
-# order (S16b: the oracle overrides the tie-break times), the async loop (issue 16).
+# order (S16b: the oracle overrides the tie-break times).
 NOT_A_TRACE = {"S3": "client abort", "S8": "client abort", "S16b": "arrival_time out of file order",
-               "S13_async": "async scheduling",
                "S12_swap": "kvcap refuses V0 priority + swap, which crashes vLLM (D4)"}
 
 

@@ -166,3 +166,24 @@ def test_record_batches_stores_every_step_batch_and_a_rerun_without_drops_it(sma
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM batches").fetchone() == (0,)
     con.close()
+
+
+def test_async_scheduling_flag_is_recorded_and_says_which_loop(small_trace, tmp_path):
+    """`--async-scheduling/--no-async-scheduling` (V1): the runs table and the JSON name the loop
+    replayed; the async loop finishes every request too and, applying outputs a step late,
+    needs at least as many steps (blocks come back a step later)."""
+    db = tmp_path / "a.duckdb"
+    args = (small_trace, "--json", "--db", db, "--num-gpu-blocks-override", "600")
+    a = json.loads(kvcap("replay", *args, "--async-scheduling").stdout)
+    s = json.loads(kvcap("replay", *args, "--no-async-scheduling").stdout)
+    assert (a["scheduler_loop"], s["scheduler_loop"]) == ("async", "sync")
+    assert a["run_id"] != s["run_id"]
+    assert a["requests_finished"] == s["requests_finished"] == 300
+    assert a["steps"] >= s["steps"]
+    con = duckdb.connect(str(db), read_only=True)
+    rows = dict(con.execute("SELECT run_id, async_scheduling FROM runs").fetchall())
+    con.close()
+    assert rows == {a["run_id"]: True, s["run_id"]: False}
+    res = kvcap("replay", small_trace, "--scheduler", "v0", "--async-scheduling", "--db", db,
+                check=False)
+    assert res.returncode == 2 and "async_scheduling: a V1 scheduler knob" in res.stderr

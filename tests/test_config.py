@@ -39,7 +39,8 @@ def test_default_is_v1_llama_8b_on_h100():
     assert s.kv_bytes_per_block == r.kv_bytes_per_block == 2 * 2**20
     assert r.kv_bytes_per_token == 128 * 1024
     assert r.defaulted == {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                           "max_model_len", "enable_prefix_caching", "enable_chunked_prefill"}
+                           "max_model_len", "enable_prefix_caching", "enable_chunked_prefill",
+                           "async_scheduling"}
 
 
 @pytest.mark.parametrize("gpu, tokens, seqs", [
@@ -288,3 +289,15 @@ def test_engine_modules_import_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_async_scheduling_is_a_v1_knob_with_a_version_default():
+    from replay.config import V1_ASYNC_SCHEDULING
+    assert resolve(EngineConfig()).spec.async_scheduling is V1_ASYNC_SCHEDULING
+    assert resolve(EngineConfig(async_scheduling=True)).spec.async_scheduling is True
+    assert resolve(EngineConfig(async_scheduling=False)).spec.async_scheduling is False
+    assert resolve(EngineConfig(scheduler="v0")).spec.async_scheduling is False
+    with pytest.raises(ValueError, match="async_scheduling: a V1 scheduler knob"):
+        EngineConfig(scheduler="v0", async_scheduling=True)
+    with pytest.raises(ValueError, match="async_scheduling: expected True, False or None"):
+        EngineConfig(async_scheduling="yes")

@@ -85,6 +85,13 @@ def test_index_has_every_section_and_the_flags(report):
                                       ["charts"])
 
 
+def test_baseline_says_which_engine_and_loop_it_replayed(report, inputs):
+    from capacity.report.render import engine_words
+    words = engine_words(inputs["run"].run)
+    assert words.startswith("vLLM V1 (0.33), ") and "scheduling" in words
+    assert words in report.read_text()
+
+
 def test_text_is_escaped(report):
     html = report.read_text()
     assert "<h2>Extra &lt;analysis&gt;</h2>" in html

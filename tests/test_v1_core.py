@@ -44,6 +44,7 @@ def core_specs(draw):
               scheduler_reserve_full_isl=draw(st.booleans()),
               watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
               max_num_active_seqs=draw(st.sampled_from([None, None, 2])),
+              async_scheduling=draw(st.booleans()),
               max_num_batched_tokens=draw(st.sampled_from([64, 24, 9] if chunked else [64])))
     return tiny_spec(**kw)
 

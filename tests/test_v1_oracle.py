@@ -1,4 +1,5 @@
-"""Parity with real vLLM 0.33 V1: every oracle scenario S13-S20 (../shared/oracle/expected),
+"""Parity with real vLLM 0.33 V1: every oracle scenario S13-S20 (../shared/oracle/expected; each
+names its loop, S13_async the 0.33 AsyncScheduler's),
 driven the way oracle.py drives vLLM, must match step for step, on both implementations: the
 Python reference scheduler and the compiled core stepped through the same contract
 (`replay.compiled.StepCore`, token-id prefix keys precomputed and handed to C)."""
@@ -18,9 +19,6 @@ IMPLEMENTATIONS = {"reference": V1Scheduler,
 @pytest.mark.parametrize("name", V1_SCENARIOS)
 def test_v1_matches_real_vllm(name: str, impl: str) -> None:
     sc, want = load(name)
-    if sc.get("async_scheduling"):
-        pytest.skip("async scheduling (0.33's lag-1 engine loop) is not modelled: kvcap replays "
-                    "the synchronous loop (reference G, oracle README D6)")
     got = drive(IMPLEMENTATIONS[impl], sc, "v1")
     diffs = compare(got, want, "v1")
     assert not diffs, "\n".join(diffs[:20])

@@ -172,3 +172,31 @@ def test_S20_off_does_not_jump_ahead():
     assert batch(s[1]) == [("0", 800, "new")]
     assert s[1]["waiting"] == ["1", "2", "3"]
     assert batch(s[2]) == [("0", 1, "running"), ("1", 800, "new"), ("2", 10, "new")]
+
+
+def test_S13_async_finishes_and_frees_a_step_late():
+    """S13_async (0.33's AsyncScheduler, lag 1): the same preemption as S13 at step 2, but R0's
+    last token (sampled at step 3) is applied at step 4, a step that schedules nothing because R0
+    needs no more work and R1 cannot fit until R0's blocks are freed; R1 resumes at step 5."""
+    lines, _ = run("S13_async")
+    assert lines[2]["preempted"] == [["R1", "recompute"]]
+    assert batch(lines[3]) == [("R0", 1, "running")] and lines[3]["finished"] == []
+    assert lines[4]["scheduled"] == [] and lines[4]["finished"] == ["R0"]
+    assert lines[4]["free_gpu"] == 4 and lines[4]["free_gpu_end"] == 10
+    assert batch(lines[5]) == [("R1", 81, "resumed")]
+    assert lines[7]["scheduled"] == [] and lines[7]["finished"] == ["R1"]
+
+
+def test_async_loop_is_the_sync_one_shifted_for_a_lone_request():
+    """One request alone: the same batches and token steps; async adds one empty step at the end
+    (its last token is applied then), so it finishes one step later in steps, not in tokens."""
+    sync, _ = run("S15", requests=[{"id": "A", "arrival_step": 1, "prompt_tokens": 30,
+                                    "output_tokens": 4}], max_num_batched_tokens=64)
+    asy, _ = run("S15", requests=[{"id": "A", "arrival_step": 1, "prompt_tokens": 30,
+                                   "output_tokens": 4}], max_num_batched_tokens=64,
+                 async_scheduling=True)
+    assert len(asy) == len(sync) + 1
+    assert [batch(sync[s]) for s in sync] == [batch(asy[s]) for s in sync]
+    last = max(asy)
+    assert asy[last]["scheduled"] == [] and asy[last]["finished"] == ["A"]
+    assert sync[max(sync)]["finished"] == ["A"]

@@ -32,7 +32,9 @@ def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
         out += ["--preemption-mode", config.preemption_mode]
         if config.preemption_mode == "swap":
             out += ["--swap-space", f"{config.swap_space:g}"]
-    elif config.preemption_mode == "swap":
+    else:
+        out.append("--async-scheduling" if spec.async_scheduling else "--no-async-scheduling")
+    if config.scheduler == "v1" and config.preemption_mode == "swap":
         # V1's host tier is sized in total over the TP group (reference B8).
         out += ["--kv-offloading-size", f"{config.swap_space * config.tensor_parallel_size:g}",
                 "--kv-offloading-backend", KV_OFFLOADING_BACKEND]
@@ -47,7 +49,9 @@ _VALUED = {"--max-num-seqs": ("max_num_seqs", int),
 _SWITCHES = {"--enable-prefix-caching": ("enable_prefix_caching", True),
              "--no-enable-prefix-caching": ("enable_prefix_caching", False),
              "--enable-chunked-prefill": ("enable_chunked_prefill", True),
-             "--no-enable-chunked-prefill": ("enable_chunked_prefill", False)}
+             "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
+             "--async-scheduling": ("async_scheduling", True),
+             "--no-async-scheduling": ("async_scheduling", False)}
 
 
 def apply_flags(base: EngineConfig, flags: list[str] | tuple[str, ...]) -> EngineConfig:

@@ -84,6 +84,9 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
     ttft = fin["ttft_s"].to_numpy()
     res = {
         "run_id": run["run_id"], "status": run["status"],
+        # Which engine loop was replayed: "async" / "sync" (V1), "sync" (V0).
+        "scheduler": run["scheduler"],
+        "scheduler_loop": "async" if run.get("async_scheduling") else "sync",
         "requests": req.height,
         "requests_finished": fin.height,
         "requests_rejected": int((req["status"] == "rejected").sum()),

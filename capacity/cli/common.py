@@ -184,6 +184,7 @@ ENGINE_FLAGS: dict[str, tuple] = {
     "enable_prefix_caching": (Optional[bool], typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching")),
     "enable_chunked_prefill": (Optional[bool], typer.Option(None, "--enable-chunked-prefill/--no-enable-chunked-prefill")),
     "kv_cache_dtype": (str, typer.Option("auto", "--kv-cache-dtype", help="auto | fp8.")),
+    "async_scheduling": (Optional[bool], typer.Option(None, "--async-scheduling/--no-async-scheduling", help="V1: 0.33's async scheduler (step k scheduled before step k-1's output is applied).")),
     "num_gpu_blocks_override": (Optional[int], typer.Option(None, "--num-gpu-blocks-override")),
     "num_cpu_blocks_override": (Optional[int], typer.Option(None, "--num-cpu-blocks-override")),
     # vLLM V1's spelling of the host tier (total over the TP group): the flags kvcap recommends.

@@ -209,7 +209,16 @@ def workload_section(trace_summary: dict) -> Section:
 
 CONFIG_KEYS = ("scheduler", "model", "gpu", "tp", "block_size", "num_gpu_blocks",
                "num_cpu_blocks", "max_num_seqs", "max_num_batched_tokens", "preemption_mode",
-               "swap_space_gib", "on_swap_full", "executor")
+               "swap_space_gib", "on_swap_full", "async_scheduling", "executor")
+
+
+def engine_words(r: dict) -> str:
+    """Which engine and loop a run replayed, in words."""
+    if r.get("scheduler") == "v0":
+        return "vLLM V0 (0.10.1.1), synchronous engine loop"
+    loop = ("async scheduling (0.33's default loop)" if r.get("async_scheduling")
+            else "synchronous scheduling (--no-async-scheduling)")
+    return f"vLLM V1 (0.33), {loop}"
 
 
 def baseline_metric_rows(s: dict) -> list[list]:
@@ -239,7 +248,7 @@ def baseline_section(run: RunResult, s: dict) -> Section:
     r = run.run
     cfg = [[k, r.get(k)] for k in CONFIG_KEYS if k in r]
     body = (text(f"Run `{run.run_id}`{' — ' + r['label'] if r.get('label') else ''}: the trace "
-                 f"replayed once under the configuration below.")
+                 f"replayed once on {engine_words(r)}, under the configuration below.")
             + '<div class="cols">' + table(cfg, ["engine", "value"])
             + table(baseline_metric_rows(s), ["metric", "value"]) + "</div>")
     sim = r["sim_seconds"]

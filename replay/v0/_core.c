@@ -653,9 +653,10 @@ static void num_new_tokens(Core *c, int64_t row, int chunking, int swapped, int6
 }
 
 static inline int key_gt(const Core *c, int64_t a, int64_t b) {
-    /* (priority, arrival_s) of a > that of b */
+    /* (priority, arrival_s, row) of a > that of b: ties in arrival follow trace order */
     if (c->q.prio[a] != c->q.prio[b]) return c->q.prio[a] > c->q.prio[b];
-    return c->q.arrival[a] > c->q.arrival[b];
+    if (c->q.arrival[a] != c->q.arrival[b]) return c->q.arrival[a] > c->q.arrival[b];
+    return a > b;
 }
 
 /* sorted(q, key=_priority_key): stable insertion sort (the queues stay nearly sorted). */

@@ -174,8 +174,9 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
             remaining = min(remaining, slot) // b * b
         return min(num_tokens, remaining, slot)
 
-    def _priority_key(self, row: int) -> tuple[int, float]:
-        return int(self.state.priority[row]), float(self.state.arrival_s[row])
+    def _priority_key(self, row: int) -> tuple[int, float, int]:
+        # Equal arrival times follow trace order (vLLM stamps distinct receipt times).
+        return int(self.state.priority[row]), float(self.state.arrival_s[row]), row
 
     def _release_reservation(self, row: int) -> None:
         if self.spec.preemption_mode == "none" and row in self.bm.tables:

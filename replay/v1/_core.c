@@ -94,8 +94,11 @@ typedef struct {
     Views views;          /* 17 request arrays + 3 key arrays */
     /* Spec. */
     int64_t bs, num_blocks, max_active, max_batched, L, thr_knob, watermark_blocks;
-    int chunked, caching, reserve_full_isl, mode, policy;
+    int chunked, caching, reserve_full_isl, mode, policy, async_sched;
     int64_t num_cpu;
+    /* Async scheduling (scheduler.py): placeholders per row; rows that sampled in the step in
+     * flight (fl) and in this one (fl_next). */
+    int64_t *ph; int32_t *fl, *fl_next; int64_t nfl;
     /* Block pool. */
     Blk *blk;          /* index num_blocks is the free queue's sentinel */
     int64_t num_free;
@@ -461,6 +464,8 @@ static int schedule(Core *c) {
     while (i < c->nrun && budget > 0) {
         int64_t r = c->running[i];
         int64_t cc = c->q.num_computed[r], nt = c->q.prompt[r] + c->q.num_output[r];
+        if (c->async_sched && c->ph[r] > 0 &&
+            cc + 2 - c->ph[r] >= c->q.prompt[r] + c->q.out_len[r]) { i++; continue; }
         int64_t n = nt - cc;
         if (0 < thr && thr < n) n = thr;
         n = min64(min64(n, budget), L - cc - 1);
@@ -481,12 +486,13 @@ static int schedule(Core *c) {
             }
             int64_t victim;
             if (c->policy) {
-                /* The worst (priority, arrival); the first of equals in running order. */
+                /* The worst (priority, arrival, row): ties in arrival follow trace order. */
                 int64_t vi = 0;
                 for (int64_t j = 1; j < c->nrun; j++) {
                     int32_t x = c->running[j], y = c->running[vi];
-                    if (c->q.prio[x] > c->q.prio[y] ||
-                        (c->q.prio[x] == c->q.prio[y] && c->q.arrival[x] > c->q.arrival[y])) vi = j;
+                    if (c->q.prio[x] != c->q.prio[y] ? c->q.prio[x] > c->q.prio[y]
+                        : c->q.arrival[x] != c->q.arrival[y] ? c->q.arrival[x] > c->q.arrival[y]
+                        : x > y) vi = j;
                 }
                 victim = c->running[vi];
                 memmove(c->running + vi, c->running + vi + 1,
@@ -605,22 +611,51 @@ static int has_unfinished(const void *core) {
 }
 
 /* update(): one token for every row whose chunk reached the end of its known tokens; finish at
- * output_len or max_model_len; free the finished in batch order. */
-static void update(Core *c) {
+ * output_len or max_model_len; free the finished in batch order. Async: this step's tokens are
+ * placeholders and the stop checks apply the previous step's (scheduler.py). -1 on error. */
+static int update(Core *c) {
     c->nfin = 0;
+    int64_t ng = 0;
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
         c->s_sampled[j] = c->q.num_computed[r] >= c->q.prompt[r] + c->q.num_output[r];
         if (!c->s_sampled[j]) continue;
         int64_t out = ++c->q.num_output[r];
         c->prefilling[r] = 0;
+        if (c->async_sched) { c->ph[r]++; c->fl_next[ng++] = (int32_t)r; continue; }
         if (out >= c->q.out_len[r] || c->q.prompt[r] + out >= c->L) c->fin[c->nfin++] = (int32_t)r;
     }
-    for (int64_t j = 0; j < c->nfin; j++) {
-        kv_free(c, c->fin[j]);
-        c->q.status[c->fin[j]] = ST_FINISHED;
+    if (c->async_sched) {
+        /* This step's tokens are placeholders; the previous step's output is applied now. */
+        for (int64_t k = 0; k < c->nfl; k++) {
+            int32_t r = c->fl[k];
+            int64_t out = c->q.num_output[r] - --c->ph[r];
+            if (out >= c->q.out_len[r] || c->q.prompt[r] + out >= c->L) {
+                if (c->ph[r]) {
+                    PyErr_SetString(PyExc_AssertionError, "async scheduling: a request was "
+                                    "scheduled again after its last token");
+                    return -1;
+                }
+                c->fin[c->nfin++] = r;
+            }
+        }
+        int32_t *t = c->fl; c->fl = c->fl_next; c->fl_next = t;
+        c->nfl = ng;
     }
-    if (c->nfin) {
+    int any_running = 0;
+    for (int64_t j = 0; j < c->nfin; j++) {
+        int32_t r = c->fin[j];
+        if (c->q.status[r] == ST_RUNNING) {
+            kv_free(c, r);
+            any_running = 1;
+        } else {
+            /* Preempted while its last token was in flight (vLLM: stopped_preempted_reqs). */
+            wq_remove(c, r);
+            unswap(c, r);
+        }
+        c->q.status[r] = ST_FINISHED;
+    }
+    if (any_running) {
         int64_t w = 0;
         for (int64_t j = 0; j < c->nrun; j++) {
             int32_t r = c->running[j];
@@ -628,6 +663,7 @@ static void update(Core *c) {
         }
         c->nrun = w;
     }
+    return 0;
 }
 
 /* One engine step: schedule(), the executor's duration, update() (replay/loop.py's step;
@@ -652,7 +688,7 @@ static int one_step(void *core) {
         .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)c->wq_len,
         .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
         .num_decode_tokens = sums.num_decode};
-    update(c);
+    if (update(c) < 0) return -1;
     row.gpu_blocks_used = c->num_blocks - 1 - c->num_free;
     row.cpu_blocks_used = c->host_used;
     return loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin, c->nfin);
@@ -668,7 +704,7 @@ static void core_free(Core *c) {
     loop_free(&c->lp);
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
-                  c->arrived, c->prefilling, c->promised, c->fin,
+                  c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, 
                   c->hmap.slots, c->hkey, c->hprev, c->hnext, c->swapped, c->pre_mode, c->pre_fallback, c->si_rows, c->si_blocks};
@@ -693,7 +729,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     /* replay.spec.SchedulerSpec by field name (replay/v1/scheduler.py's reads, same rules). */
     int64_t bs, nb, ms, ma, mb, L, thr, ncpu;
     double wm;
-    int ch, ca, rf, mode, policy;
+    int ch, ca, rf, asy, mode, policy;
     if (spec_int(spec, "block_size", &bs) || spec_int(spec, "num_gpu_blocks", &nb) ||
         spec_int(spec, "num_cpu_blocks", &ncpu) || spec_int(spec, "max_num_seqs", &ms) ||
         /* max_num_active_seqs: None means max_num_seqs (B7). */
@@ -704,6 +740,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_bool(spec, "enable_chunked_prefill", &ch) ||
         spec_bool(spec, "enable_prefix_caching", &ca) ||
         spec_bool(spec, "scheduler_reserve_full_isl", &rf) ||
+        spec_bool(spec, "async_scheduling", &asy) ||
         spec_choice(spec, "preemption_mode", MODE_NAMES, &mode) ||
         spec_choice(spec, "policy", POLICY_NAMES, &policy)) goto fail;
     c->policy = policy;
@@ -711,7 +748,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
     /* vLLM: int(watermark * num_blocks), null block included (C truncates as int() does). */
     c->thr_knob = thr; c->watermark_blocks = (int64_t)(wm * (double)nb); c->chunked = ch;
-    c->caching = ca; c->reserve_full_isl = rf; c->mode = mode;
+    c->caching = ca; c->reserve_full_isl = rf; c->mode = mode; c->async_sched = asy;
     if (cost_parse(cost, &c->cost) < 0) goto fail;
     if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
@@ -729,6 +766,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->arrived, n, int32_t); CALLOC(c->prefilling, n, uint8_t);
     CALLOC(c->promised, n, int64_t);
     CALLOC(c->fin, n, int32_t);
+    CALLOC(c->ph, n, int64_t); CALLOC(c->fl, n, int32_t); CALLOC(c->fl_next, n, int32_t);
     if (loop_init(&c->lp, &c->q) < 0) { PyErr_NoMemory(); goto fail; }
     CALLOC(c->s_rows, n, int32_t); CALLOC(c->s_new, n, int64_t);
     CALLOC(c->s_before, n, int64_t); CALLOC(c->s_prefill, n, uint8_t);
@@ -865,7 +903,7 @@ static PyObject *core_update(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
     Core *c = core_of(cap);
     if (!c) return NULL;
-    update(c);
+    if (update(c) < 0) return NULL;
     return Py_BuildValue("(NN)", bytes_of(c->s_sampled, c->ns, 1), bytes_of(c->fin, c->nfin, 4));
 }
 

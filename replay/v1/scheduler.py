@@ -61,6 +61,13 @@ class V1Scheduler:
         self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
         self._last_rows = np.zeros(0, _I64)
         self._admitted: dict[int, int] = {}
+        # Async scheduling (0.33 AsyncScheduler, lag 1): a token sampled by the step in flight
+        # counts in state.num_output at once (vLLM schedules on num_tokens +
+        # num_output_placeholders) and stays a placeholder until the next update() applies it;
+        # the stop checks and frees run then, one step late.
+        self.async_scheduling = spec.async_scheduling
+        self.placeholders = np.zeros(state.n, _I64)
+        self._in_flight = np.zeros(0, _I64)    # rows that sampled in the step in flight
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
@@ -85,6 +92,7 @@ class V1Scheduler:
             self._swapped.discard(row)
         else:
             return
+        self._in_flight = self._in_flight[self._in_flight != row]
         self.state.status[row] = Status.ABORTED
 
     @property
@@ -269,9 +277,14 @@ class V1Scheduler:
         running, prompt = self.running, self._prompt
         num_computed, num_output = st.num_computed, st.num_output
         priority = self.spec.policy == "priority"
+        ph, out_len = self.placeholders, self._out_len
         while i < len(running) and budget > 0:
             r = running[i]
             c = int(num_computed[r])
+            if self.async_scheduling and ph[r] > 0 and c + 2 - int(ph[r]) >= prompt[r] + out_len[r]:
+                # 0.33 AsyncScheduler: the step in flight already samples its last token.
+                i += 1
+                continue
             nt = prompt[r] + int(num_output[r])
             n = nt - c
             if 0 < thr < n:
@@ -289,7 +302,9 @@ class V1Scheduler:
                                          "blocks despite its reservation")
                 if priority:
                     prio, arr = self._prio, self._arrival
-                    victim = max(running, key=lambda x: (prio[x], arr[x]))
+                    # Equal (priority, arrival): the later trace row, as vLLM's receipt
+                    # timestamps (distinct, in trace order) would rank them.
+                    victim = max(running, key=lambda x: (prio[x], arr[x], x))
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:
@@ -357,7 +372,9 @@ class V1Scheduler:
 
     def update(self, plan: StepPlan) -> StepOutput:
         """One sampled token for every scheduled request whose chunk reached the end of its known
-        tokens; finish at output_len or max_model_len; free finished requests in batch order."""
+        tokens; finish at output_len or max_model_len; free finished requests in batch order.
+        Async: the stop checks and frees apply the previous step's tokens (`finished` are rows
+        whose last token that step sampled)."""
         st = self.state
         rows = plan.rows
         sampled = st.num_computed[rows] >= st.prompt_len[rows] + st.num_output[rows]
@@ -366,14 +383,30 @@ class V1Scheduler:
         self.prefilling[got] = False
         if self._prefill_rows:
             self._prefill_rows.difference_update(got.tolist())
-        out = st.num_output[got]
-        done = (out >= st.output_len[got]) | (st.prompt_len[got] + out >= self.spec.max_model_len)
-        finished = got[done]
+        applied = got
+        if self.async_scheduling:
+            # This step's tokens are placeholders; the previous step's output is applied now.
+            self.placeholders[got] += 1
+            applied, self._in_flight = self._in_flight, got
+            self.placeholders[applied] -= 1
+        out = st.num_output[applied] - self.placeholders[applied]
+        done = (out >= st.output_len[applied]) | (st.prompt_len[applied] + out >= self.spec.max_model_len)
+        finished = applied[done]
         if finished.size:
             fin = finished.tolist()
+            if self.async_scheduling and np.isin(finished, got).any():
+                raise AssertionError("async scheduling: a request was scheduled again after "
+                                     "its last token")
+            running = []
             for r in fin:
-                self._release(r)
+                if st.status[r] == Status.RUNNING:
+                    self._release(r)
+                    running.append(r)
+                else:
+                    # Preempted while its last token was in flight (vLLM: stopped_preempted_reqs).
+                    self.waiting.remove(r)
+                    self._swapped.discard(r)
             st.status[finished] = Status.FINISHED
-            gone = set(fin)
+            gone = set(running)
             self.running = [r for r in self.running if r not in gone]
         return StepOutput(sampled=sampled, finished=finished)
