@@ -162,3 +162,10 @@ def test_report_section_and_chart(setup, tmp_path):
                          stability=stability(run.tables()), extra_sections=[sec])
     assert "Replay vs. production (Prometheus)" in index.read_text()
     assert (tmp_path / "evidence-prometheus.png").stat().st_size > 1000
+
+
+def test_report_evidence_db_must_exist(tmp_path):
+    res = subprocess.run([KVCAP, "report", "-o", str(tmp_path / "r"), "--evidence-db", str(tmp_path / "no.duckdb")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "--evidence-db" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

@@ -67,7 +67,8 @@ class ProductionComparison:
     engine: str | None
     offset_s: float
     window_s: float
-    start: str               # production time of replay t=0 - offset_s
+    start: str               # production time of replay t=0 - offset_s (the server's first sample)
+    start_s: float           # the same, epoch seconds
     windows: int
     metrics: dict[str, MetricError]
     divergences: list[Divergence]
@@ -169,7 +170,7 @@ def compare_run(run_t: dict[str, pl.DataFrame], evidence_db: Path, *, server: st
     s = pl.concat(series)
     start = datetime.fromtimestamp(t0 - offset_s, tz=timezone.utc).replace(tzinfo=None)
     return ProductionComparison(run_id=run_id, db=str(db), server=server, engine=engine, offset_s=offset_s,
-                                window_s=float(win["window_s"][0]), start=str(start),
+                                window_s=float(win["window_s"][0]), start=str(start), start_s=t0 - offset_s,
                                 windows=int(s.filter(pl.col("metric") == s["metric"][0]).height),
                                 metrics=metrics, divergences=divergences(s), series=s)
 
