@@ -164,3 +164,13 @@ def test_swap_sizing_from_v0_prometheus_gauges(tmp_path):
     assert (s.peak_swapped_requests, s.evidence, s.peak_cpu_kv_usage) == (7, "prometheus", 0.42)
     assert s.peak_source_file == "v0-server v0-server" and s.peak_at == "2025-05-20 12:00:15"
     assert s.peak_swapped_blocks == 7 * 63            # ceil(1000 / 16) blocks each
+
+
+def test_a_bad_file_in_a_scrape_folder_is_named(tmp_path):
+    folder = tmp_path / "srv"
+    folder.mkdir()
+    (folder / f"{T0}.prom").write_text((FOLDER / f"{T0}.prom").read_text())
+    (folder / "notes.txt").write_text("INFO 05-20 12:00:00 metrics.py:1] not a scrape\n")
+    from capacity.evidence.promparse import parse_scrape_folder
+    with pytest.raises(PromFormatError, match=r"srv/notes.txt, scrape 1"):
+        parse_scrape_folder(folder, source="srv")

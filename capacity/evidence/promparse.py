@@ -155,8 +155,11 @@ def parse_scrape_folder(folder: Path, *, source: str) -> pl.DataFrame:
         raise PromFormatError(f"{folder}: an empty folder (expected one /metrics scrape per file)")
     rows: list[tuple] = []
     for p in files:
-        rows += parse_exposition(p.read_text(errors="replace"), source=source, server=Path(folder).name,
-                                 default_time=_name_time(p.name))
+        try:
+            rows += parse_exposition(p.read_text(errors="replace"), source=source, server=Path(folder).name,
+                                     default_time=_name_time(p.name))
+        except PromFormatError as e:      # name the file inside the folder
+            raise PromFormatError(str(e).replace(f"{source}, ", f"{source}/{p.name}, ", 1)) from None
     return _frame(rows)
 
 
