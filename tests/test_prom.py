@@ -174,3 +174,16 @@ def test_a_bad_file_in_a_scrape_folder_is_named(tmp_path):
     from capacity.evidence.promparse import parse_scrape_folder
     with pytest.raises(PromFormatError, match=r"srv/notes.txt, scrape 1"):
         parse_scrape_folder(folder, source="srv")
+
+
+def test_openmetrics_scrape_with_second_timestamps(tmp_path):
+    f = tmp_path / "om.txt"
+    f.write_text("# TYPE vllm:num_preemptions counter\n"
+                 'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0 1747742400.5\n'
+                 'vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9 1747742400.5\n'
+                 "# TYPE vllm:num_requests_running gauge\n"
+                 'vllm:num_requests_running{engine="0",model_name="m"} 4 1747742400.5\n# EOF\n')
+    df = parse_scrape_file(f, source="om.txt")
+    assert df.select("metric", "type", "epoch_s", "value").rows() == [
+        ("vllm:num_preemptions_total", "counter", 1747742400.5, 3.0),
+        ("vllm:num_requests_running", "gauge", 1747742400.5, 4.0)]
