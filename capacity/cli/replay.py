@@ -14,7 +14,8 @@ err = Console(stderr=True)
 
 
 def replay_with_progress(trace, engine, *, executor: str, reference: bool, label: str | None,
-                         trace_name: str, quiet: bool, stub_options: dict | None = None):
+                         trace_name: str, quiet: bool, stub_options: dict | None = None,
+                         record_batches: bool = False):
     """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -23,7 +24,8 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
     if quiet:
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
-                      trace_name=trace_name, stub_options=stub_options)
+                      trace_name=trace_name, stub_options=stub_options,
+                      record_batches=record_batches)
     with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.fields[sim]}"),
                   TextColumn("{task.fields[reqs]}"), TimeElapsedColumn(), console=err,
                   transient=True) as prog:
@@ -35,7 +37,8 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
 
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
-                      trace_name=trace_name, on_progress=on_progress, stub_options=stub_options)
+                      trace_name=trace_name, on_progress=on_progress, stub_options=stub_options,
+                      record_batches=record_batches)
 
 
 def summary_table(s: dict, db: str) -> Table:
@@ -75,6 +78,7 @@ def replay_cmd(
     stub_shape: Optional[str] = typer.Option(None, "--stub-shape", help="Stub model: full | tiny (default: full on CUDA, tiny on CPU)."),
     timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    record_batches: bool = typer.Option(False, "--record-batches", help="Also store table `batches`: every request in every step's batch with its new and computed tokens (one row per scheduled request per step)."),
     from_logs: Optional[Path] = typer.Option(None, "--from-logs", help="DuckDB of `kvcap logs`: take the GPU "
                                              "(and CPU) block counts its server log states."),
     log_source: Optional[str] = typer.Option(None, "--log-source", help="With --from-logs: which log."),
@@ -98,7 +102,7 @@ def replay_cmd(
     stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None
     result = replay_with_progress(trace, engine, executor=executor, reference=reference,
                                   label=label, trace_name=file.name, quiet=as_json,
-                                  stub_options=stub_options)
+                                  stub_options=stub_options, record_batches=record_batches)
     tables = result.tables()
     write_run(db, tables)
     s = summary(tables)
