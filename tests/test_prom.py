@@ -164,3 +164,26 @@ def test_swap_sizing_from_v0_prometheus_gauges(tmp_path):
     assert (s.peak_swapped_requests, s.evidence, s.peak_cpu_kv_usage) == (7, "prometheus", 0.42)
     assert s.peak_source_file == "v0-server v0-server" and s.peak_at == "2025-05-20 12:00:15"
     assert s.peak_swapped_blocks == 7 * 63            # ceil(1000 / 16) blocks each
+
+
+def test_a_bad_file_in_a_scrape_folder_is_named(tmp_path):
+    folder = tmp_path / "srv"
+    folder.mkdir()
+    (folder / f"{T0}.prom").write_text((FOLDER / f"{T0}.prom").read_text())
+    (folder / "notes.txt").write_text("INFO 05-20 12:00:00 metrics.py:1] not a scrape\n")
+    from capacity.evidence.promparse import parse_scrape_folder
+    with pytest.raises(PromFormatError, match=r"srv/notes.txt, scrape 1"):
+        parse_scrape_folder(folder, source="srv")
+
+
+def test_openmetrics_scrape_with_second_timestamps(tmp_path):
+    f = tmp_path / "om.txt"
+    f.write_text("# TYPE vllm:num_preemptions counter\n"
+                 'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0 1747742400.5\n'
+                 'vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9 1747742400.5\n'
+                 "# TYPE vllm:num_requests_running gauge\n"
+                 'vllm:num_requests_running{engine="0",model_name="m"} 4 1747742400.5\n# EOF\n')
+    df = parse_scrape_file(f, source="om.txt")
+    assert df.select("metric", "type", "epoch_s", "value").rows() == [
+        ("vllm:num_preemptions_total", "counter", 1747742400.5, 3.0),
+        ("vllm:num_requests_running", "gauge", 1747742400.5, 4.0)]

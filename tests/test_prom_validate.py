@@ -38,7 +38,8 @@ def render_scrapes(run, folder: Path, *, every_s=10.0, lead_s=0.0, extra_preempt
     g = {n: Gauge(n, n, lab, registry=reg) for n in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                                                     "vllm:kv_cache_usage_perc")}
     c = {n: Counter(n, n, lab, registry=reg) for n in ("vllm:num_preemptions", "vllm:prompt_tokens",
-                                                      "vllm:generation_tokens")}
+                                                      "vllm:generation_tokens", "vllm:kv_offload_store_bytes",
+                                                      "vllm:kv_offload_load_bytes")}
     ttft_h = Histogram("vllm:time_to_first_token_seconds", "ttft", lab, buckets=TTFT_BUCKETS, registry=reg)
     itl_h = Histogram("vllm:inter_token_latency_seconds", "itl", lab, buckets=ITL_BUCKETS, registry=reg)
     steps = run.steps.sort("start_s")
@@ -60,6 +61,9 @@ def render_scrapes(run, folder: Path, *, every_s=10.0, lead_s=0.0, extra_preempt
         done = (end > prev) & (end <= t)
         c["vllm:prompt_tokens"].labels(m, e).inc(int(steps["num_prefill_tokens"].to_numpy()[done].sum()))
         c["vllm:generation_tokens"].labels(m, e).inc(int(steps["num_decode_tokens"].to_numpy()[done].sum()))
+        bpb = run.run["kv_bytes_per_block"] * run.run["tp"]
+        c["vllm:kv_offload_store_bytes"].labels(m, e).inc(int(steps["swap_out_blocks"].to_numpy()[done].sum()) * bpb)
+        c["vllm:kv_offload_load_bytes"].labels(m, e).inc(int(steps["swap_in_blocks"].to_numpy()[done].sum()) * bpb)
         for x in (req["first_token_s"] - req["arrival_s"]).to_numpy()[(first > prev) & (first <= t)]:
             ttft_h.labels(m, e).observe(float(x))
         for d, n in zip(steps["duration_s"].to_numpy()[done], steps["num_decode_tokens"].to_numpy()[done]):
@@ -73,7 +77,9 @@ def render_scrapes(run, folder: Path, *, every_s=10.0, lead_s=0.0, extra_preempt
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("pv")
     trace = synthesize("poisson", rate_rps=4.0, duration_s=60, seed=1)
-    run = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=500))
+    # V1 with the host offload tier: preemptions store KV to it, resumes load it back
+    run = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=500, preemption_mode="swap",
+                                     swap_space=1.0))
     db = d / "ev.duckdb"
     write_run(db, run.tables())
     render_scrapes(run, d / "same")
@@ -89,8 +95,10 @@ def test_a_replay_against_its_own_scrapes_has_no_error(setup):
     assert run.events.filter(pl.col("kind").str.starts_with("preempt_")).height > 0   # something to compare
     c = compare_prometheus(db, run.run["run_id"], server="same")
     assert c.divergences == [] and c.windows >= 6
+    assert run.steps["swap_out_blocks"].sum() > 0 and run.steps["swap_in_blocks"].sum() > 0
     for name in ("running", "waiting", "gpu_kv_usage", "preemptions", "prompt_throughput_tps",
-                 "generation_throughput_tps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"):
+                 "generation_throughput_tps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                 "offload_store_bytes", "offload_load_bytes"):
         m = c.metrics[name]
         assert m.n > 0 and m.mae == pytest.approx(0.0, abs=1e-9), name
 
@@ -162,3 +170,10 @@ def test_report_section_and_chart(setup, tmp_path):
                          stability=stability(run.tables()), extra_sections=[sec])
     assert "Replay vs. production (Prometheus)" in index.read_text()
     assert (tmp_path / "evidence-prometheus.png").stat().st_size > 1000
+
+
+def test_report_evidence_db_must_exist(tmp_path):
+    res = subprocess.run([KVCAP, "report", "-o", str(tmp_path / "r"), "--evidence-db", str(tmp_path / "no.duckdb")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "--evidence-db" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

@@ -179,7 +179,8 @@ def _validate_prometheus(db: Path, run: str, *, offset_s: float, server: Optiona
     out = Console()
     out.print(t)
     for d in c.divergences:
-        out.print(f"parts ways: {d.metric} over {d.windows} window(s) from {d.from_s:.0f} to {d.to_s:.0f} "
+        out.print(f"parts ways: {d.metric} over {d.windows} window(s), {d.from_s - c.start_s:.0f} s to "
+                  f"{d.to_s - c.start_s:.0f} s after {c.start} "
                   f"(production {d.production_mean:.3g}, replay {d.replay_mean:.3g}, max |error| {d.max_abs_error:.3g})")
 
 

@@ -10,7 +10,7 @@ Pure functions over text; must not import duckdb, altair or replay.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
@@ -159,23 +159,34 @@ def parse_stats_body(body: str) -> dict:
     return row
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rows:
+    """What one pass over a log collects (per-process clocks, then rows per table)."""
+    year: int
+    clocks: dict = field(default_factory=dict)
+    stats: list = field(default_factory=list)
+    pids: list = field(default_factory=list)         # per stats row, its process (or None)
+    warns: list = field(default_factory=list)
+    warn_pids: list = field(default_factory=list)
+    bad: list = field(default_factory=list)
+    engine: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+
 def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> ParsedLog:
     """Parse a vLLM server log. Line numbers are 1-based; records glued into one line (lost
     newlines) keep its number. Lines of several processes (`pid=`) keep apart: each has its own
     clock (year roll-over) and, when a file holds more than one, its rows get the source
     `FILE pid=N`. A preemption warning pasted without its timestamp still counts (time NULL)."""
-    clocks: dict[str | None, Clock] = {}
-    pids: list[str | None] = []         # per stats row / warning row, in order
-    warn_pids: list[str | None] = []
-    stats, warns, bad, engine, events = [], [], [], [], []
+    acc = _Rows(year=year)
     n = 0
     for n, raw in enumerate(lines, 1):
         for line in split_records(strip_ansi(raw.rstrip("\r\n"))):
-            _parse_record(line, n, source_file, year, clocks, stats, pids, warns, warn_pids, bad,
-                          engine, events)
-    st = pl.DataFrame(stats, schema={k: v for k, v in STATS_SCHEMA.items()
-                                     if k not in ("interval_s", "preemptions_est")}, strict=False)
-    pre = pl.DataFrame(warns, schema=PREEMPTION_SCHEMA, orient="row")
+            _parse_record(line, n, source_file, acc)
+    pids, warn_pids = acc.pids, acc.warn_pids
+    st = pl.DataFrame(acc.stats, schema={k: v for k, v in STATS_SCHEMA.items()
+                                         if k not in ("interval_s", "preemptions_est")}, strict=False)
+    pre = pl.DataFrame(acc.warns, schema=PREEMPTION_SCHEMA, orient="row")
     if len({p for p in pids + warn_pids}) > 1:
         st = st.with_columns(source_file=pl.Series(_pid_sources(source_file, pids), dtype=pl.Utf8))
         pre = pre.with_columns(source_file=pl.Series(_pid_sources(source_file, warn_pids), dtype=pl.Utf8))
@@ -185,13 +196,12 @@ def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> Parse
     else:
         st = _finish_stats(st, pre)
     return ParsedLog(source_file=source_file, lines=n, stats=st, preemptions=pre,
-                     unparsed=pl.DataFrame(bad, schema=UNPARSED_SCHEMA, orient="row"),
-                     engine=pl.DataFrame(engine, schema=ENGINE_SCHEMA, strict=False),
-                     events=pl.DataFrame(events, schema=EVENT_SCHEMA, strict=False))
+                     unparsed=pl.DataFrame(acc.bad, schema=UNPARSED_SCHEMA, orient="row"),
+                     engine=pl.DataFrame(acc.engine, schema=ENGINE_SCHEMA, strict=False),
+                     events=pl.DataFrame(acc.events, schema=EVENT_SCHEMA, strict=False))
 
 
-def _parse_record(line: str, n: int, source_file: str, year: int, clocks: dict, stats: list,
-                  pids: list, warns: list, warn_pids: list, bad: list, engine: list, events: list) -> None:
+def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
     is_stats, is_prefix, is_warn = STATS_MARK in line, V0_PREFIX_MARK in line, WARNING_MARK in line
     facts = None if (is_stats or is_warn) else engine_fields(line)
     kind = None if (is_stats or is_warn or facts) else event_kind(line)
@@ -199,39 +209,38 @@ def _parse_record(line: str, n: int, source_file: str, year: int, clocks: dict, 
         return
     pm = PID.search(line[:200])
     pid = pm.group(1) if pm else None
-    clock = clocks.setdefault(pid, Clock(year))
-    t = clock.time(line)
+    t = acc.clocks.setdefault(pid, Clock(acc.year)).time(line)
     when = {"time": t, "epoch_s": epoch_s(t) if t else None, "pid": int(pid) if pid else None}
     if facts is not None:
-        engine.append({"source_file": source_file, "line": n, **when, **facts, "text": line[:300]})
+        acc.engine.append({"source_file": source_file, "line": n, **when, **facts, "text": line[:300]})
     elif kind is not None:
-        events.append({"source_file": source_file, "line": n, **when, "kind": kind, "text": line[:300]})
+        acc.events.append({"source_file": source_file, "line": n, **when, "kind": kind, "text": line[:300]})
     elif is_warn:
         m = WARNING.search(line)
         if not m or m.group(2).lower() not in ("recompute", "swap"):
-            bad.append((source_file, n, "preemption warning does not parse", line[:300]))
+            acc.bad.append((source_file, n, "preemption warning does not parse", line[:300]))
             return
-        warns.append((source_file, n, t, when["epoch_s"], m.group(1), m.group(2).lower(),
-                      int(m.group(3)) if m.group(3) else None))
-        warn_pids.append(pid)
+        acc.warns.append((source_file, n, t, when["epoch_s"], m.group(1), m.group(2).lower(),
+                          int(m.group(3)) if m.group(3) else None))
+        acc.warn_pids.append(pid)
     elif t is None:
-        bad.append((source_file, n, "no timestamp", line[:300]))
+        acc.bad.append((source_file, n, "no timestamp", line[:300]))
     elif is_prefix:
-        _attach_v0_prefix(stats, line, source_file, n, t, bad)
+        _attach_v0_prefix(acc.stats, line, source_file, n, t, acc.bad)
     else:
         i = line.index(STATS_MARK)
         eng = ENGINE.search(line[:i])
         try:
             row = parse_stats_body(line[i:])
         except StatsLineError as e:
-            bad.append((source_file, n, str(e), line[:300]))
+            acc.bad.append((source_file, n, str(e), line[:300]))
             return
         v0 = "swapped" in row or "cpu_kv_usage" in row or "Pending:" in line
         row.update(source_file=source_file, line=n, time=t, epoch_s=epoch_s(t),
                    era="v0" if v0 and eng is None else "v1",
                    engine=int(eng.group(1)) if eng else 0)
-        stats.append(row)
-        pids.append(pid)
+        acc.stats.append(row)
+        acc.pids.append(pid)
 
 
 def _pid_sources(source_file: str, pids: list[str | None]) -> list[str]:

@@ -6,7 +6,9 @@ Inputs:
   file of concatenated scrapes. A scrape's time is, in this order: the sample's own exposition
   timestamp; a comment line that is a time (`# 1747742400`, `# 2025-05-20T12:00:00Z`,
   `# scrape_time: ...`), which starts a new scrape; a Unix or ISO time in the file name. The text is
-  parsed by `prometheus_client.parser` (types from `# TYPE`).
+  parsed by `prometheus_client.parser` (types from `# TYPE`); a scrape ending in `# EOF` is
+  OpenMetrics (`Accept: application/openmetrics-text`, timestamps in seconds) and is parsed by
+  `prometheus_client.openmetrics.parser`.
 - `query_range` JSON (`{"status": "success", "data": {"resultType": "matrix", "result": [...]}}`;
   also a list of them, or one per line). Types are not exported: `_total` is a counter, `_bucket` /
   `_sum` / `_count` next to a `_bucket` series a histogram, anything else a gauge.
@@ -24,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 SAMPLE_SCHEMA = {
@@ -103,13 +106,14 @@ def parse_exposition(text: str, *, source: str, server: str, default_time: float
     """The samples of scrapes in `text` (see split_scrapes)."""
     rows: list[tuple] = []
     for n, (t_scrape, body) in enumerate(split_scrapes(text), 1):
+        parse = openmetrics_families if re.search(r"^# EOF\s*$", body, re.M) else text_string_to_metric_families
         try:
-            families = list(text_string_to_metric_families(body))
+            families = list(parse(body))
         except (ValueError, TypeError, IndexError) as e:
             raise PromFormatError(f"{source}, scrape {n}: not Prometheus text exposition ({str(e)[:120]})") from None
         for fam in families:
             for s in fam.samples:
-                t = s.timestamp if s.timestamp is not None else (t_scrape if t_scrape is not None else default_time)
+                t = float(s.timestamp) if s.timestamp is not None else (t_scrape if t_scrape is not None else default_time)
                 if t is None:
                     raise PromFormatError(f"{source}, scrape {n}: no scrape time (put a '# <unix seconds>' or "
                                           "'# <ISO time>' line before each scrape, or a time in the file name)")
@@ -155,8 +159,11 @@ def parse_scrape_folder(folder: Path, *, source: str) -> pl.DataFrame:
         raise PromFormatError(f"{folder}: an empty folder (expected one /metrics scrape per file)")
     rows: list[tuple] = []
     for p in files:
-        rows += parse_exposition(p.read_text(errors="replace"), source=source, server=Path(folder).name,
-                                 default_time=_name_time(p.name))
+        try:
+            rows += parse_exposition(p.read_text(errors="replace"), source=source, server=Path(folder).name,
+                                     default_time=_name_time(p.name))
+        except PromFormatError as e:      # name the file inside the folder
+            raise PromFormatError(str(e).replace(f"{source}, ", f"{source}/{p.name}, ", 1)) from None
     return _frame(rows)
 
 

@@ -41,11 +41,15 @@ PROM_METRICS = {
     "ttft_p99_s": (("vllm:time_to_first_token_seconds",), "p99", "ttft"),
     "itl_p50_s": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p50", "itl"),
     "itl_p99_s": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p99", "itl"),
+    # V1 offload tier (OffloadingConnector): bytes stored to / loaded from host memory
+    "offload_store_bytes": (("vllm:kv_offload_store_bytes_total",), "increase", "swap_out_blocks"),
+    "offload_load_bytes": (("vllm:kv_offload_load_bytes_total",), "increase", "swap_in_blocks"),
 }
 # Differences below these never flag a window (a request or two, 5 points of KV usage, ...).
 FLOOR = {"running": 2.0, "waiting": 2.0, "swapped": 2.0, "gpu_kv_usage": 0.05, "preemptions": 2.0,
          "prompt_throughput_tps": 50.0, "generation_throughput_tps": 20.0, "ttft_p50_s": 0.01,
-         "ttft_p99_s": 0.02, "itl_p50_s": 0.005, "itl_p99_s": 0.01}
+         "ttft_p99_s": 0.02, "itl_p50_s": 0.005, "itl_p99_s": 0.01,
+         "offload_store_bytes": float(2 ** 26), "offload_load_bytes": float(2 ** 26)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +71,8 @@ class ProductionComparison:
     engine: str | None
     offset_s: float
     window_s: float
-    start: str               # production time of replay t=0 - offset_s
+    start: str               # production time of replay t=0 - offset_s (the server's first sample)
+    start_s: float           # the same, epoch seconds
     windows: int
     metrics: dict[str, MetricError]
     divergences: list[Divergence]
@@ -139,6 +144,10 @@ def compare_run(run_t: dict[str, pl.DataFrame], evidence_db: Path, *, server: st
         if metric is None:
             continue
         w = win.filter((pl.col("metric") == metric) & (pl.col("stat") == stat) & pl.col("value").is_not_null())
+        if what in ("ttft", "itl") and w["labels"].n_unique() > 1:
+            # quantiles of two label sets do not add up; vLLM exports one histogram per engine
+            raise ValueError(f"{server}: {metric} has {w['labels'].n_unique()} label sets on engine {engine} "
+                             f"({', '.join(sorted(set(w['labels'].to_list()))[:3])}); load one server's series")
         w = w.group_by("window_start_s").agg(pl.col("value").sum(), pl.col("from_s").min(), pl.col("to_s").max())
         w = w.sort("window_start_s")
         frm = w["from_s"].fill_null(w["to_s"]).to_numpy() - t0
@@ -156,6 +165,11 @@ def compare_run(run_t: dict[str, pl.DataFrame], evidence_db: Path, *, server: st
                        for m in ((step_end > a) & (step_end <= b) for a, b in zip(frm, to))]
             rep = np.array([np.nan if (v := _replay_quantile(o, np.ones(len(o)) if wt is None else wt, le, q)) is None
                             else v for o, wt in obs])
+        elif what in ("swap_out_blocks", "swap_in_blocks"):
+            # blocks moved by steps ending in the window, in bytes over all TP ranks (the connector
+            # sums its workers' transfer stats)
+            per_block = float(run["kv_bytes_per_block"] or 0) * int(run["tp"] or 1)
+            rep = _step_sums(run_t["steps"], what, frm, to) * per_block
         else:
             rep = resample(run_t["steps"], run_t["events"], run, to, frm)[what].to_numpy()
         ok = ~np.isnan(rep)
@@ -169,9 +183,17 @@ def compare_run(run_t: dict[str, pl.DataFrame], evidence_db: Path, *, server: st
     s = pl.concat(series)
     start = datetime.fromtimestamp(t0 - offset_s, tz=timezone.utc).replace(tzinfo=None)
     return ProductionComparison(run_id=run_id, db=str(db), server=server, engine=engine, offset_s=offset_s,
-                                window_s=float(win["window_s"][0]), start=str(start),
+                                window_s=float(win["window_s"][0]), start=str(start), start_s=t0 - offset_s,
                                 windows=int(s.filter(pl.col("metric") == s["metric"][0]).height),
                                 metrics=metrics, divergences=divergences(s), series=s)
+
+
+def _step_sums(steps: pl.DataFrame, col: str, frm: np.ndarray, to: np.ndarray) -> np.ndarray:
+    """Per window, the sum of `col` over the steps that end in (frm, to]."""
+    st = steps.with_columns(end=pl.col("start_s") + pl.col("duration_s")).sort("end")
+    end = st["end"].to_numpy()
+    c = np.r_[0.0, np.cumsum(st[col].fill_null(0).to_numpy().astype(np.float64))]
+    return c[np.searchsorted(end, to, side="right")] - c[np.searchsorted(end, frm, side="right")]
 
 
 def divergences(series: pl.DataFrame) -> list[Divergence]:

@@ -146,7 +146,7 @@ def production_section(c: ProductionComparison):
     rows = [[k, m.n, fmt(m.log_mean), fmt(m.replay_mean), fmt(m.mae),
              "—" if m.relative_error is None else pct(m.relative_error), fmt(m.bias)]
             for k, m in c.metrics.items()]
-    parts = [f"{d.metric}: {d.windows} window(s) from {d.from_s - c.series['from_s'].min():.0f} s "
+    parts = [f"{d.metric}: {d.windows} window(s) from {d.from_s - c.start_s:.0f} s "
              f"(production {d.production_mean:,.3g}, replay {d.replay_mean:,.3g})" for d in c.divergences]
     lead = (f"The baseline replay against the Prometheus series of {c.server} (engine {c.engine or '-'}), "
             f"{c.windows} windows of {c.window_s:g} s from {c.start} (offset {c.offset_s:g} s). "
