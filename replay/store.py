@@ -203,15 +203,15 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
                 raise
     except KeyboardInterrupt:
         if created and not committed:
-            _remove_db(path)
+            remove_db(path)
         raise WriteInterrupted(path, committed=committed) from None
     except duckdb.Error as e:
         if created:
-            _remove_db(path)
+            remove_db(path)
         raise StoreError(f"database {path}: the run was not written ({_one_line(e)})") from None
     except StoreError:
         if created:
-            _remove_db(path)
+            remove_db(path)
         raise
 
 
@@ -224,7 +224,7 @@ def _rollback(con) -> None:
         pass
 
 
-def _remove_db(path: str | Path) -> None:
+def remove_db(path: str | Path) -> None:
     for p in (Path(path), Path(f"{path}.wal")):
         try:
             p.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ import polars as pl
 from capacity.evidence.clientparse import CLIENT_SCHEMA, ClientFormatError, looks_like_vllm_bench, parse_client_file
 from capacity.evidence.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
                                VLLM_PREFIX, WARNING_MARK, parse_server_log, strip_ansi)
-from replay.store import connect
+from replay.store import remove_db, connect
 
 _DUCK = {pl.Utf8: "VARCHAR", pl.Int64: "BIGINT", pl.Int32: "INTEGER", pl.Float64: "DOUBLE",
          pl.Datetime("us"): "TIMESTAMP", pl.Boolean: "BOOLEAN"}
@@ -133,8 +133,20 @@ def _client_year(db: Path, frames: list[pl.DataFrame]) -> int | None:
     return int(y) if y is not None else None
 
 
-def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
-           client_start: datetime | None = None) -> tuple[list[Ingested], int, str]:
+def ingest(paths: list[Path], db: Path, **kwargs) -> tuple[list[Ingested], int, str]:
+    """`_ingest`, leaving nothing half-written: a database this call created is removed again
+    when it fails (a failed or interrupted transaction leaves an existing one as it was)."""
+    created = not Path(db).exists()
+    try:
+        return _ingest(paths, db, **kwargs)
+    except BaseException:
+        if created:
+            remove_db(db)
+        raise
+
+
+def _ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
+            client_start: datetime | None = None) -> tuple[list[Ingested], int, str]:
     """Parse every file and store it. Returns (per-file results, year used, where it came from).
 
     The year of vLLM's timestamp prefix (it prints none): `year`, else the year of the client
