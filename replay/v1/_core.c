@@ -613,8 +613,12 @@ static void update(Core *c) {
         if (out >= c->q.out_len[r] || c->q.prompt[r] + out >= c->L) c->fin[c->nfin++] = (int32_t)r;
     }
     for (int64_t j = 0; j < c->nfin; j++) {
-        kv_free(c, c->fin[j]);
-        c->q.status[c->fin[j]] = ST_FINISHED;
+        int32_t r = c->fin[j];
+        kv_free(c, r);
+        c->q.status[r] = ST_FINISHED;
+        /* A finished request never holds blocks again: its table goes now, not at the end of
+         * the run (10M requests' tables were gigabytes). */
+        free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0;
     }
     if (c->nfin) {
         int64_t w = 0;
