@@ -97,11 +97,13 @@ Choice = Literal["auto", "compiled", "reference"]
 def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, executor, *,
                kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
                on_progress: Callable[[float, int], None] | None = None,
-               progress_every_steps: int = 20_000) -> RawRun:
+               progress_every_steps: int = 20_000, spill_dir: str | None = None) -> RawRun:
     """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
     it cannot run), "reference" (the Python scheduler and loop; `scheduler` if already built,
     e.g. for the torch stub) or "auto" (compiled where it can run, else the reference with a
-    one-line notice on stderr saying why). `RawRun.implementation` says which ran."""
+    one-line notice on stderr saying why). `RawRun.implementation` says which ran.
+    `spill_dir`: a long compiled run keeps its step and TBT columns in files there
+    (`compiled.run`; the reference keeps them in memory)."""
     why = None if implementation == "reference" else \
         compiled.unavailable(engine, executor, keys, state)
     if implementation == "compiled" and why:
@@ -109,7 +111,7 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
     if implementation != "reference" and why is None:
         return compiled.run(engine, state, spec, executor, keys,
                             kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
-                            progress_every_steps=progress_every_steps)
+                            progress_every_steps=progress_every_steps, spill_dir=spill_dir)
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
@@ -121,8 +123,10 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
-           ) -> RunResult:
-    """Replay `trace` (canonical, sorted by arrival_s) under `config`."""
+           spill_dir: str | None = None) -> RunResult:
+    """Replay `trace` (canonical, sorted by arrival_s) under `config`. With `spill_dir`, a long
+    run's `steps` and `tbt` tables stay in files under that folder until the store writes them
+    (`results.SpilledTable`; `kvcap replay` does this beside its DB)."""
     config = config or EngineConfig()
     wall0 = time.perf_counter()
     eng = resolve(config)
@@ -143,7 +147,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         raise ValueError(f"executor {executor!r}: use 'model' or 'stub'")
     raw = run_engine(config.scheduler, eng.spec, state, keys, ex,
                      kv_bytes_per_block=eng.kv_bytes_per_block,
-                     implementation=implementation, scheduler=scheduler, on_progress=on_progress)
+                     implementation=implementation, scheduler=scheduler, on_progress=on_progress,
+                     spill_dir=spill_dir)
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
     run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)

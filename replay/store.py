@@ -18,6 +18,7 @@ import duckdb
 import polars as pl
 
 DEFAULT_DB = "kvcap.duckdb"
+WRITE_MEMORY_LIMIT = "512MB"
 
 SCHEMA = {
     "runs": """run_id VARCHAR PRIMARY KEY, created_at TIMESTAMP, label VARCHAR,
@@ -156,7 +157,8 @@ _INT32 = (-(2**31), 2**31 - 1)
 def _check_int32(tables: dict[str, pl.DataFrame]) -> None:
     for table, cols in SCHEMA.items():
         df = tables.get(table)
-        if df is None or df.height == 0:
+        # A spilled table (results.SpilledTable) holds the cores' own int32 columns.
+        if not isinstance(df, pl.DataFrame) or df.height == 0:
             continue
         for spec in cols.replace("\n", " ").split(","):
             name, kind = spec.split()[:2]
@@ -170,7 +172,7 @@ def _check_int32(tables: dict[str, pl.DataFrame]) -> None:
                                      "not fit the 32-bit INTEGER column; nothing was written")
 
 
-def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
+def write_run(path: str | Path, tables: dict) -> None:
     """Append one run (all tables) atomically; replaces an earlier run with the same run_id.
 
     A failure leaves the database as it was (a database this call created is removed again) and
@@ -182,6 +184,8 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
     try:
         with connect(path) as con:
             ensure_schema(con, path)
+            # Written blocks need not stay cached: bounded memory for a run of many steps.
+            con.execute(f"SET memory_limit = '{WRITE_MEMORY_LIMIT}'")
             con.execute("BEGIN TRANSACTION")
             try:
                 for table in SCHEMA:
@@ -189,9 +193,9 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
                     df = tables.get(table)
                     if df is None or df.height == 0:
                         continue
-                    con.register("_incoming", df.to_arrow())
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
-                    con.unregister("_incoming")
+                    # A spilled table (results.SpilledTable) goes in batches: bounded memory.
+                    for part in (df,) if isinstance(df, pl.DataFrame) else df.batches():
+                        _insert(con, table, part)
                 with _interrupt_deferred() as pending:
                     con.execute("COMMIT")
                     committed = True
@@ -213,6 +217,23 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
         if created:
             remove_db(path)
         raise
+
+
+def _columns(table: str) -> list[str]:
+    return [c.split()[0] for c in SCHEMA[table].replace("\n", " ").split(",")]
+
+
+def _insert(con, table: str, df: pl.DataFrame) -> None:
+    """Append `df` to `table` (columns by name; ours that it lacks are NULL). Through a relation's
+    `insert_into`, not `INSERT ... SELECT` from a registered Arrow table: DuckDB keeps about
+    100 B per row of the latter in memory until the transaction commits (a 10M-request run's
+    tens of millions of step rows did not fit), the former streams to disk."""
+    cols = _columns(table)
+    extra = [c for c in df.columns if c not in cols]
+    if extra:
+        raise StoreError(f"table {table} has no column(s) {', '.join(extra)}")
+    df = df.select(pl.col(c) if c in df.columns else pl.lit(None).alias(c) for c in cols)
+    con.from_arrow(df.to_arrow()).insert_into(table)
 
 
 def _rollback(con) -> None:
