@@ -18,7 +18,8 @@ import numpy as np
 
 from replay.cost_model import CostModel
 from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
-from replay.raw import EVENT_KINDS, STEP_COLUMNS, TBT_COLUMNS, ColumnSpill, RawRun, abort_reason
+from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, STEP_COLUMNS, TBT_COLUMNS, ColumnSpill,
+                        RawRun, abort_reason)
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
 
@@ -123,12 +124,15 @@ def cost_args(ex: CostModel) -> tuple:
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
         progress_every_steps: int = 20_000, check: bool = False,
-        spill_dir: str | None = None, spill_every_steps: int | None = None) -> RawRun:
+        record_batches: bool = False, spill_dir: str | None = None,
+        spill_every_steps: int | None = None) -> RawRun:
     """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
-    first). `check=True` verifies the block-accounting invariants at the end (tests).
+    first). `check=True` verifies the block-accounting invariants at the end (tests);
+    `record_batches` keeps every step's batch (RawRun.batches).
     With `spill_dir`, a run longer than `spill_every_steps` steps moves its step and TBT columns
     out of the core into files under that folder every `spill_every_steps` steps
-    (`RawRun.spilled`): memory bounded by the requests, not by the steps."""
+    (`RawRun.spilled`): memory bounded by the requests, not by the steps (batch records, when
+    asked for, stay in memory)."""
     n = state.n
     if n and np.any(np.diff(state.arrival_s) < 0):
         raise ValueError("requests must be sorted by arrival_s")
@@ -137,6 +141,8 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     ext = CORES[engine]
     core, _ = new_core(engine, state, spec, executor, keys,
                        (first_sched, first_tok, finish, max_tbt))
+    if record_batches:
+        ext.record_batches(core, True)
     chunk = progress_every_steps if on_progress is not None else 1 << 40
     spill_every_steps = spill_every_steps or SPILL_EVERY_STEPS
     if spill_dir is not None:
@@ -160,6 +166,14 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
         _drain(out, spilled, pieces)
         out.update({k: b"".join(v) for k, v in pieces.items()})
     raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block, spilled)
+    if record_batches:
+        count = _col(out, "b_count", np.int32)
+        raw.batches = {"step": np.repeat(np.arange(len(count), dtype=np.int64), count),
+                       "row": _col(out, "b_row", np.int32).astype(np.int64),
+                       "num_new_tokens": _col(out, "b_new", np.int64),
+                       "num_computed_tokens": _col(out, "b_ctx", np.int64),
+                       "kind": _col(out, "b_kind", np.int8)}
+        assert raw.batches.keys() == BATCH_COLUMNS.keys()
     if out.get("aborted"):
         raw.status, raw.abort_s = "aborted", out["abort_s"]
         raw.abort_reason = abort_reason(out["abort_row"], out["abort_needed"], out["abort_free"])
@@ -172,12 +186,13 @@ def _col(out: dict, name: str, dtype) -> np.ndarray:
 
 def _drain(out: dict, spilled: dict[str, ColumnSpill], pieces: dict[str, list]) -> None:
     """Move the columns a core handed back (`results`: everything since the last call) to the
-    spill files (steps, TBT) and to `pieces` (events, stalls: one entry per eventful step)."""
+    spill files (steps, TBT) and to `pieces` (events, stalls: one entry per eventful step;
+    batch records when asked for)."""
     spilled["steps"].append({k: _col(out, k, t) for k, t in STEP_COLUMNS.items()})
     spilled["tbt"].append({"tbt_s": _col(out, "tbt_v", np.float64),
                            "weight": _col(out, "tbt_w", np.int64)})
     for k in list(out):
-        if k.startswith(("ev_", "sl_")):
+        if k.startswith(("ev_", "sl_", "b_")):
             pieces.setdefault(k, []).append(out.pop(k))
     for k in (*STEP_COLUMNS, "tbt_v", "tbt_w"):
         out[k] = b""
@@ -265,6 +280,7 @@ class StepCore:
         return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
                         num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
                         is_prefill=_col(p, "prefill", np.uint8).astype(bool),
+                        kind=_col(p, "kind", np.int8).copy() if "kind" in p else None,
                         swap_out=swap_out, swap_in=swap_in, preempted=pre,
                         swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej)
 

@@ -190,3 +190,11 @@ def test_notebook_headroom_is_the_cli_headroom(executed, tmp_path):
     assert str(head["headroom_rate_scale"]) == shown
     if tuned["recommended_max_num_seqs"] is not None:
         assert head["headroom_rate_scale"] == tuned["margin_rate_scale"]
+
+
+def test_replay_notebook_drills_into_one_requests_stalls(executed):
+    """02 records batches and shows one request's batches around its stalls (issue 20)."""
+    nb, _ = executed["02-replay-and-preemption"]
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "preemption(s) shown" in text and "no preemption stall" not in text
+    assert "batch_size" in text and "num_computed_tokens" in text

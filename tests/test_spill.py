@@ -41,14 +41,14 @@ def test_spilled_run_equals_the_in_memory_one(tmp_path, monkeypatch, scheduler):
     trace = synthesize("poisson", duration_s=120, rate_rps=8, seed=3)
     # A small KV pool: preemptions, so events and stalls are spread over several spills.
     config = EngineConfig(scheduler=scheduler, num_gpu_blocks_override=300, max_num_seqs=64)
-    whole = replay(trace, config)
+    whole = replay(trace, config, record_batches=True)
     monkeypatch.setattr(compiled, "SPILL_EVERY_STEPS", 97)
-    spilled = replay(trace, config, spill_dir=str(tmp_path))
+    spilled = replay(trace, config, spill_dir=str(tmp_path), record_batches=True)
     assert isinstance(spilled.steps, SpilledTable) and isinstance(spilled.tbt, SpilledTable)
     assert spilled.steps.height == whole.steps.height > 3 * 97
     assert whole.events.height > 0
     a, b = whole.tables(), spilled.tables()
-    for name in ("requests", "steps", "events", "stalls", "tbt"):
+    for name in ("requests", "steps", "events", "stalls", "tbt", "batches"):
         assert _frame(b[name]).equals(a[name]), name
     assert spilled.steps["gpu_blocks_used"].max() == whole.steps["gpu_blocks_used"].max()
     sa, sb = summary(a), summary(b)
@@ -56,7 +56,7 @@ def test_spilled_run_equals_the_in_memory_one(tmp_path, monkeypatch, scheduler):
         {k: v for k, v in sa.items() if k != "wall_seconds"}
     write_run(tmp_path / "a.duckdb", a)
     write_run(tmp_path / "b.duckdb", b)
-    for name in ("steps", "tbt", "events", "requests"):
+    for name in ("steps", "tbt", "events", "requests", "batches"):
         ra, rb = (read_table(tmp_path / f, name).sort(pl.all()) for f in ("a.duckdb", "b.duckdb"))
         assert rb.equals(ra), name
     folders = [spilled.steps.spill.dir, spilled.tbt.spill.dir]

@@ -15,7 +15,7 @@ err = Console(stderr=True)
 
 def replay_with_progress(trace, engine, *, executor: str, reference: bool, label: str | None,
                          trace_name: str, quiet: bool, stub_options: dict | None = None,
-                         spill_dir: str | None = None):
+                         record_batches: bool = False, spill_dir: str | None = None):
     """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -24,7 +24,8 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
     if quiet:
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
-                      trace_name=trace_name, stub_options=stub_options, spill_dir=spill_dir)
+                      trace_name=trace_name, stub_options=stub_options,
+                      record_batches=record_batches, spill_dir=spill_dir)
     with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.fields[sim]}"),
                   TextColumn("{task.fields[reqs]}"), TimeElapsedColumn(), console=err,
                   transient=True) as prog:
@@ -37,7 +38,7 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
                       trace_name=trace_name, on_progress=on_progress, stub_options=stub_options,
-                      spill_dir=spill_dir)
+                      record_batches=record_batches, spill_dir=spill_dir)
 
 
 def summary_table(s: dict, db: str) -> Table:
@@ -77,6 +78,7 @@ def replay_cmd(
     stub_shape: Optional[str] = typer.Option(None, "--stub-shape", help="Stub model: full | tiny (default: full on CUDA, tiny on CPU)."),
     timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    record_batches: bool = typer.Option(False, "--record-batches", help="Also store table `batches`: every request in every step's batch with its new and computed tokens (one row per scheduled request per step)."),
     engine=None,
 ) -> None:
     """Replay a trace through the engine model and store the run in DuckDB."""
@@ -94,7 +96,8 @@ def replay_cmd(
     spill_dir = str(db.parent) if db.parent.is_dir() else None
     result = replay_with_progress(trace, engine, executor=executor, reference=reference,
                                   label=label, trace_name=file.name, quiet=as_json,
-                                  stub_options=stub_options, spill_dir=spill_dir)
+                                  stub_options=stub_options, record_batches=record_batches,
+                                  spill_dir=spill_dir)
     tables = result.tables()
     write_run(db, tables)
     s = summary(tables)

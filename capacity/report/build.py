@@ -55,7 +55,7 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
     if plan.headroom is not None:
         extra.append(sec.headroom_section(plan.headroom))
     run = plan.recommended_run or plan.baseline
-    extra.append(sec.stalls_section(attribute_stalls(run.tables())))
+    extra.append(sec.stalls_section(attribute_stalls(run.tables()), plan.stall_drill))
     if priority is not None:
         psec = sec.priority_section(priority)
         if priority_note:

@@ -12,7 +12,7 @@ from capacity.analyses.classify import AlertRule, Classification
 from capacity.analyses.headroom import Headroom
 from capacity.analyses.priority import Interference
 from capacity.report.render import Figure, Section, bullets, code_block, pct, seconds, table, text
-from capacity.analyses.stalls import StallAttribution
+from capacity.analyses.stalls import StallAttribution, StallBatches
 from capacity.analyses.tuning import Tuning
 
 
@@ -87,16 +87,29 @@ def headroom_section(h: Headroom) -> Section:
                    charts=(Figure("headroom", chart, "The searched load levels; dashed: SLO."),))
 
 
-def stalls_section(a: StallAttribution) -> Section:
+def stalls_section(a: StallAttribution, drill: StallBatches | None = None) -> Section:
     by_mode = a.as_dict()["stalls_by_mode"]
     rows = [[d["mode"], d["n"], seconds(d["stall_p50_s"]), seconds(d["stall_max_s"])] for d in by_mode]
     causes = a.slow_steps.group_by("cause").len().sort("len", descending=True).rows()
     body = (text(a.summary) + table(rows, ["mode", "stalls", "stall p50", "stall max"])
             + (table([[c, n] for c, n in causes], ["slow steps without a preemption", "steps"])
-               if causes else ""))
+               if causes else "")
+            + (drill_down(drill) if drill is not None else ""))
     return Section(title="TBT stall attribution", body=body,
                    charts=(Figure("stalls", ac.stall_timeline(a.stalls, a.slow_steps, a.threshold_s),
                                   f"Dashed line: spike threshold {seconds(a.threshold_s)}."),))
+
+
+def drill_down(d: StallBatches) -> str:
+    """The worst-stalled request's batches around its stalls (`batches` table)."""
+    rows = [[r["stall"], r["phase"], r["step"], f"{r['start_s']:,.3f} s", r["batch_size"],
+             r["tokens"], "—" if r["this_kind"] is None else f"{r['this_kind']} {r['this_tokens']}",
+             ", ".join(map(str, r["preempted"] or [])) or "—"]
+            for r in d.per_step.to_dicts()]
+    return (text(f"Drill-down, {d.summary}. `kvcap replay --record-batches` stores every step's "
+                 "batch (table `batches`) for any request.")
+            + table(rows, ["stall", "phase", "step", "start", "batch size", "tokens",
+                           f"request {d.request_id}", "preempted (in order)"]))
 
 
 def priority_section(i: Interference) -> Section:

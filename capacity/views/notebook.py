@@ -65,12 +65,16 @@ def read_run(db: str | Path, run_id: str) -> dict[str, pl.DataFrame]:
 
 
 def cached_replay(db: str | Path, trace: pl.DataFrame, config: EngineConfig, *, label: str = "",
-                  trace_name: str = "") -> dict[str, pl.DataFrame]:
-    """The run's tables from `db` when this replay is stored there, else replay, store, return."""
+                  trace_name: str = "", record_batches: bool = False) -> dict[str, pl.DataFrame]:
+    """The run's tables from `db` when this replay is stored there (with its batches when
+    `record_batches`), else replay, store, return."""
     run_id = run_id_for(trace, config)
     if run_id in stored_run_ids(db):
-        return read_run(db, run_id)
-    res = replay(trace, config, label=label, trace_name=trace_name)
+        tables = read_run(db, run_id)
+        if not record_batches or tables["batches"].height or not tables["steps"].height:
+            return tables
+    res = replay(trace, config, label=label, trace_name=trace_name,
+                 record_batches=record_batches)
     write_run(db, res.tables())
     return res.tables()
 
