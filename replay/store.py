@@ -231,8 +231,10 @@ def _columns(table: str) -> dict[str, str]:
 
 # All-NULL columns (a one-row `runs` without an abort) are given the column's type: DuckDB
 # refuses polars' untyped Null arrays through the Arrow C stream.
-_POLARS_TYPE = {"VARCHAR": pl.Utf8, "DOUBLE": pl.Float64, "BIGINT": pl.Int64,
-                "INTEGER": pl.Int32, "TIMESTAMP": pl.Datetime("us")}
+_POLARS_TYPE = {"VARCHAR": pl.Utf8, "DOUBLE": pl.Float64, "FLOAT": pl.Float32, "BIGINT": pl.Int64,
+                "INTEGER": pl.Int32, "SMALLINT": pl.Int16, "TINYINT": pl.Int8,
+                "UBIGINT": pl.UInt64, "BOOLEAN": pl.Boolean, "DATE": pl.Date,
+                "TIMESTAMP": pl.Datetime("us")}
 
 
 def _insert(con, table: str, df: pl.DataFrame) -> None:
