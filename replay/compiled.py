@@ -18,7 +18,8 @@ import numpy as np
 
 from replay.cost_model import CostModel
 from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
-from replay.raw import BATCH_COLUMNS, EVENT_KINDS, STEP_COLUMNS, RawRun, abort_reason
+from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, STEP_COLUMNS, TBT_COLUMNS, ColumnSpill,
+                        RawRun, abort_reason)
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
 
@@ -32,6 +33,7 @@ except ImportError:
     _v0_core = None
 
 CORES = {"v1": _v1_core, "v0": _v0_core}
+SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two spills
 
 # SchedulerSpec fields a core does not read, and why (the reference scheduler of that engine does
 # not read them either: tests/test_compiled.py checks both).
@@ -123,10 +125,15 @@ def cost_args(ex: CostModel) -> tuple:
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
         progress_every_steps: int = 20_000, check: bool = False,
-        record_batches: bool = False) -> RawRun:
+        record_batches: bool = False, spill_dir: str | None = None,
+        spill_every_steps: int | None = None) -> RawRun:
     """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
     first). `check=True` verifies the block-accounting invariants at the end (tests);
-    `record_batches` keeps every step's batch (RawRun.batches)."""
+    `record_batches` keeps every step's batch (RawRun.batches).
+    With `spill_dir`, a run longer than `spill_every_steps` steps moves its step and TBT columns
+    out of the core into files under that folder every `spill_every_steps` steps
+    (`RawRun.spilled`): memory bounded by the requests, not by the steps (batch records, when
+    asked for, stay in memory)."""
     n = state.n
     if n and np.any(np.diff(state.arrival_s) < 0):
         raise ValueError("requests must be sorted by arrival_s")
@@ -138,16 +145,28 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     if record_batches:
         ext.record_batches(core, True)
     chunk = progress_every_steps if on_progress is not None else 1 << 40
+    spill_every_steps = spill_every_steps or SPILL_EVERY_STEPS
+    if spill_dir is not None:
+        chunk = min(chunk, spill_every_steps)
+    spilled, pieces, drained_at = None, {}, 0
     while True:
-        done, _step, t, cursor = ext.run(core, chunk)
+        done, step, t, cursor = ext.run(core, chunk)
         if done:
             break
+        if spill_dir is not None and step - drained_at >= spill_every_steps:
+            spilled = spilled or {"steps": ColumnSpill(STEP_COLUMNS, spill_dir),
+                                  "tbt": ColumnSpill(TBT_COLUMNS, spill_dir)}
+            _drain(ext.results(core), spilled, pieces)
+            drained_at = step
         if on_progress is not None:
             on_progress(t, cursor)
     if check:
         ext.check(core)
     out = ext.results(core)
-    raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block)
+    if spilled is not None:
+        _drain(out, spilled, pieces)
+        out.update({k: b"".join(v) for k, v in pieces.items()})
+    raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block, spilled)
     if record_batches:
         count = _col(out, "b_count", np.int32)
         raw.batches = {"step": np.repeat(np.arange(len(count), dtype=np.int64), count),
@@ -166,7 +185,22 @@ def _col(out: dict, name: str, dtype) -> np.ndarray:
     return np.frombuffer(out[name], dtype=dtype)
 
 
-def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block) -> RawRun:
+def _drain(out: dict, spilled: dict[str, ColumnSpill], pieces: dict[str, list]) -> None:
+    """Move the columns a core handed back (`results`: everything since the last call) to the
+    spill files (steps, TBT) and to `pieces` (events, stalls: one entry per eventful step;
+    batch records when asked for)."""
+    spilled["steps"].append({k: _col(out, k, t) for k, t in STEP_COLUMNS.items()})
+    spilled["tbt"].append({"tbt_s": _col(out, "tbt_v", np.float64),
+                           "weight": _col(out, "tbt_w", np.int64)})
+    for k in list(out):
+        if k.startswith(("ev_", "sl_", "b_")):
+            pieces.setdefault(k, []).append(out.pop(k))
+    for k in (*STEP_COLUMNS, "tbt_v", "tbt_w"):
+        out[k] = b""
+
+
+def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block,
+         spilled=None) -> RawRun:
     steps = {k: _col(out, k, t) for k, t in STEP_COLUMNS.items()}
     blocks = _col(out, "ev_blocks", np.int64)
     events = {"t_s": _col(out, "ev_t", np.float64).tolist(),
@@ -186,7 +220,8 @@ def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block
                   tbt_values=_col(out, "tbt_v", np.float64).copy(),
                   tbt_weights=_col(out, "tbt_w", np.int64).copy(),
                   sim_seconds=out["t"] - (float(state.arrival_s[0]) if state.n else 0.0),
-                  num_steps=len(steps["start_s"]), implementation="compiled")
+                  num_steps=spilled["steps"].n if spilled else len(steps["start_s"]),
+                  implementation="compiled", spilled=spilled)
 
 
 class StepCore:

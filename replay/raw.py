@@ -7,8 +7,12 @@ Must not import anything else from replay/ (import-linter contract in pyproject.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 
@@ -36,6 +40,47 @@ BATCH_COLUMNS = {"step": np.int64, "row": np.int64, "num_new_tokens": np.int64,
                  "num_computed_tokens": np.int64, "kind": np.int8}
 
 Implementation = Literal["compiled", "reference"]
+TBT_COLUMNS = {"tbt_s": np.float64, "weight": np.int64}
+
+
+class ColumnSpill:
+    """Columns appended chunk by chunk to one raw file per column in a temporary folder, so a
+    long replay's step and TBT columns (84 + ~16 B per step: gigabytes for 10M requests) never
+    sit in memory whole; the store reads them back in batches. Read with `np.fromfile` (not a
+    memory map: mapped pages would count in the process's resident set). The folder goes when
+    the object does (or at exit)."""
+
+    def __init__(self, dtypes: dict[str, type], folder: str | None = None) -> None:
+        self.dtypes = {k: np.dtype(t) for k, t in dtypes.items()}
+        self.dir = tempfile.mkdtemp(prefix="kvcap-spill-", dir=folder)
+        self._remove = weakref.finalize(self, shutil.rmtree, self.dir, ignore_errors=True)
+        self.n = 0
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def append(self, cols: dict[str, np.ndarray]) -> None:
+        lens = {len(cols[k]) for k in self.dtypes}
+        if len(lens) != 1:
+            raise ValueError(f"spill: columns of unequal length {sorted(lens)}")
+        for k, dt in self.dtypes.items():
+            with open(self._path(k), "ab") as f:
+                np.ascontiguousarray(cols[k], dtype=dt).tofile(f)
+        self.n += lens.pop()
+
+    def chunks(self, rows: int = 1 << 20) -> Iterator[dict[str, np.ndarray]]:
+        """The columns `rows` rows at a time, in order."""
+        for start in range(0, self.n, rows):
+            count = min(rows, self.n - start)
+            yield {k: np.fromfile(self._path(k), dtype=dt, count=count, offset=start * dt.itemsize)
+                   for k, dt in self.dtypes.items()}
+
+    def column(self, name: str) -> np.ndarray:
+        """One whole column in memory."""
+        return np.fromfile(self._path(name), dtype=self.dtypes[name], count=self.n)
+
+    def close(self) -> None:
+        self._remove()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -64,6 +109,9 @@ class RawRun:
     num_steps: int = 0
     # Which implementation produced it (recorded in the `runs` table).
     implementation: Implementation = "reference"
+    # A long compiled run asked to spill keeps its steps and TBT samples on disk instead of in
+    # `steps` / `tbt_values` + `tbt_weights` (those stay empty): {"steps": ..., "tbt": ...}.
+    spilled: dict[str, ColumnSpill] | None = None
     # Per-step batch records (`record_batches=True` only, else None): BATCH_COLUMNS, one entry
     # per scheduled request per step in batch order; step is 0-based as in `events`.
     batches: dict[str, np.ndarray] | None = None

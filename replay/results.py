@@ -9,25 +9,78 @@ Must not import capacity/, duckdb or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import polars as pl
 
-from replay.raw import BATCH_KINDS, RawRun
+from replay.raw import BATCH_KINDS, ColumnSpill, RawRun
 from replay.state import Status
 
 _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",
                 int(Status.ABORTED): "aborted"}
 
 
+class SpilledTable:
+    """A result table whose columns stay in spill files (`replay.raw.ColumnSpill`) until the
+    store inserts it `batches()` at a time: the steps and TBT samples of a long run. Reads like
+    a DataFrame as far as its readers go: `height`, `columns`, `table[name].max()/.sum()`
+    (streamed), `table[name].to_numpy()` and `frame()` (whole, in memory)."""
+
+    def __init__(self, spill: ColumnSpill, run_id: str, *, numbered: bool) -> None:
+        self.spill, self.run_id, self.numbered = spill, run_id, numbered
+
+    @property
+    def height(self) -> int:
+        return self.spill.n
+
+    @property
+    def columns(self) -> list[str]:
+        return ["run_id", *(["step"] if self.numbered else []), *self.spill.dtypes]
+
+    def batches(self, rows: int = 1 << 20) -> Iterator[pl.DataFrame]:
+        start = 0
+        for cols in self.spill.chunks(rows):
+            n = len(next(iter(cols.values())))
+            head = {"run_id": _run_ids(self.run_id, n)}
+            if self.numbered:
+                head["step"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
+            start += n
+            yield pl.DataFrame({**head, **cols})
+
+    def frame(self) -> pl.DataFrame:
+        return pl.concat(list(self.batches()))
+
+    def __getitem__(self, name: str) -> "_SpilledColumn":
+        return _SpilledColumn(self.spill, name)
+
+
+@dataclass(frozen=True, slots=True)
+class _SpilledColumn:
+    spill: ColumnSpill
+    name: str
+
+    def _parts(self) -> Iterator[np.ndarray]:
+        return (c[self.name] for c in self.spill.chunks())
+
+    def max(self):
+        return max((p.max().item() for p in self._parts() if len(p)), default=None)
+
+    def sum(self):
+        return sum(p.sum().item() for p in self._parts())
+
+    def to_numpy(self) -> np.ndarray:
+        return self.spill.column(self.name)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     run: dict
     requests: pl.DataFrame
-    steps: pl.DataFrame
+    steps: pl.DataFrame | SpilledTable
     events: pl.DataFrame
     stalls: pl.DataFrame
-    tbt: pl.DataFrame
+    tbt: pl.DataFrame | SpilledTable
     # Only when the replay recorded batches (`kvcap replay --record-batches`).
     batches: pl.DataFrame | None = None
 
@@ -80,8 +133,11 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
     }).with_columns(pl.col(c).fill_nan(None) for c in
                     ("first_scheduled_s", "first_token_s", "finish_s", "max_tbt_s"))
     s = raw.steps
-    steps = pl.DataFrame({"run_id": _run_ids(run_id, raw.num_steps),
-                          "step": np.arange(1, raw.num_steps + 1, dtype=np.int64), **s})
+    if raw.spilled:
+        steps = SpilledTable(raw.spilled["steps"], run_id, numbered=True)
+    else:
+        steps = pl.DataFrame({"run_id": _run_ids(run_id, raw.num_steps),
+                              "step": np.arange(1, raw.num_steps + 1, dtype=np.int64), **s})
     ev = raw.events
     events = pl.DataFrame({
         "run_id": _run_ids(run_id, len(ev["t_s"])),
@@ -104,8 +160,11 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
         "stall_s": pl.Series(sl["stall_s"], dtype=pl.Float64),
         "mode": pl.Series(sl["mode"], dtype=pl.Utf8),
     })
-    tbt = pl.DataFrame({"run_id": _run_ids(run_id, len(raw.tbt_values)),
-                        "tbt_s": raw.tbt_values, "weight": raw.tbt_weights})
+    if raw.spilled:
+        tbt = SpilledTable(raw.spilled["tbt"], run_id, numbered=False)
+    else:
+        tbt = pl.DataFrame({"run_id": _run_ids(run_id, len(raw.tbt_values)),
+                            "tbt_s": raw.tbt_values, "weight": raw.tbt_weights})
     out = {"requests": requests, "steps": steps, "events": events, "stalls": stalls, "tbt": tbt}
     if raw.batches is not None:
         out["batches"] = batch_table(raw.batches, rid, run_id)

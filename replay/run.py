@@ -97,11 +97,14 @@ Choice = Literal["auto", "compiled", "reference"]
 def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, executor, *,
                kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
                on_progress: Callable[[float, int], None] | None = None,
-               progress_every_steps: int = 20_000, record_batches: bool = False) -> RawRun:
+               progress_every_steps: int = 20_000, record_batches: bool = False,
+               spill_dir: str | None = None) -> RawRun:
     """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
     it cannot run), "reference" (the Python scheduler and loop; `scheduler` if already built,
     e.g. for the torch stub) or "auto" (compiled where it can run, else the reference with a
-    one-line notice on stderr saying why). `RawRun.implementation` says which ran."""
+    one-line notice on stderr saying why). `RawRun.implementation` says which ran.
+    `spill_dir`: a long compiled run keeps its step and TBT columns in files there
+    (`compiled.run`; the reference keeps them in memory)."""
     why = None if implementation == "reference" else \
         compiled.unavailable(engine, executor, keys, state)
     if implementation == "compiled" and why:
@@ -110,7 +113,7 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
         return compiled.run(engine, state, spec, executor, keys,
                             kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
                             progress_every_steps=progress_every_steps,
-                            record_batches=record_batches)
+                            record_batches=record_batches, spill_dir=spill_dir)
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
@@ -123,13 +126,16 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
-           record_batches: bool = False) -> RunResult:
+           record_batches: bool = False, spill_dir: str | None = None) -> RunResult:
     """Replay `trace` (canonical, sorted by arrival_s) under `config`; `record_batches` adds
-    the `batches` table (every step's batch: off by default, it is one row per token step)."""
+    the `batches` table (every step's batch: off by default, it is one row per token step).
+    With `spill_dir`, a long run's `steps` and `tbt` tables stay in files under that folder
+    until the store writes them (`results.SpilledTable`; `kvcap replay` does this beside its DB)."""
     config = config or EngineConfig()
     wall0 = time.perf_counter()
     eng = resolve(config)
-    trace = trace.sort("arrival_s", maintain_order=True)
+    if not trace["arrival_s"].is_sorted():      # a sorted trace is not copied (10M rows)
+        trace = trace.sort("arrival_s", maintain_order=True)
     state = request_state(trace)
     keys = block_keys(trace, eng.spec.block_size)
     scheduler = None
@@ -147,7 +153,7 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     raw = run_engine(config.scheduler, eng.spec, state, keys, ex,
                      kv_bytes_per_block=eng.kv_bytes_per_block,
                      implementation=implementation, scheduler=scheduler, on_progress=on_progress,
-                     record_batches=record_batches)
+                     record_batches=record_batches, spill_dir=spill_dir)
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
     run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)

@@ -18,6 +18,7 @@ import duckdb
 import polars as pl
 
 DEFAULT_DB = "kvcap.duckdb"
+WRITE_MEMORY_LIMIT = "512MB"
 
 SCHEMA = {
     "runs": """run_id VARCHAR PRIMARY KEY, created_at TIMESTAMP, label VARCHAR,
@@ -162,7 +163,8 @@ _INT32 = (-(2**31), 2**31 - 1)
 def _check_int32(tables: dict[str, pl.DataFrame]) -> None:
     for table, cols in SCHEMA.items():
         df = tables.get(table)
-        if df is None or df.height == 0:
+        # A spilled table (results.SpilledTable) holds the cores' own int32 columns.
+        if not isinstance(df, pl.DataFrame) or df.height == 0:
             continue
         for spec in cols.replace("\n", " ").split(","):
             name, kind = spec.split()[:2]
@@ -176,7 +178,7 @@ def _check_int32(tables: dict[str, pl.DataFrame]) -> None:
                                      "not fit the 32-bit INTEGER column; nothing was written")
 
 
-def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
+def write_run(path: str | Path, tables: dict) -> None:
     """Append one run (all tables) atomically; replaces an earlier run with the same run_id.
 
     A failure leaves the database as it was (a database this call created is removed again) and
@@ -188,6 +190,8 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
     try:
         with connect(path) as con:
             ensure_schema(con, path)
+            # Written blocks need not stay cached: bounded memory for a run of many steps.
+            con.execute(f"SET memory_limit = '{WRITE_MEMORY_LIMIT}'")
             con.execute("BEGIN TRANSACTION")
             try:
                 for table in SCHEMA:
@@ -195,9 +199,9 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
                     df = tables.get(table)
                     if df is None or df.height == 0:
                         continue
-                    con.register("_incoming", df.to_arrow())
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
-                    con.unregister("_incoming")
+                    # A spilled table (results.SpilledTable) goes in batches: bounded memory.
+                    for part in (df,) if isinstance(df, pl.DataFrame) else df.batches():
+                        _insert(con, table, part)
                 with _interrupt_deferred() as pending:
                     con.execute("COMMIT")
                     committed = True
@@ -209,16 +213,55 @@ def write_run(path: str | Path, tables: dict[str, pl.DataFrame]) -> None:
                 raise
     except KeyboardInterrupt:
         if created and not committed:
-            _remove_db(path)
+            remove_db(path)
         raise WriteInterrupted(path, committed=committed) from None
     except duckdb.Error as e:
         if created:
-            _remove_db(path)
+            remove_db(path)
         raise StoreError(f"database {path}: the run was not written ({_one_line(e)})") from None
     except StoreError:
         if created:
-            _remove_db(path)
+            remove_db(path)
         raise
+
+
+def _columns(table: str) -> dict[str, str]:
+    """{column: DuckDB type} of one of our tables."""
+    return dict(c.split()[:2] for c in SCHEMA[table].replace("\n", " ").split(","))
+
+
+# All-NULL columns (a one-row `runs` without an abort) are given the column's type: DuckDB
+# refuses polars' untyped Null arrays through the Arrow C stream.
+_POLARS_TYPE = {"VARCHAR": pl.Utf8, "DOUBLE": pl.Float64, "FLOAT": pl.Float32, "BIGINT": pl.Int64,
+                "INTEGER": pl.Int32, "SMALLINT": pl.Int16, "TINYINT": pl.Int8,
+                "UBIGINT": pl.UInt64, "BOOLEAN": pl.Boolean, "DATE": pl.Date,
+                "TIMESTAMP": pl.Datetime("us")}
+
+
+def _insert(con, table: str, df: pl.DataFrame) -> None:
+    """Append `df` to `table` (columns by name; ours that it lacks are NULL). Through a relation's
+    `insert_into`, not `INSERT ... SELECT` from a registered Arrow table: DuckDB keeps about
+    100 B per row of the latter in memory until the transaction commits (a 10M-request run's
+    tens of millions of step rows did not fit), the former streams to disk."""
+    cols = _columns(table)
+    extra = [c for c in df.columns if c not in cols]
+    if extra:
+        raise StoreError(f"table {table} has no column(s) {', '.join(extra)}")
+    df = df.select((pl.col(c) if c in df.columns and df.schema[c] != pl.Null
+                    else pl.lit(None, _POLARS_TYPE.get(kind)).alias(c)) for c, kind in cols.items())
+    con.from_arrow(_ArrowStream(df)).insert_into(table)
+
+
+class _ArrowStream:
+    """A DataFrame seen only through the Arrow C stream interface: DuckDB then reads polars'
+    buffers directly instead of calling `to_arrow()`, which imports pyarrow (~0.3 s of every
+    `kvcap replay`)."""
+
+    def __init__(self, df: pl.DataFrame) -> None:
+        self._df = df
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self._df.__arrow_c_stream__(requested_schema)
 
 
 def _rollback(con) -> None:
@@ -230,7 +273,7 @@ def _rollback(con) -> None:
         pass
 
 
-def _remove_db(path: str | Path) -> None:
+def remove_db(path: str | Path) -> None:
     for p in (Path(path), Path(f"{path}.wal")):
         try:
             p.unlink(missing_ok=True)

@@ -122,7 +122,13 @@ def test_interrupted_replay_leaves_no_partial_run(small_trace, tmp_path, path, r
         [str(request.getfixturevalue("million_trace"))]
     proc = subprocess.Popen([KVCAP, "replay", *args, "--db", str(db), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4.0)
+    # Interrupt the replay, not the interpreter's start (seconds on a loaded machine): wait until
+    # the command body has imported the engine (its compiled core is mapped), then a little more.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and \
+            "_core.cpython" not in Path(f"/proc/{proc.pid}/maps").read_text():
+        time.sleep(0.1)
+    time.sleep(1.5)
     proc.send_signal(signal.SIGINT)
     out, errs = proc.communicate(timeout=60)
     assert proc.returncode == 130, errs

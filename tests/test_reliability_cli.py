@@ -160,3 +160,29 @@ def test_rule_files_get_umask_permissions_and_no_temp_file(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "rules.yml").stat().st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["rules.yml"]
+
+
+@pytest.mark.parametrize("cmd", ["report", "tune", "alerts"])
+def test_one_year_2100_timestamp_is_refused_before_any_replay(tmp_path, monkeypatch, cmd):
+    """Issue 13 item 7: one far-future timestamp made `report` bin 40M minutes (hours, GBs); the
+    planning commands now refuse it at once, naming the request; `replay` still runs it."""
+    rows = "".join(f"2023-11-16 18:15:{s:02d}.0000000,374,44\n" for s in range(20))
+    f = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "2100-01-01 00:00:00.0000000,374,44\n")
+    args = {"report": ("report", f, "-o", tmp_path / "rep"),
+            "tune": ("tune", f, "--max-num-seqs-grid", "8,16", "--slo-ttft-p99", "1",
+                     "--slo-tbt-p99", "1"),
+            "alerts": ("alerts", f, "-o", tmp_path / "rules.yml")}[cmd]
+    import capacity.analyses.sweep as sweep
+    import replay.run
+
+    def no_replay(*a, **k):
+        raise AssertionError("replayed a trace the analyses cannot bin")
+    with monkeypatch.context() as m:
+        m.setattr(sweep, "run_jobs", no_replay)
+        m.setattr(replay.run, "replay", no_replay)
+        code, err = run(*args)
+    assert code == 2 and "request_id 20 " in err and "years" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "rep").exists()
+    code, _ = run("replay", f, "--db", tmp_path / "k.duckdb", "--json")
+    assert code == 0

@@ -111,3 +111,35 @@ def test_negative_or_nan_itl_in_client_results_is_refused(tmp_path):
         with pytest.raises(ClientFormatError, match="request 0"):
             vllm_bench_tokens({**good, "itls": itls}, "b.json")
     assert json.dumps(good)  # the fixture itself is plain JSON
+
+
+def test_failed_ingest_into_a_new_db_leaves_no_file(tmp_path, monkeypatch):
+    """Issue 13 item 4: a failure (here Ctrl-C while the second log is parsed) after the new DB was
+    opened removes it and its .wal; an existing DB keeps its earlier sources untouched."""
+    import pytest
+
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text(log_text(1, run=10))
+    b.write_text(log_text(2, run=20))
+    real = logs.parse_server_log
+    seen = []
+
+    def interrupted(f, name, year):
+        seen.append(name)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real(f, name, year)
+
+    monkeypatch.setattr(logs, "parse_server_log", interrupted)
+    db = tmp_path / "new.duckdb"
+    with pytest.raises(KeyboardInterrupt):
+        ingest([a, b], db, year=2025)
+    assert len(seen) == 2 and not db.exists() and not (tmp_path / "new.duckdb.wal").exists()
+
+    monkeypatch.setattr(logs, "parse_server_log", real)
+    ingest([a], db, year=2025)
+    seen.clear()
+    monkeypatch.setattr(logs, "parse_server_log", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ingest([a, b], db, year=2025)
+    assert rows(db, "SELECT count(*) FROM log_sources") == [(1,)]

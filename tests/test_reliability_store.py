@@ -161,10 +161,15 @@ def test_ctrl_c_during_insert_writes_nothing(tmp_path, monkeypatch):
     real = duckdb.connect
 
     class Interrupting(_Con):
-        def execute(self, sql, *args):
-            if sql.startswith("INSERT INTO requests"):
-                raise KeyboardInterrupt
-            return self._con.execute(sql, *args)
+        def from_arrow(self, table):
+            rel = self._con.from_arrow(table)
+
+            class Rel:
+                def insert_into(self, name):
+                    if name == "requests":
+                        raise KeyboardInterrupt
+                    return rel.insert_into(name)
+            return Rel()
     monkeypatch.setattr(store.duckdb, "connect", lambda *a, **k: Interrupting(real(*a, **k), None))
     with pytest.raises(store.WriteInterrupted) as exc:
         store.write_run(db, tables("b"))

@@ -63,3 +63,11 @@ def test_second_writer_gets_a_clear_lock_error(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_every_schema_type_has_a_null_column_type():
+    """An all-NULL column is typed from the schema before DuckDB reads it over the Arrow C stream
+    (it refuses polars' untyped Null arrays): every type our tables use must be mapped."""
+    from replay import store
+    kinds = {kind for table in store.SCHEMA for kind in store._columns(table).values()}
+    assert kinds <= set(store._POLARS_TYPE), kinds - set(store._POLARS_TYPE)

@@ -32,6 +32,62 @@ def nearest_rank(values, q: float, weights=None) -> float | None:
     return float(v[order][np.searchsorted(cw, k, "left")])
 
 
+def nearest_rank_chunked(chunks, q: float, *, limit: int = 1 << 22, bins: int = 1 << 16
+                         ) -> float | None:
+    """`nearest_rank(values, q, weights)` over weighted samples too many to sort at once (a
+    spilled `tbt` table): `chunks()` yields (values, weights) array pairs and is read a few times.
+    Each pass narrows the value range holding the ceil(q*W)-th weight with a histogram until at
+    most `limit` samples are left, which are sorted: exact, memory O(limit + bins)."""
+    total, n, lo, hi = 0, 0, math.inf, -math.inf
+    for v, w in chunks():
+        if len(v):
+            total, n = total + int(w.sum()), n + len(v)
+            lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
+    if total == 0:
+        return None
+    k = max(1, math.ceil(q * total))
+    below = 0                               # weight of the samples under lo
+
+    def inside(v, w):
+        m = (v >= lo) & (v <= hi)
+        return v[m], w[m]
+
+    while n > limit and lo < hi:
+        scale = bins / (hi - lo)
+        idx = lambda v: np.minimum(((v - lo) * scale).astype(np.int64), bins - 1)  # noqa: E731
+        hw = np.zeros(bins, np.int64)
+        for v, w in chunks():
+            v, w = inside(v, w)
+            hw += np.rint(np.bincount(idx(v), w, bins)).astype(np.int64)
+        cum = below + np.cumsum(hw)
+        b = int(np.searchsorted(cum, k, "left"))
+        below = int(cum[b - 1]) if b else below
+        # idx is monotone: the samples of bin b are exactly those in [their min, their max].
+        nlo, nhi, n = math.inf, -math.inf, 0
+        for v, w in chunks():
+            v = inside(v, w)[0]
+            v = v[idx(v) == b]
+            if len(v):
+                n, nlo, nhi = n + len(v), min(nlo, float(v.min())), max(nhi, float(v.max()))
+        lo, hi = nlo, nhi
+    if lo == hi:
+        return float(lo)
+    parts = [inside(v, w) for v, w in chunks()]
+    v = np.concatenate([p[0] for p in parts])
+    w = np.concatenate([p[1] for p in parts])
+    order = np.argsort(v, kind="stable")
+    cw = below + np.cumsum(w[order])
+    return float(v[order][np.searchsorted(cw, k, "left")])
+
+
+def tbt_percentile(tbt, q: float) -> float | None:
+    """Nearest-rank q-quantile of the `tbt` table (weighted samples), in memory or spilled."""
+    if isinstance(tbt, pl.DataFrame):
+        return nearest_rank(tbt["tbt_s"].to_numpy(), q, tbt["weight"].to_numpy())
+    return nearest_rank_chunked(
+        lambda: ((c["tbt_s"], c["weight"]) for c in tbt.spill.chunks()), q)
+
+
 def produced_tokens(requests: pl.DataFrame) -> pl.Expr:
     """Output tokens a request really produced (Int64): an output cut at max_model_len produced
     fewer than it asked for, and sums of Int32 token counts wrap past 2^31."""
@@ -97,8 +153,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         "throughput_rps": fin.height / sim if sim > 0 else 0.0,
         "output_tokens_per_s": out_tokens / sim if sim > 0 else 0.0,
         "ttft_p50_s": nearest_rank(ttft, 0.5), "ttft_p99_s": nearest_rank(ttft, 0.99),
-        "tbt_p50_s": nearest_rank(tbt["tbt_s"].to_numpy(), 0.5, tbt["weight"].to_numpy()),
-        "tbt_p99_s": nearest_rank(tbt["tbt_s"].to_numpy(), 0.99, tbt["weight"].to_numpy()),
+        "tbt_p50_s": tbt_percentile(tbt, 0.5), "tbt_p99_s": tbt_percentile(tbt, 0.99),
         "tpot_p50_s": nearest_rank(fin["tpot_s"].to_numpy(), 0.5),
         "e2e_p50_s": nearest_rank(fin["e2e_s"].to_numpy(), 0.5),
         "preemptions_recompute": count["preempt_recompute"],

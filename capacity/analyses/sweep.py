@@ -41,12 +41,31 @@ def default_workers() -> int:
 
 
 _POOL: dict[int, ProcessPoolExecutor] = {}
+_PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: a killed parent (SIGKILL, the OOM killer) must not leave workers
+    behind holding its stdout pipe. Linux delivers SIGKILL to the worker when the thread that
+    spawned it exits (kvcap submits from the main thread); elsewhere nothing is set."""
+    import ctypes
+    import signal
+    import sys
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:      # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
     pool = _POOL.get(workers)
     if pool is None:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                   initializer=_die_with_parent, initargs=(os.getpid(),))
         _POOL[workers] = pool
     return pool
 

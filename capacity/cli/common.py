@@ -231,9 +231,33 @@ def load_trace_file(path: Path, *, trace_format: str | None = None):
     return load_trace(path, format=trace_format)
 
 
-def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: float = 1.0):
+# The planning analyses bin simulated time in 60-s windows (classify, preemptions per minute):
+# more bins than this (and than 100 per request) means a stray timestamp, not a long trace.
+MAX_TIME_BINS = 1_000_000
+
+
+def check_span(trace, name: str, window_s: float = 60.0) -> None:
+    """Refuse, before any replay, a trace whose time span the analyses cannot bin by the minute
+    within its work (one year-2100 timestamp in a 2023 trace: 40M windows for 2,000 requests),
+    naming the request after the widest gap."""
+    import numpy as np
+    t = np.sort(trace["arrival_s"].to_numpy()) if trace.height else np.zeros(1)
+    bins = (t[-1] - t[0]) / window_s
+    if bins <= max(MAX_TIME_BINS, 100 * trace.height):
+        return
+    gaps = np.diff(t)
+    i = int(np.argmax(gaps))
+    row = trace.filter(trace["arrival_s"] == t[i + 1]).row(0, named=True)
+    raise ValueError(
+        f"{name}: request_id {row['request_id']} arrives {gaps[i]:,.0f} s ({gaps[i] / 3.156e7:,.1f} "
+        f"years) after the one before it; the trace spans {bins:,.0f} windows of {window_s:g} s for "
+        f"{trace.height:,} requests; drop that request or fix its timestamp")
+
+
+def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: float = 1.0,
+                *, binned: bool = True):
     """The trace a command works on (the built-in default scenario when no file), rate-scaled,
-    and a name for it."""
+    and a name for it; `binned`: the command bins time (`check_span`)."""
     if file is None:
         from traces.synth import DEFAULT_SCENARIO, default_trace
         trace, name = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}"
@@ -242,6 +266,8 @@ def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: f
     if rate_scale != 1.0:
         from traces.transforms import scale_rate
         trace = scale_rate(trace, rate_scale)
+    if binned:
+        check_span(trace, name)
     return trace, name
 
 

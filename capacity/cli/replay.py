@@ -15,7 +15,7 @@ err = Console(stderr=True)
 
 def replay_with_progress(trace, engine, *, executor: str, reference: bool, label: str | None,
                          trace_name: str, quiet: bool, stub_options: dict | None = None,
-                         record_batches: bool = False):
+                         record_batches: bool = False, spill_dir: str | None = None):
     """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -25,7 +25,7 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
                       trace_name=trace_name, stub_options=stub_options,
-                      record_batches=record_batches)
+                      record_batches=record_batches, spill_dir=spill_dir)
     with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.fields[sim]}"),
                   TextColumn("{task.fields[reqs]}"), TimeElapsedColumn(), console=err,
                   transient=True) as prog:
@@ -38,7 +38,7 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
                       trace_name=trace_name, on_progress=on_progress, stub_options=stub_options,
-                      record_batches=record_batches)
+                      record_batches=record_batches, spill_dir=spill_dir)
 
 
 def summary_table(s: dict, db: str) -> Table:
@@ -91,7 +91,7 @@ def replay_cmd(
     from capacity.analyses.metrics import summary
     from replay.store import write_run
     wall0 = time.perf_counter()
-    trace, _ = trace_input(file, trace_format, rate_scale)
+    trace, _ = trace_input(file, trace_format, rate_scale, binned=False)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
     facts = _facts_from_logs(from_logs, log_source, engine) if from_logs is not None else None
@@ -100,9 +100,12 @@ def replay_cmd(
                                      num_cpu_blocks_override=engine.num_cpu_blocks_override
                                      if facts.num_cpu_blocks is None else facts.num_cpu_blocks)
     stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None
+    # A long run's steps and TBT samples wait on disk beside the DB (memory bounded by requests).
+    spill_dir = str(db.parent) if db.parent.is_dir() else None
     result = replay_with_progress(trace, engine, executor=executor, reference=reference,
                                   label=label, trace_name=file.name, quiet=as_json,
-                                  stub_options=stub_options, record_batches=record_batches)
+                                  stub_options=stub_options, record_batches=record_batches,
+                                  spill_dir=spill_dir)
     tables = result.tables()
     write_run(db, tables)
     s = summary(tables)

@@ -39,7 +39,7 @@ from capacity.evidence.promseries import WINDOW_SCHEMA, windows
 from capacity.evidence.logfacts import ENGINE_SCHEMA, EVENT_SCHEMA, looks_like_server_output
 from capacity.evidence.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
                                VLLM_PREFIX, WARNING_MARK, parse_server_log, strip_ansi)
-from replay.store import connect
+from replay.store import connect, remove_db
 
 _DUCK = {pl.Utf8: "VARCHAR", pl.Int64: "BIGINT", pl.Int32: "INTEGER", pl.Float64: "DOUBLE",
          pl.Datetime("us"): "TIMESTAMP", pl.Boolean: "BOOLEAN"}
@@ -217,8 +217,20 @@ def _triage(paths: list[Path], kind: str | None, client_start) -> tuple[dict, di
     return kinds, parsed, skipped
 
 
-def ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
-                 client_start: datetime | None = None, window_s: float = 10.0) -> IngestReport:
+def ingest_files(paths: list[Path], db: Path, **kwargs) -> IngestReport:
+    """`_ingest_files`, leaving nothing half-written: a database this call created is removed
+    again when it fails (a failed or interrupted transaction leaves an existing one as it was)."""
+    created = not Path(db).exists()
+    try:
+        return _ingest_files(paths, db, **kwargs)
+    except BaseException:
+        if created:
+            remove_db(db)
+        raise
+
+
+def _ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
+                  client_start: datetime | None = None, window_s: float = 10.0) -> IngestReport:
     """Parse every readable file and store it; the others are skipped with a reason. Raises
     (nothing written) only when no file could be read.
 

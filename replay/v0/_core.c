@@ -1036,6 +1036,8 @@ static int update(Core *c) {
             if (c->q.status[r] == ST_FINISHED) {
                 release_reservation(c, r);
                 if (bm_free(c, r) < 0) return -1;
+                /* Finished for good: free its table now, not at the end of the run. */
+                free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0;
                 c->fin[c->nfin++] = r;
             } else {
                 c->tmp[w++] = r;

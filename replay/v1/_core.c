@@ -654,6 +654,9 @@ static int update(Core *c) {
             unswap(c, r);
         }
         c->q.status[r] = ST_FINISHED;
+        /* A finished request never holds blocks again: its table goes now, not at the end of
+         * the run (10M requests' tables were gigabytes). */
+        free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0;
     }
     if (any_running) {
         int64_t w = 0;
