@@ -18,7 +18,7 @@ import numpy as np
 
 from replay.cost_model import CostModel
 from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
-from replay.raw import EVENT_KINDS, STEP_COLUMNS, RawRun, abort_reason
+from replay.raw import BATCH_COLUMNS, EVENT_KINDS, STEP_COLUMNS, RawRun, abort_reason
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
 
@@ -122,9 +122,11 @@ def cost_args(ex: CostModel) -> tuple:
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
-        progress_every_steps: int = 20_000, check: bool = False) -> RawRun:
+        progress_every_steps: int = 20_000, check: bool = False,
+        record_batches: bool = False) -> RawRun:
     """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
-    first). `check=True` verifies the block-accounting invariants at the end (tests)."""
+    first). `check=True` verifies the block-accounting invariants at the end (tests);
+    `record_batches` keeps every step's batch (RawRun.batches)."""
     n = state.n
     if n and np.any(np.diff(state.arrival_s) < 0):
         raise ValueError("requests must be sorted by arrival_s")
@@ -133,6 +135,8 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     ext = CORES[engine]
     core, _ = new_core(engine, state, spec, executor, keys,
                        (first_sched, first_tok, finish, max_tbt))
+    if record_batches:
+        ext.record_batches(core, True)
     chunk = progress_every_steps if on_progress is not None else 1 << 40
     while True:
         done, _step, t, cursor = ext.run(core, chunk)
@@ -144,6 +148,14 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
         ext.check(core)
     out = ext.results(core)
     raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block)
+    if record_batches:
+        count = _col(out, "b_count", np.int32)
+        raw.batches = {"step": np.repeat(np.arange(len(count), dtype=np.int64), count),
+                       "row": _col(out, "b_row", np.int32).astype(np.int64),
+                       "num_new_tokens": _col(out, "b_new", np.int64),
+                       "num_computed_tokens": _col(out, "b_ctx", np.int64),
+                       "kind": _col(out, "b_kind", np.int8)}
+        assert raw.batches.keys() == BATCH_COLUMNS.keys()
     if out.get("aborted"):
         raw.status, raw.abort_s = "aborted", out["abort_s"]
         raw.abort_reason = abort_reason(out["abort_row"], out["abort_needed"], out["abort_free"])
@@ -234,6 +246,7 @@ class StepCore:
         return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
                         num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
                         is_prefill=_col(p, "prefill", np.uint8).astype(bool),
+                        kind=_col(p, "kind", np.int8).copy() if "kind" in p else None,
                         swap_out=swap_out, swap_in=swap_in, preempted=pre,
                         swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej)
 

@@ -30,6 +30,20 @@ typedef struct { int8_t *d; int64_t n, cap; } veci8;
         }                                                                              \
     } while (0)
 
+/* Append k items at once (one capacity check): the batch records copy a whole step's arrays. */
+#define KV_APPEND(v, T, src, k)                                                        \
+    do {                                                                               \
+        if ((v)->n + (k) > (v)->cap) {                                                 \
+            int64_t nc = (v)->cap ? (v)->cap : 1024;                                   \
+            while (nc < (v)->n + (k)) nc *= 2;                                         \
+            T *p = (T *)realloc((v)->d, (size_t)nc * sizeof(T));                       \
+            if (!p) return -1;                                                         \
+            (v)->d = p; (v)->cap = nc;                                                 \
+        }                                                                              \
+        if (src) memcpy((v)->d + (v)->n, (src), (size_t)(k) * sizeof(T));             \
+        (v)->n += (k);                                                                 \
+    } while (0)
+
 static inline int pushd(vecd *v, double x) { KV_GROW(v, double); v->d[v->n++] = x; return 0; }
 static inline int pushi(veci *v, int64_t x) { KV_GROW(v, int64_t); v->d[v->n++] = x; return 0; }
 static inline int pushi32(veci32 *v, int32_t x) { KV_GROW(v, int32_t); v->d[v->n++] = x; return 0; }
@@ -52,6 +66,8 @@ static inline uint64_t mix64(uint64_t x) {
 /* Event kinds: indices into replay.raw.EVENT_KINDS. */
 enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
        EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5 };
+/* Batch kinds: indices into replay.raw.BATCH_KINDS. */
+enum { BK_NEW = 0, BK_RESUMED = 1, BK_RUNNING = 2, BK_PREFILL = 3, BK_DECODE = 4 };
 
 typedef struct {
     /* One row per step: replay.raw.STEP_COLUMNS. */
@@ -65,6 +81,9 @@ typedef struct {
     veci sl_row; vecd sl_pre, sl_res, sl_stall; veci8 sl_mode;
     /* Fleet TBT samples as (value, weight). */
     vecd tbt_v; veci tbt_w;
+    /* Per-step batch records (Loop.record_batches only; replay/compiled.py expands them to
+     * replay.raw.BATCH_COLUMNS): rows per step, then each step's plan arrays back to back. */
+    veci32 b_count, b_row; veci b_new, b_ctx; veci8 b_kind;
 } Tables;
 
 typedef struct {
@@ -115,7 +134,8 @@ static void tables_free(Tables *o) {
                   o->evicted_requests.d, o->num_prefill_tokens.d, o->num_decode_tokens.d,
                   o->gpu_blocks_used.d, o->cpu_blocks_used.d, o->evicted_blocks.d, o->ev_t.d,
                   o->ev_step.d, o->ev_row.d, o->ev_blocks.d, o->ev_kind.d, o->sl_row.d,
-                  o->sl_pre.d, o->sl_res.d, o->sl_stall.d, o->sl_mode.d, o->tbt_v.d, o->tbt_w.d};
+                  o->sl_pre.d, o->sl_res.d, o->sl_stall.d, o->sl_mode.d, o->tbt_v.d, o->tbt_w.d,
+                  o->b_count.d, o->b_row.d, o->b_new.d, o->b_ctx.d, o->b_kind.d};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
 
@@ -167,6 +187,8 @@ static PyObject *tables_dict(Tables *o) {
     COL(sl_row, o->sl_row, 8) COL(sl_pre, o->sl_pre, 8) COL(sl_res, o->sl_res, 8)
     COL(sl_stall, o->sl_stall, 8) COL(sl_mode, o->sl_mode, 1)
     COL(tbt_v, o->tbt_v, 8) COL(tbt_w, o->tbt_w, 8)
+    COL(b_count, o->b_count, 4) COL(b_row, o->b_row, 4) COL(b_new, o->b_new, 8)
+    COL(b_ctx, o->b_ctx, 8) COL(b_kind, o->b_kind, 1)
 #undef COL
     return d;
 fail:
@@ -525,6 +547,7 @@ typedef struct {
     int8_t *last_mode;                    /* per row: 1 recompute, 2 swap (its last preemption) */
     int64_t *evicted;                     /* per row: blocks of a swap victim not yet resumed */
     int64_t evicted_count, evicted_total;
+    int record_batches;                   /* keep every step's batch (Tables.b_*) */
 } Loop;
 
 static int loop_init(Loop *lp, const Req *q) {
@@ -547,6 +570,7 @@ static void loop_free(Loop *lp) {
 typedef struct {
     const int32_t *rows; const int64_t *num_new, *num_computed; const uint8_t *prefill;
     const uint8_t *sampled;               /* set by the core's update() */
+    const int8_t *kind;                   /* V1: BK_* per row; NULL (V0): prefill / decode */
     int64_t nrows;
     const int32_t *pre_rows; const int64_t *pre_blocks; const int8_t *pre_mode;
     const uint8_t *pre_fallback; int64_t npre;
@@ -644,6 +668,21 @@ static inline double cost_step(const Cost *c, const StepSums *s, int64_t swaps) 
     return cost_step_s(c, s->tokens, s->num_sampled, s->attn, s->kv, swaps);
 }
 
+/* The step's batch, one record per scheduled row in batch order (replay/loop.py's
+ * record_batches): the plan's arrays copied whole. */
+static int loop_batches(Tables *o, const Plan *pl) {
+    int64_t k = pl->nrows, n0 = o->b_kind.n;
+    if (pushi32(&o->b_count, (int32_t)k)) return -1;
+    KV_APPEND(&o->b_row, int32_t, pl->rows, k);
+    KV_APPEND(&o->b_new, int64_t, pl->num_new, k);
+    KV_APPEND(&o->b_ctx, int64_t, pl->num_computed, k);
+    KV_APPEND(&o->b_kind, int8_t, pl->kind, k);
+    if (!pl->kind)
+        for (int64_t j = 0; j < k; j++)
+            o->b_kind.d[n0 + j] = pl->prefill[j] ? BK_PREFILL : BK_DECODE;
+    return 0;
+}
+
 /* After update(): record the step row (`row`, completed here with the loop's own columns), the
  * TBT samples (one weighted sample for the rows that also sampled in the previous step, then
  * the others one by one in batch order), stalls, finish times; advance the clock. Returns 1 when
@@ -671,6 +710,7 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
     row->evicted_requests = (int32_t)lp->evicted_count;
     row->evicted_blocks = lp->evicted_total;
     if (tables_step(o, row)) return -1;
+    if (lp->record_batches && loop_batches(o, pl)) return -1;
     if (same && tables_tbt(o, end - t, same)) return -1;
     for (int64_t j = 0; j < pl->nrows; j++) {
         if (!pl->sampled[j]) continue;

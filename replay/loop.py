@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from replay.plan import Scheduler, StepPlan
-from replay.raw import STEP_COLUMNS, RawRun, abort_reason
+from replay.raw import BATCH_COLUMNS, BATCH_KINDS, STEP_COLUMNS, RawRun, abort_reason
 from replay.state import RequestState, Status
 
 
@@ -29,8 +29,9 @@ class Executor(Protocol):
 
 def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
-        progress_every_steps: int = 20_000) -> RawRun:
-    """Replay every request of `state` (rows sorted by arrival) through `scheduler`."""
+        progress_every_steps: int = 20_000, record_batches: bool = False) -> RawRun:
+    """Replay every request of `state` (rows sorted by arrival) through `scheduler`;
+    `record_batches` keeps every step's batch (RawRun.batches)."""
     n = state.n
     arrival = state.arrival_s
     if n and np.any(np.diff(arrival) < 0):
@@ -48,6 +49,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     # not (resumed, skipped): memory O(steps), not O(tokens).
     tbt_vals: list[float] = []
     tbt_wts: list[int] = []
+    # Per-step batch records: one array per step and column, joined at the end.
+    batch_parts: list[tuple] = []
 
     def add_gaps(end: float, prev: np.ndarray) -> np.ndarray:
         """Record the TBT samples end - prev; return them (per row)."""
@@ -128,6 +131,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         # rule); the executor runs the plan before update() frees finished requests' blocks.
         known = state.prompt_len[rows] + state.num_output[rows]
         num_sampled = int(np.count_nonzero(plan.num_computed_tokens + plan.num_new_tokens >= known))
+        if record_batches:
+            kind = (plan.kind if plan.kind is not None else
+                    np.where(plan.is_prefill, _PREFILL, _DECODE).astype(np.int8))
+            batch_parts.append((np.full(len(rows), step, np.int64), rows,
+                                plan.num_new_tokens, plan.num_computed_tokens, kind))
         dt = executor.step_s(plan, num_sampled)
         out = scheduler.update(plan)
         sampled = rows[out.sampled]
@@ -173,7 +181,14 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
     raw.tbt_values = np.array(tbt_vals, dtype=np.float64)
     raw.tbt_weights = np.array(tbt_wts, dtype=np.int64)
+    if record_batches:
+        raw.batches = {k: (np.concatenate([p[i] for p in batch_parts]) if batch_parts
+                           else np.zeros(0)).astype(dt, copy=False)
+                       for i, (k, dt) in enumerate(BATCH_COLUMNS.items())}
     return raw
+
+
+_PREFILL, _DECODE = BATCH_KINDS.index("prefill"), BATCH_KINDS.index("decode")
 
 
 def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler):

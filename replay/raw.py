@@ -27,6 +27,14 @@ STEP_COLUMNS = {
 EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
                "swap_full_abort", "reject")
 
+# `batches.kind`, as vLLM's scheduler output names a scheduled request: V1 `scheduled_new_reqs`
+# (first admission), resumed (admitted again after a preemption; 0.33's Model Runner V2 lists
+# them among the new ones, oracle README F14) and running (`scheduled_cached_reqs`); V0 the
+# sequence group's prefill or decode. The C cores index it (replay/kvcore.h `BK_*`).
+BATCH_KINDS = ("new", "resumed", "running", "prefill", "decode")
+BATCH_COLUMNS = {"step": np.int64, "row": np.int64, "num_new_tokens": np.int64,
+                 "num_computed_tokens": np.int64, "kind": np.int8}
+
 Implementation = Literal["compiled", "reference"]
 
 
@@ -56,6 +64,9 @@ class RawRun:
     num_steps: int = 0
     # Which implementation produced it (recorded in the `runs` table).
     implementation: Implementation = "reference"
+    # Per-step batch records (`record_batches=True` only, else None): BATCH_COLUMNS, one entry
+    # per scheduled request per step in batch order; step is 0-based as in `events`.
+    batches: dict[str, np.ndarray] | None = None
 
 
 def abort_reason(row: int, needed: int, free: int) -> str:

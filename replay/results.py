@@ -2,7 +2,8 @@
 
 Tables: `runs` (one row), `requests` (every trace row exactly once), `steps` (one row per engine
 step), `events`, `stalls` (one row per preemption stall: the TBT sample spanning a preemption) and
-`tbt` (fleet TBT samples as value + weight, exact percentiles without one row per token).
+`tbt` (fleet TBT samples as value + weight, exact percentiles without one row per token), and with
+`record_batches` `batches` (one row per request scheduled in a step, in batch order).
 Must not import capacity/, duckdb or torch.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from replay.raw import RawRun
+from replay.raw import BATCH_KINDS, RawRun
 from replay.state import Status
 
 _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",
@@ -27,14 +28,19 @@ class RunResult:
     events: pl.DataFrame
     stalls: pl.DataFrame
     tbt: pl.DataFrame
+    # Only when the replay recorded batches (`kvcap replay --record-batches`).
+    batches: pl.DataFrame | None = None
 
     @property
     def run_id(self) -> str:
         return self.run["run_id"]
 
     def tables(self) -> dict[str, pl.DataFrame]:
-        return {"runs": pl.DataFrame([self.run]), "requests": self.requests, "steps": self.steps,
-                "events": self.events, "stalls": self.stalls, "tbt": self.tbt}
+        out = {"runs": pl.DataFrame([self.run]), "requests": self.requests, "steps": self.steps,
+               "events": self.events, "stalls": self.stalls, "tbt": self.tbt}
+        if self.batches is not None:
+            out["batches"] = self.batches
+        return out
 
 
 def request_status(status: np.ndarray) -> np.ndarray:
@@ -86,6 +92,9 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
         "blocks": pl.Series(ev["blocks"], dtype=pl.Int64),
         "bytes": pl.Series(ev["bytes"], dtype=pl.Int64),
     })
+    # Order within the step: both loops append a step's events in the order the scheduler
+    # applied them (rejections, then preemption victims as chosen, then loads).
+    events = events.with_columns(seq=pl.int_range(pl.len(), dtype=pl.Int32).over("step"))
     sl = raw.stalls
     stalls = pl.DataFrame({
         "run_id": _run_ids(run_id, len(sl["row"])),
@@ -97,4 +106,29 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
     })
     tbt = pl.DataFrame({"run_id": _run_ids(run_id, len(raw.tbt_values)),
                         "tbt_s": raw.tbt_values, "weight": raw.tbt_weights})
-    return {"requests": requests, "steps": steps, "events": events, "stalls": stalls, "tbt": tbt}
+    out = {"requests": requests, "steps": steps, "events": events, "stalls": stalls, "tbt": tbt}
+    if raw.batches is not None:
+        out["batches"] = batch_table(raw.batches, rid, run_id)
+    return out
+
+
+_KINDS = pl.Series(BATCH_KINDS, dtype=pl.Enum(list(BATCH_KINDS)))
+
+
+def batch_table(b: dict[str, np.ndarray], rid: np.ndarray, run_id: str) -> pl.DataFrame:
+    """`batches`: one row per request scheduled in a step; `seq` is its place in the batch."""
+    step = b["step"]
+    n = len(step)
+    # Rows of one step are contiguous and in batch order: seq restarts where the step changes.
+    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]]) if n else np.zeros(0, np.int64)
+    seq = np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.r_[starts, n]))
+    return pl.DataFrame({
+        "run_id": _run_ids(run_id, n),
+        "step": step + 1,
+        "seq": seq.astype(np.int32),
+        "request_id": pl.Series(rid[b["row"]], dtype=pl.Int64),
+        "num_new_tokens": b["num_new_tokens"],
+        "num_computed_tokens": b["num_computed_tokens"],
+        # An Enum gathered from the codes (no string per row: a long replay has millions).
+        "kind": _KINDS.gather(b["kind"].astype(np.uint32)),
+    })

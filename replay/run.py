@@ -97,7 +97,7 @@ Choice = Literal["auto", "compiled", "reference"]
 def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, executor, *,
                kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
                on_progress: Callable[[float, int], None] | None = None,
-               progress_every_steps: int = 20_000) -> RawRun:
+               progress_every_steps: int = 20_000, record_batches: bool = False) -> RawRun:
     """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
     it cannot run), "reference" (the Python scheduler and loop; `scheduler` if already built,
     e.g. for the torch stub) or "auto" (compiled where it can run, else the reference with a
@@ -109,20 +109,23 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
     if implementation != "reference" and why is None:
         return compiled.run(engine, state, spec, executor, keys,
                             kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
-                            progress_every_steps=progress_every_steps)
+                            progress_every_steps=progress_every_steps,
+                            record_batches=record_batches)
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
     sched = scheduler if scheduler is not None else make_scheduler(engine, spec, state, keys)
     return loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
-                    on_progress=on_progress, progress_every_steps=progress_every_steps)
+                    on_progress=on_progress, progress_every_steps=progress_every_steps,
+                    record_batches=record_batches)
 
 
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
-           ) -> RunResult:
-    """Replay `trace` (canonical, sorted by arrival_s) under `config`."""
+           record_batches: bool = False) -> RunResult:
+    """Replay `trace` (canonical, sorted by arrival_s) under `config`; `record_batches` adds
+    the `batches` table (every step's batch: off by default, it is one row per token step)."""
     config = config or EngineConfig()
     wall0 = time.perf_counter()
     eng = resolve(config)
@@ -143,7 +146,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         raise ValueError(f"executor {executor!r}: use 'model' or 'stub'")
     raw = run_engine(config.scheduler, eng.spec, state, keys, ex,
                      kv_bytes_per_block=eng.kv_bytes_per_block,
-                     implementation=implementation, scheduler=scheduler, on_progress=on_progress)
+                     implementation=implementation, scheduler=scheduler, on_progress=on_progress,
+                     record_batches=record_batches)
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
     run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)

@@ -39,10 +39,14 @@ SCHEMA = {
         cpu_blocks_used BIGINT, swap_out_blocks INTEGER, swap_in_blocks INTEGER,
         num_preempted INTEGER, evicted_requests INTEGER, evicted_blocks BIGINT""",
     "events": """run_id VARCHAR, t_s DOUBLE, step BIGINT, request_id BIGINT, kind VARCHAR,
-        blocks BIGINT, bytes BIGINT, log_line VARCHAR""",
+        blocks BIGINT, bytes BIGINT, log_line VARCHAR, seq INTEGER""",
     "stalls": """run_id VARCHAR, request_id BIGINT, preempted_s DOUBLE, resumed_s DOUBLE,
         stall_s DOUBLE, mode VARCHAR""",
     "tbt": "run_id VARCHAR, tbt_s DOUBLE, weight BIGINT",
+    # `kvcap replay --record-batches` only: one row per request scheduled in a step; seq is its
+    # place in the batch (vLLM's order), kind new/resumed/running (V1) or prefill/decode (V0).
+    "batches": """run_id VARCHAR, step BIGINT, seq INTEGER, request_id BIGINT,
+        num_new_tokens BIGINT, num_computed_tokens BIGINT, kind VARCHAR""",
 }
 
 
@@ -125,11 +129,12 @@ def ensure_schema(con, path: str | Path = "the database") -> None:
             raise StoreError(f"database {path}: cannot create table {table} ({_one_line(e)})") from None
     # Files written before runs.implementation ('compiled' | 'reference') existed gain it (NULL).
     con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS implementation VARCHAR")
+    con.execute("ALTER TABLE events ADD COLUMN IF NOT EXISTS seq INTEGER")
     check_schema(con, path)
 
 
 # Columns ensure_schema adds to older files (ALTER TABLE): a read-only reader does not require them.
-_ADDED_LATER = {"runs": ("implementation",)}
+_ADDED_LATER = {"runs": ("implementation",), "events": ("seq",)}
 
 
 def check_schema(con, path: str | Path = "the database") -> None:

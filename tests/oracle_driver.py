@@ -42,8 +42,10 @@ def out_token(idx: int, k: int) -> int:
     return 9_000_000 + idx * 10_000 + k
 
 
-def build(sc: dict, engine: str):
-    """SchedulerSpec, RequestState, request ids and block keys for a scenario."""
+def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
+    """SchedulerSpec, RequestState, request ids and block keys for a scenario. `arrival_at_step`:
+    each request arrives at time `arrival_step` exactly (a replay loop whose steps take 1 s then
+    takes step k at time k; same-step arrivals tie and enter in file order)."""
     v1 = engine == "v1"
     mode = sc.get("preemption_mode")
     spec = SchedulerSpec(
@@ -59,7 +61,8 @@ def build(sc: dict, engine: str):
                                "watermark", "max_num_active_seqs") if k in sc and v1})
     reqs = sc["requests"]
     ids = [str(r["id"]) for r in reqs]
-    arrival = [float(r["arrival_time"]) if r.get("arrival_time") is not None
+    arrival = [float(r["arrival_step"]) if arrival_at_step else
+               float(r["arrival_time"]) if r.get("arrival_time") is not None
                else float(r["arrival_step"]) + i * 1e-6 for i, r in enumerate(reqs)]
     prompts = [prompt_ids(r, i) for i, r in enumerate(reqs)]
     state = RequestState(arrival_s=np.array(arrival),
@@ -77,6 +80,14 @@ def build(sc: dict, engine: str):
 
     keys = TokenBlockKeys(block_size=spec.block_size, tokens=tokens, all_tokens=all_tokens)
     return spec, state, ids, keys
+
+
+def batch_kinds(plan) -> list[str]:
+    """The plan's kind per row, as `batches.kind` names it (replay.raw.BATCH_KINDS)."""
+    from replay.raw import BATCH_KINDS
+    if plan.kind is None:
+        return ["prefill" if p else "decode" for p in plan.is_prefill.tolist()]
+    return [BATCH_KINDS[k] for k in plan.kind.tolist()]
 
 
 def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
@@ -107,11 +118,13 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
                         "free_cpu": snap["free_cpu"]})
             break
         cum += len(plan.preempted)
-        if engine == "v0":
-            kinds = ["prefill" if p else "decode" for p in plan.is_prefill]
-        else:
-            kinds = ["resumed" if r in was_preempted else "new" if r in was_waiting else "running"
-                     for r in plan.rows.tolist()]
+        # The scheduler's own batch kinds (what `batches.kind` records), checked against the
+        # kinds the queues imply: the oracle labels a request by its status before schedule().
+        kinds = batch_kinds(plan)
+        implied = (["prefill" if p else "decode" for p in plan.is_prefill] if engine == "v0" else
+                   ["resumed" if r in was_preempted else "new" if r in was_waiting else "running"
+                    for r in plan.rows.tolist()])
+        assert kinds == implied, f"step {step}: plan kinds {kinds}, queues imply {implied}"
         line = {
             "step": step,
             "scheduled": [[ids[r], int(n), k] for r, n, k in

@@ -133,3 +133,36 @@ def test_interrupted_replay_leaves_no_partial_run(small_trace, tmp_path, path, r
                               "(SELECT run_id FROM runs)").fetchall()
     con.close()
     assert runs == 1 and orphans == 0
+
+
+def test_record_batches_stores_every_step_batch_and_a_rerun_without_drops_it(small_trace, tmp_path):
+    """`--record-batches`: one `batches` row per request per step, in batch order (seq), whose
+    tokens add up to the step's; the other tables are the run without it; a rerun without the
+    flag replaces the run and leaves no batches behind."""
+    db, plain = tmp_path / "b.duckdb", tmp_path / "p.duckdb"
+    args = (small_trace, "--json", "--num-gpu-blocks-override", "600")
+    out = json.loads(kvcap("replay", *args, "--db", db, "--record-batches").stdout)
+    json.loads(kvcap("replay", *args, "--db", plain).stdout)
+    con = duckdb.connect(str(db), read_only=True)
+    bad, = con.execute("""
+        SELECT count(*) FROM steps s LEFT JOIN (
+            SELECT step, sum(num_new_tokens) AS tok, count(*) AS n, max(seq) AS top
+            FROM batches WHERE run_id = $1 GROUP BY step) b USING (step)
+        WHERE s.run_id = $1 AND (coalesce(b.tok, 0) != s.num_prefill_tokens + s.num_decode_tokens
+                                 OR coalesce(b.top + 1, 0) != coalesce(b.n, 0))""",
+                       [out["run_id"]]).fetchone()
+    assert bad == 0
+    kinds = {k for (k,) in con.execute("SELECT DISTINCT kind FROM batches").fetchall()}
+    assert kinds == {"new", "resumed", "running"}      # 600 blocks: preemptions, then resumes
+    n_b, = con.execute("SELECT count(*) FROM batches").fetchone()
+    steps_b = con.execute("SELECT * EXCLUDE (run_id) FROM steps ORDER BY step").fetchall()
+    con.close()
+    con = duckdb.connect(str(plain), read_only=True)
+    assert con.execute("SELECT count(*) FROM batches").fetchone() == (0,)
+    assert con.execute("SELECT * EXCLUDE (run_id) FROM steps ORDER BY step").fetchall() == steps_b
+    con.close()
+    assert n_b > 300
+    kvcap("replay", *args, "--db", db)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM batches").fetchone() == (0,)
+    con.close()

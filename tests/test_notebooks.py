@@ -35,6 +35,7 @@ PARAMS = {
                                                      "batch_job_interval_s": 30,
                                                      "batch_job_requests": 40}},
     "06-production-evidence": {"log_files": [str(LOGS / "v0_server.log"), str(LOGS / "bench_v0.json")],
+                               "prom_files": [str(ROOT / "tests" / "data" / "prom" / "scrapes" / "server-a")],
                                "scenario_params": {"duration_s": 120, "rate_rps": 1.0}},
 }
 
@@ -117,6 +118,7 @@ def test_later_notebooks_reuse_the_duckdb_runs(executed):
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "No replay-based answer in this DB" not in text   # 03's size-swap demand run is found
     assert "replay.run_id" in text and "replay.peak_swapped_gib" in text
+    assert "parts ways (windows)" in text and "itl_p99_s" in text      # replay vs. Prometheus ran
 
 
 # ---- thinness --------------------------------------------------------------------------------
@@ -190,3 +192,11 @@ def test_notebook_headroom_is_the_cli_headroom(executed, tmp_path):
     assert str(head["headroom_rate_scale"]) == shown
     if tuned["recommended_max_num_seqs"] is not None:
         assert head["headroom_rate_scale"] == tuned["margin_rate_scale"]
+
+
+def test_replay_notebook_drills_into_one_requests_stalls(executed):
+    """02 records batches and shows one request's batches around its stalls (issue 20)."""
+    nb, _ = executed["02-replay-and-preemption"]
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert "preemption(s) shown" in text and "no preemption stall" not in text
+    assert "batch_size" in text and "num_computed_tokens" in text

@@ -113,3 +113,12 @@ def test_search_brackets_the_threshold_to_its_precision():
     fast = run_searches(["x"], lambda todo: [s <= 0.52 for _, s in todo], guesses={"x": 0.5})["x"]
     slow = search_scale(lambda x: x <= 0.52)
     assert fast.scale <= 0.52 < fast.failed_at and len(fast.probes) < len(slow.probes)
+
+
+def test_report_drills_into_the_worst_stalled_requests_batches(report):
+    """Issue 20: the stalls section shows one request's batches around its stalls."""
+    out, doc = report
+    assert doc["recommendation"]["expected"]["preemptions"] > 0
+    html = (out / "index.html").read_text()
+    assert "Drill-down, request " in html and "preempted (in order)" in html
+    assert html.count(">preempted<") >= 1 and html.count(">resumed<") >= 1

@@ -47,3 +47,33 @@ def test_v0_swap_engine_is_analysed_with_recompute_and_says_so():
     cfg = EngineConfig(scheduler="v0", preemption_mode="swap", num_gpu_blocks_override=900)
     i = interference(trace, cfg, planner=Planner(workers=1))
     assert i.summary.startswith("V0 cannot run priority scheduling with swap")
+
+
+def test_stall_drill_down_shows_the_batches_around_a_requests_stalls():
+    """Issue 20: the worst-stalled request's batches from the step before its preemption to the
+    step after its resume, read from the `batches` table."""
+    import pytest
+
+    from capacity.analyses.stalls import stall_batches
+    trace = synthesize("flash-crowd", duration_s=120, rate_rps=4.0, surge_start_s=40, ramp_s=10,
+                       hold_s=30, decay_s=20)
+    tables = replay(trace, EngineConfig(num_gpu_blocks_override=700), record_batches=True).tables()
+    with pytest.raises(ValueError, match="record-batches"):
+        stall_batches({k: v for k, v in tables.items() if k != "batches"})
+    d = stall_batches(tables)
+    worst = tables["stalls"].sort("stall_s", descending=True)["request_id"][0]
+    assert d.request_id == worst
+    ps = d.per_step
+    first = ps.filter(pl.col("stall") == 1)
+    assert first["phase"].to_list() == ["before", "preempted", "resumed", "after"]
+    pre = first.row(1, named=True)
+    assert worst in pre["preempted"] and pre["this_kind"] is None    # not in its victim step
+    assert first.row(2, named=True)["this_kind"] == "resumed"
+    # Every row of a shown step is that step's whole batch, in batch order.
+    b = tables["batches"]
+    for step in ps["step"].to_list():
+        want = b.filter(pl.col("step") == step).sort("seq")["request_id"].to_list()
+        got = d.rows.filter((pl.col("step") == step) & (pl.col("stall") == 1)
+                            )["request_id"].to_list()
+        assert got in ([], want)
+    assert d.rows.filter(pl.col("this"))["request_id"].unique().to_list() == [worst]

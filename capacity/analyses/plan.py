@@ -28,9 +28,11 @@ from capacity.analyses.planner import Planner
 from capacity.analyses.search import PRECISION, ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
 from capacity.analyses.stability import Stability, stability
+from capacity.analyses.stalls import StallBatches, stall_batches
 from capacity.analyses.tuning import Tuning, tune
 from replay.config import EngineConfig, resolve
 from replay.results import RunResult
+from replay.run import replay
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +85,9 @@ class Plan:
     tuning: Tuning | None
     headroom: Headroom | None
     recommended_run: RunResult | None
+    # The recommended replay's worst-stalled request, its batches around each stall (None when
+    # nothing stalled or the baseline is overloaded).
+    stall_drill: StallBatches | None
     classification: Classification | None   # preemption of the recommended replay
     alert: AlertRule | None                  # None when the baseline is overloaded
     recommendation: Recommendation
@@ -122,7 +127,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
                                       "no flags, no swap size and no alert rule are derived from "
                                       "an overloaded run"]))
     return Plan(baseline=base, stability=st, sustainable_load=search, sizing=None, modes=None,
-                tuning=tn, headroom=None, recommended_run=None, classification=None, alert=None,
+                tuning=tn, headroom=None, recommended_run=None, stall_drill=None, classification=None, alert=None,
                 recommendation=rec)
 
 
@@ -155,6 +160,11 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                         preemptions=c.preemptions, throughput_rps=c.throughput_rps,
                         goodput_rps=c.goodput_rps, slo_share=c.slo_share, meets_slo=c.meets_slo)
     hr = headroom(trace, cfg, planner, budget=budget, precision=precision, **kw)
+    drill = None
+    if run.stalls.height:
+        # The same replay once more, keeping its batches (identical otherwise; the planner's
+        # replays do not record them: one row per request per step).
+        drill = stall_batches(replay(trace, cfg, record_batches=True).tables())
     verdict = classify(tables)
     rule = alert_rule(tables, model_name=model_name)
     lines = [f"preemption mode: {modes.recommended} — {modes.reason}"]
@@ -179,7 +189,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                          precision=precision, flags=flags, expected=expected, config=cfg,
                          headline=head, lines=tuple(lines))
     return Plan(baseline=base, stability=st, sustainable_load=None, sizing=sizing, modes=modes,
-                tuning=tn, headroom=hr, recommended_run=run, classification=verdict, alert=rule,
+                tuning=tn, headroom=hr, recommended_run=run, stall_drill=drill,
+                classification=verdict, alert=rule,
                 recommendation=rec)
 
 

@@ -61,3 +61,72 @@ def attribute_stalls(tables: dict[str, pl.DataFrame], *, threshold_s: float | No
             f"--max-num-batched-tokens for those, not at KV capacity")
     return StallAttribution(threshold_s=threshold_s, stalls=stalls, slow_steps=slow,
                             preemption_spikes=pre_spikes, other_spikes=other, summary=text)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StallBatches:
+    """One request's batches around each of its preemption stalls (`batches` table: a replay
+    with `--record-batches`): the steps before and at each preemption, and at and after the
+    resume, every request in those batches with what it got."""
+    request_id: int
+    rows: pl.DataFrame          # stall, phase, step, start_s, seq, request_id, tokens, kind, this
+    per_step: pl.DataFrame      # one row per step: batch size, tokens, this request, victims
+    summary: str
+
+
+def stall_batches(tables: dict[str, pl.DataFrame], request_id: int | None = None, *,
+                  steps_around: int = 1, max_stalls: int = 3) -> StallBatches | None:
+    """The batches around the stalls of `request_id` (default: the request of the longest
+    stall); None when the run has no stall. Raises if the run recorded no batches."""
+    b = tables.get("batches")
+    if b is None or b.height == 0:
+        raise ValueError("this run has no batches table: replay it with --record-batches "
+                         "(replay(..., record_batches=True))")
+    stalls = tables["stalls"]
+    if stalls.height == 0:
+        return None
+    if request_id is None:
+        request_id = int(stalls.sort("stall_s", descending=True, maintain_order=True)
+                         ["request_id"][0])
+    ev = tables["events"]
+    pre = (ev.filter((pl.col("request_id") == request_id)
+                     & pl.col("kind").str.starts_with("preempt_"))
+           .sort("step", "seq").head(max_stalls))
+    if pre.height == 0:
+        raise ValueError(f"request {request_id} was never preempted in this run")
+    mine = b.filter(pl.col("request_id") == request_id).select("step", "kind")
+    windows = []
+    for i, (p_step,) in enumerate(pre.select("step").iter_rows(), start=1):
+        resumed = mine.filter(pl.col("step") > p_step)["step"]
+        r_step = int(resumed.min()) if resumed.len() else None
+        spans = [(s, "before" if s < p_step else "preempted")
+                 for s in range(p_step - steps_around, p_step + 1)]
+        if r_step is not None:
+            spans += [(s, "resumed" if s == r_step else "after")
+                      for s in range(r_step, r_step + steps_around + 1)]
+        windows.append(pl.DataFrame({"stall": [i] * len(spans), "step": [s for s, _ in spans],
+                                     "phase": [ph for _, ph in spans]},
+                                    schema={"stall": pl.Int32, "step": pl.Int64,
+                                            "phase": pl.Utf8}))
+    win = pl.concat(windows)
+    starts = tables["steps"].select("step", "start_s")
+    rows = (win.join(b.drop("run_id"), on="step", how="inner")
+            .join(starts, on="step", how="left")
+            .with_columns(this=pl.col("request_id") == request_id,
+                          kind=pl.col("kind").cast(pl.Utf8))
+            .select("stall", "phase", "step", "start_s", "seq", "request_id", "num_new_tokens",
+                    "num_computed_tokens", "kind", "this")
+            .sort("stall", "step", "seq"))
+    victims = (ev.filter(pl.col("kind").str.starts_with("preempt_")).sort("step", "seq")
+               .group_by("step", maintain_order=True).agg(preempted=pl.col("request_id")))
+    per_step = (rows.group_by("stall", "phase", "step", "start_s", maintain_order=True)
+                .agg(batch_size=pl.len(), tokens=pl.col("num_new_tokens").sum(),
+                     this_tokens=pl.col("num_new_tokens").filter(pl.col("this")).first(),
+                     this_kind=pl.col("kind").filter(pl.col("this")).first())
+                .join(victims, on="step", how="left").sort("stall", "step"))
+    stall_s = stalls.filter(pl.col("request_id") == request_id)["stall_s"]
+    summary = (f"request {request_id}: {pre.height} preemption(s) shown, longest stall "
+               f"{float(stall_s.max()) * 1000:.0f} ms; each stall's batches from "
+               f"{steps_around} step(s) before its preemption to {steps_around} after its resume "
+               f"(preempted = the victims in the order the scheduler chose them)")
+    return StallBatches(request_id=request_id, rows=rows, per_step=per_step, summary=summary)

@@ -6,13 +6,14 @@ anything, nor import duckdb or torch.
 from __future__ import annotations
 
 from capacity.evidence.attribute import NOT_PREEMPTION, VERDICTS, Attribution
+from capacity.evidence.promvalidate import ProductionComparison
 from capacity.views import analysis as ac
 from capacity.views import evidence as ev
 from capacity.analyses.classify import AlertRule, Classification
 from capacity.analyses.headroom import Headroom
 from capacity.analyses.priority import Interference
 from capacity.report.render import Figure, Section, bullets, code_block, pct, seconds, table, text
-from capacity.analyses.stalls import StallAttribution
+from capacity.analyses.stalls import StallAttribution, StallBatches
 from capacity.analyses.tuning import Tuning
 
 
@@ -87,16 +88,29 @@ def headroom_section(h: Headroom) -> Section:
                    charts=(Figure("headroom", chart, "The searched load levels; dashed: SLO."),))
 
 
-def stalls_section(a: StallAttribution) -> Section:
+def stalls_section(a: StallAttribution, drill: StallBatches | None = None) -> Section:
     by_mode = a.as_dict()["stalls_by_mode"]
     rows = [[d["mode"], d["n"], seconds(d["stall_p50_s"]), seconds(d["stall_max_s"])] for d in by_mode]
     causes = a.slow_steps.group_by("cause").len().sort("len", descending=True).rows()
     body = (text(a.summary) + table(rows, ["mode", "stalls", "stall p50", "stall max"])
             + (table([[c, n] for c, n in causes], ["slow steps without a preemption", "steps"])
-               if causes else ""))
+               if causes else "")
+            + (drill_down(drill) if drill is not None else ""))
     return Section(title="TBT stall attribution", body=body,
                    charts=(Figure("stalls", ac.stall_timeline(a.stalls, a.slow_steps, a.threshold_s),
                                   f"Dashed line: spike threshold {seconds(a.threshold_s)}."),))
+
+
+def drill_down(d: StallBatches) -> str:
+    """The worst-stalled request's batches around its stalls (`batches` table)."""
+    rows = [[r["stall"], r["phase"], r["step"], f"{r['start_s']:,.3f} s", r["batch_size"],
+             r["tokens"], "—" if r["this_kind"] is None else f"{r['this_kind']} {r['this_tokens']}",
+             ", ".join(map(str, r["preempted"] or [])) or "—"]
+            for r in d.per_step.to_dicts()]
+    return (text(f"Drill-down, {d.summary}. `kvcap replay --record-batches` stores every step's "
+                 "batch (table `batches`) for any request.")
+            + table(rows, ["stall", "phase", "step", "start", "batch size", "tokens",
+                           f"request {d.request_id}", "preempted (in order)"]))
 
 
 def priority_section(i: Interference) -> Section:
@@ -124,3 +138,22 @@ def attribution_section(a: Attribution):
                  caption="Each point is one stalled token; colour: the log evidence found around it.")
     return Section(title="Production evidence: TBT spikes vs. preemptions", body=body, charts=(fig,),
                    anchor="evidence-attribution")
+
+
+def production_section(c: ProductionComparison):
+    """The report section for `kvcap validate --prometheus` (replay vs. the production series)."""
+    fmt = lambda v: "—" if v is None else f"{v:,.3g}"        # noqa: E731
+    rows = [[k, m.n, fmt(m.log_mean), fmt(m.replay_mean), fmt(m.mae),
+             "—" if m.relative_error is None else pct(m.relative_error), fmt(m.bias)]
+            for k, m in c.metrics.items()]
+    parts = [f"{d.metric}: {d.windows} window(s) from {d.from_s - c.series['from_s'].min():.0f} s "
+             f"(production {d.production_mean:,.3g}, replay {d.replay_mean:,.3g})" for d in c.divergences]
+    lead = (f"The baseline replay against the Prometheus series of {c.server} (engine {c.engine or '-'}), "
+            f"{c.windows} windows of {c.window_s:g} s from {c.start} (offset {c.offset_s:g} s). "
+            + ("They part ways in: " if parts else "They part ways nowhere (within the tolerances)."))
+    body = text(lead) + (bullets(parts) if parts else "") + table(
+        rows, ["metric", "windows", "production mean", "replay mean", "MAE", "relative error", "bias"])
+    fig = Figure(name="evidence-prometheus", chart=ev.production_chart(c),
+                 caption="Per window: production (Prometheus) and the replay; red points: the windows that part ways.")
+    return Section(title="Replay vs. production (Prometheus)", body=body, charts=(fig,),
+                   anchor="evidence-prometheus")

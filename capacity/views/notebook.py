@@ -65,12 +65,16 @@ def read_run(db: str | Path, run_id: str) -> dict[str, pl.DataFrame]:
 
 
 def cached_replay(db: str | Path, trace: pl.DataFrame, config: EngineConfig, *, label: str = "",
-                  trace_name: str = "") -> dict[str, pl.DataFrame]:
-    """The run's tables from `db` when this replay is stored there, else replay, store, return."""
+                  trace_name: str = "", record_batches: bool = False) -> dict[str, pl.DataFrame]:
+    """The run's tables from `db` when this replay is stored there (with its batches when
+    `record_batches`), else replay, store, return."""
     run_id = run_id_for(trace, config)
     if run_id in stored_run_ids(db):
-        return read_run(db, run_id)
-    res = replay(trace, config, label=label, trace_name=trace_name)
+        tables = read_run(db, run_id)
+        if not record_batches or tables["batches"].height or not tables["steps"].height:
+            return tables
+    res = replay(trace, config, label=label, trace_name=trace_name,
+                 record_batches=record_batches)
     write_run(db, res.tables())
     return res.tables()
 
@@ -352,6 +356,17 @@ def validation_table(v) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"metric": pl.Utf8, "logged / client": pl.Float64,
                                       "replay": pl.Float64, "MAE": pl.Float64,
                                       "relative error": pl.Float64})
+
+
+def production_table(c) -> pl.DataFrame:
+    """Error per metric of `capacity.evidence.promvalidate.compare_prometheus`."""
+    rows = [{"metric": k, "windows": m.n, "production": m.log_mean, "replay": m.replay_mean, "MAE": m.mae,
+             "relative error": m.relative_error,
+             "parts ways (windows)": sum(d.windows for d in c.divergences if d.metric == k)}
+            for k, m in c.metrics.items()]
+    return pl.DataFrame(rows, schema={"metric": pl.Utf8, "windows": pl.Int64, "production": pl.Float64,
+                                      "replay": pl.Float64, "MAE": pl.Float64, "relative error": pl.Float64,
+                                      "parts ways (windows)": pl.Int64})
 
 
 def validation_chart(v, metrics: tuple[str, ...] = ("running", "waiting", "swapped", "gpu_kv_usage")):

@@ -1459,6 +1459,18 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
                          "free_cpu", (long long)pool_num_free(&c->cpu));
 }
 
+/* record_batches(core, on): keep every step's batch (results' b_* columns); off by default, so a
+ * replay that does not ask pays nothing. */
+static PyObject *core_record_batches(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    int on;
+    if (!PyArg_ParseTuple(args, "Op", &cap, &on)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core0");
+    if (!c) return NULL;
+    c->lp.record_batches = on;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"new", core_new, METH_VARARGS, "new(arrays, spec, cost, keys) -> core handle"},
     {"add", core_add, METH_VARARGS, "add(core, row): a request arrives"},
@@ -1469,6 +1481,7 @@ static PyMethodDef methods[] = {
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
+    {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on)"},
     {NULL, NULL, 0, NULL},
 };
 

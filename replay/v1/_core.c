@@ -120,6 +120,7 @@ typedef struct {
     int32_t *fin; int64_t nfin;                     /* update(): rows finished this step */
     /* Per-step scratch. */
     int32_t *s_rows; int64_t *s_new, *s_before; uint8_t *s_prefill, *s_sampled; int64_t ns;
+    int8_t *s_kind;                                 /* BK_NEW / BK_RESUMED / BK_RUNNING */
     int32_t *pre_rows; int64_t *pre_blocks; int64_t npre;
     int8_t *pre_mode; uint8_t *pre_fallback;
     int64_t nswap_out, nswap_in;
@@ -434,7 +435,8 @@ static inline void unswap(Core *c, int64_t row) {
     if (c->swapped[row]) { c->swapped[row] = 0; c->nswapped--; }
 }
 
-static inline void sched_add(Core *c, int64_t row, int64_t n) {
+static inline void sched_add(Core *c, int64_t row, int64_t n, int8_t kind) {
+    c->s_kind[c->ns] = kind;
     c->s_rows[c->ns] = (int32_t)row;
     c->s_new[c->ns++] = n;
 }
@@ -496,6 +498,7 @@ static int schedule(Core *c) {
                     budget += c->s_new[j];        /* un-schedule and refund (0.33) */
                     memmove(c->s_rows + j, c->s_rows + j + 1, (size_t)(c->ns - j - 1) * sizeof(int32_t));
                     memmove(c->s_new + j, c->s_new + j + 1, (size_t)(c->ns - j - 1) * sizeof(int64_t));
+                    memmove(c->s_kind + j, c->s_kind + j + 1, (size_t)(c->ns - j - 1));
                     c->ns--;
                     break;
                 }
@@ -509,7 +512,7 @@ static int schedule(Core *c) {
             if (c->policy && c->q.status[r] == ST_WAITING) continue;   /* it preempted itself */
             break;
         }
-        sched_add(c, r, n);
+        sched_add(c, r, n, BK_RUNNING);
         budget -= n;
         i++;
     }
@@ -565,12 +568,13 @@ static int schedule(Core *c) {
                 c->promised_total += whole;
             }
             int64_t hit = (nh + nload) * bs;
+            int8_t kind = c->q.num_pre[r] > 0 ? BK_RESUMED : BK_NEW;
             if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
             else c->q.cached_prompt[r] = hit;
             c->q.status[r] = ST_RUNNING;
             c->q.num_computed[r] = hit;
             c->prefilling[r] = 1;
-            sched_add(c, r, n);
+            sched_add(c, r, n, kind);
             budget -= n;
         }
     }
@@ -632,7 +636,8 @@ static int one_step(void *core) {
     Core *c = (Core *)core;
     if (schedule(c) < 0) return -1;
     Plan pl = {.rows = c->s_rows, .num_new = c->s_new, .num_computed = c->s_before,
-               .prefill = c->s_prefill, .sampled = c->s_sampled, .nrows = c->ns,
+               .prefill = c->s_prefill, .sampled = c->s_sampled, .kind = c->s_kind,
+               .nrows = c->ns,
                .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
                .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
                .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
@@ -663,7 +668,7 @@ static void core_free(Core *c) {
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin,
-                  c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->pre_rows, c->pre_blocks,
+                  c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, 
                   c->hmap.slots, c->hkey, c->hprev, c->hnext, c->swapped, c->pre_mode, c->pre_fallback, c->si_rows, c->si_blocks};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
@@ -726,7 +731,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (loop_init(&c->lp, &c->q) < 0) { PyErr_NoMemory(); goto fail; }
     CALLOC(c->s_rows, n, int32_t); CALLOC(c->s_new, n, int64_t);
     CALLOC(c->s_before, n, int64_t); CALLOC(c->s_prefill, n, uint8_t);
-    CALLOC(c->s_sampled, n, uint8_t);
+    CALLOC(c->s_sampled, n, uint8_t); CALLOC(c->s_kind, n, int8_t);
     CALLOC(c->pre_rows, n, int32_t); CALLOC(c->pre_blocks, n, int64_t);
     CALLOC(c->rej_rows, n, int32_t);
     CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
@@ -842,9 +847,10 @@ static PyObject *core_schedule(PyObject *self, PyObject *args) {
         return NULL;
     }
     return Py_BuildValue(
-        "{sNsNsNsNsNsNsNsNsNsNsNsLsL}",
+        "{sNsNsNsNsNsNsNsNsNsNsNsNsLsL}",
         "rows", bytes_of(c->s_rows, c->ns, 4), "num_new", bytes_of(c->s_new, c->ns, 8),
         "num_computed", bytes_of(c->s_before, c->ns, 8), "prefill", bytes_of(c->s_prefill, c->ns, 1),
+        "kind", bytes_of(c->s_kind, c->ns, 1),
         "pre_rows", bytes_of(c->pre_rows, c->npre, 4), "pre_blocks", bytes_of(c->pre_blocks, c->npre, 8),
         "pre_mode", bytes_of(c->pre_mode, c->npre, 1),
         "pre_fallback", bytes_of(c->pre_fallback, c->npre, 1),
@@ -901,11 +907,24 @@ fail:
     return NULL;
 }
 
+/* record_batches(core, on): keep every step's batch (results' b_* columns); off by default, so a
+ * replay that does not ask pays nothing. */
+static PyObject *core_record_batches(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    int on;
+    if (!PyArg_ParseTuple(args, "Op", &cap, &on)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
+    if (!c) return NULL;
+    c->lp.record_batches = on;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"new", core_new, METH_VARARGS, "new(arrays, spec, cost, keys) -> core handle"},
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
+    {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on)"},
     {"add", core_add, METH_VARARGS, "add(core, row): a request arrives"},
     {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
     {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.plan import Preemption, Rejection, StepOutput, StepPlan
+from replay.raw import BATCH_KINDS
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
@@ -27,6 +28,7 @@ from replay.v1.kv_cache_manager import Admission, KVCacheManager
 from replay.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
+_NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "running"))
 
 
 class V1Scheduler:
@@ -58,6 +60,7 @@ class V1Scheduler:
         self._prefill_rows: set[int] = set()   # the running rows among them
         self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
         self._last_rows = np.zeros(0, _I64)
+        self._admitted: dict[int, int] = {}
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
@@ -234,6 +237,8 @@ class V1Scheduler:
                if len(self.running) + len(self.waiting) > 1 else 0)
         # Batch in order: row -> new tokens (running requests first, then admissions).
         sched: dict[int, int] = {}
+        # Admissions: row -> new / resumed (every other scheduled row is running).
+        self._admitted = {}
         preempted: list[Preemption] = []
         swap_out: list[tuple[int, int]] = []
         budget = self._running_loop(0, sched, budget, thr, preempted, swap_out)
@@ -244,13 +249,15 @@ class V1Scheduler:
 
         rows = np.fromiter(sched, _I64, len(sched))
         nnew = np.fromiter(sched.values(), _I64, len(sched))
+        adm = self._admitted
+        kind = np.fromiter((adm.get(r, _RUNNING) for r in sched), np.int8, len(sched))
         # Admissions already hold their hit as computed; _update_after_schedule comes next.
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
         self._last_rows = rows
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=self.prefilling[rows],
+            is_prefill=self.prefilling[rows], kind=kind,
             swap_out=np.array(swap_out, dtype=_I64).reshape(-1, 2),
             swap_in=np.array(swap_in, dtype=_I64).reshape(-1, 2),
             preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected))
@@ -335,6 +342,7 @@ class V1Scheduler:
                 whole = self._cdiv(min(self._prompt[r] + self._out_len[r], L))
                 self._promised[r] = whole
                 self._promised_total += whole
+            self._admitted[r] = _RESUMED if st.num_preemptions[r] > 0 else _NEW
             if st.num_preemptions[r] > 0:
                 st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
             else:
