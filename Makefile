@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: report test venv bench notebooks clean
+.PHONY: report test venv bench notebooks clean timing-doc
 
 # setup.py builds the compiled replay cores (replay/v*/_core.c) into the source tree.
 $(STAMP): pyproject.toml setup.py replay/kvcore.h replay/v1/_core.c replay/v0/_core.c
@@ -26,6 +26,13 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# The shipped step-time profiles (replay/profiles/) and docs/timing.md, from NVIDIA
+# AIConfigurator's kernel database: a development download only, never a kvcap dependency.
+AIC_VERSION := 0.12.0
+timing-doc: $(STAMP)
+	$(PY) -m pip download -q --no-deps aiconfigurator-core==$(AIC_VERSION) -d .aic
+	$(PY) tools/aic_profiles.py --wheel .aic/aiconfigurator_core-$(AIC_VERSION)-*.whl
 
 # JupyterLab on notebooks/, bound to localhost only (open the URL with the token it prints).
 notebooks: $(STAMP)

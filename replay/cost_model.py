@@ -27,6 +27,7 @@ from pathlib import Path
 
 
 from replay.plan import StepPlan
+from replay.step_profile import MeasuredTables, is_measured, parse_tables, step_aggregates
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +110,11 @@ def read_profile(path: str | Path) -> dict[str, float | int]:
                          f"JSON ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"calibration: {path}: invalid JSON ({exc})") from None
+    if is_measured(data):
+        # A measured profile (replay/step_profile.py): its tables replace the roofline; it
+        # overrides no roofline constant. Checked here so a bad one is refused up front.
+        parse_tables(data, f"calibration: {path}")
+        return {}
     consts = data.get("constants", data) if isinstance(data, dict) else data
     if not isinstance(consts, dict):
         raise ValueError(f"calibration: {path}: expected a JSON object with a \"constants\" object "
@@ -135,11 +141,14 @@ def read_profile(path: str | Path) -> dict[str, float | int]:
 
 
 class CostModel:
-    """Executor: turns a StepPlan into a duration in seconds."""
+    """Executor: turns a StepPlan into a duration in seconds: the measured profile's tables
+    (replay/step_profile.py) when `measured` is given, else the roofline above."""
 
     def __init__(self, *, shape: ModelShape, constants: CostConstants, tp: int,
-                 kv_bytes_per_token: int, kv_bytes_per_block: int) -> None:
+                 kv_bytes_per_token: int, kv_bytes_per_block: int,
+                 measured: MeasuredTables | None = None) -> None:
         self.shape, self.constants, self.tp = shape, constants, tp
+        self.measured = measured
         self.kv_bytes_per_token = kv_bytes_per_token
         self.kv_bytes_per_block = kv_bytes_per_block
         c, s = constants, shape
@@ -174,4 +183,7 @@ class CostModel:
         attn = sum(ni * ci + ni * (ni + 1) // 2 for ni, ci in zip(n, c))
         kv = sum(c) + tokens
         swaps = len(plan.swap_out) + len(plan.swap_in)
+        if self.measured is not None:
+            return self.measured.step_s(tokens, num_sampled, *step_aggregates(n, c), swaps,
+                                        self._swap_per_block)
         return self._step_s(tokens, num_sampled, attn, kv, swaps)

@@ -4,6 +4,9 @@ Must not import traces/, capacity/, polars, duckdb or torch.
 """
 from __future__ import annotations
 
+import json
+
+from replay import step_profile
 from replay.cost_model import CostConstants, CostModel, ModelShape
 
 
@@ -24,6 +27,28 @@ def catalog_constants(gpu) -> CostConstants:
                          interconnect_bytes_per_s=gpu.tp_link_bandwidth_bytes_per_s)
 
 
+def measured_for(eng, calibration: str | None) -> step_profile.MeasuredTables | None:
+    """The step-time tables: a measured `--calibration` profile, else the shipped profile of
+    this GPU x model x dtype x TP, else None (the roofline, with a one-line warning)."""
+    tp = eng.tensor_parallel_size
+    if calibration:
+        try:
+            data = json.loads(open(calibration, encoding="utf-8").read())
+        except (OSError, ValueError):
+            data = None               # read_profile (below) says what is wrong
+        if step_profile.is_measured(data):
+            return step_profile.parse_tables(data, f"calibration: {calibration}")
+        return None
+    kv = eng.config.kv_cache_dtype
+    path = step_profile.shipped(eng.gpu.name, eng.model.name,
+                                step_profile.dtype_key(eng.model.weight_dtype_bytes, kv), tp)
+    if path is None:
+        step_profile.warn_unmeasured(f"{eng.model.name} on {eng.gpu.name}, tp={tp}, "
+                                     f"kv_cache_dtype={kv}")
+        return None
+    return step_profile.load(path)
+
+
 def cost_model_for(eng, *, calibration: str | None = None) -> CostModel:
     """The cost-model executor for a resolved engine (`replay.config.resolve`)."""
     consts = catalog_constants(eng.gpu)
@@ -32,4 +57,5 @@ def cost_model_for(eng, *, calibration: str | None = None) -> CostModel:
     return CostModel(shape=model_shape(eng.model), constants=consts,
                      tp=eng.spec_tp if hasattr(eng, "spec_tp") else eng.tensor_parallel_size,
                      kv_bytes_per_token=eng.kv_bytes_per_token,
-                     kv_bytes_per_block=eng.kv_bytes_per_block)
+                     kv_bytes_per_block=eng.kv_bytes_per_block,
+                     measured=measured_for(eng, calibration))

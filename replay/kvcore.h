@@ -404,22 +404,96 @@ static inline int64_t keyit_next(const Keys *ks, KeyIt *it) {
 
 /* ------------------------------------------------------------------ cost model */
 /* replay/cost_model.py's constants, folded as there; `cost_step_s` is `_step_s` with the same
- * terms in the same order (built with -ffp-contract=off: bit-identical durations). */
+ * terms in the same order (built with -ffp-contract=off: bit-identical durations). A measured
+ * profile (replay/step_profile.py) replaces the roofline by its tables: `cost_measured_s` is
+ * `MeasuredTables.step_s`, term for term. Tables live inline (no allocation, nothing to free). */
+#define TAB1_MAX 96
+#define TAB2_ROWS 16
+#define TAB2_COLS 24
+typedef struct { int n; double x[TAB1_MAX], y[TAB1_MAX]; } Tab1;
+typedef struct { int nr, nc; double r[TAB2_ROWS], c[TAB2_COLS], z[TAB2_ROWS * TAB2_COLS]; } Tab2;
+typedef struct {
+    int on;
+    double overhead_s, per_row_s, scale;
+    Tab1 lin, lm, ar;          /* ar.n == 0: no tensor parallelism */
+    Tab2 pa, da;               /* prefill rows x tokens per row; decode rows x context */
+} Measured;
+
 typedef struct {
     double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
         overhead_s, ar_fixed, ar_per_token, swap_per_block;
     int64_t kv_bytes_per_token, kv_bytes_per_block;
+    Measured m;
 } Cost;
+
+/* n doubles of a Python sequence into out[cap]. */
+static int tab_vals(PyObject *seq, double *out, int cap, int *n, const char *name) {
+    PyObject *f = PySequence_Fast(seq, name);
+    if (!f) return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(f);
+    if (len > cap) {
+        PyErr_Format(PyExc_ValueError, "core: %s has %zd values, at most %d", name, len, cap);
+        Py_DECREF(f);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(f, i));
+        if (out[i] == -1.0 && PyErr_Occurred()) { Py_DECREF(f); return -1; }
+    }
+    *n = (int)len;
+    Py_DECREF(f);
+    return 0;
+}
+
+static int tab1_take(PyObject *x, PyObject *y, Tab1 *t, int optional, const char *name) {
+    int ny = 0;
+    if (tab_vals(x, t->x, TAB1_MAX, &t->n, name) || tab_vals(y, t->y, TAB1_MAX, &ny, name))
+        return -1;
+    if (ny != t->n || (t->n < 2 && !(optional && t->n == 0))) {
+        PyErr_Format(PyExc_ValueError, "core: table %s needs 2+ knots and a value each", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int tab2_take(PyObject *r, PyObject *c, PyObject *z, Tab2 *t, const char *name) {
+    int nz = 0;
+    if (tab_vals(r, t->r, TAB2_ROWS, &t->nr, name) || tab_vals(c, t->c, TAB2_COLS, &t->nc, name) ||
+        tab_vals(z, t->z, TAB2_ROWS * TAB2_COLS, &nz, name)) return -1;
+    if (t->nr < 2 || t->nc < 2 || nz != t->nr * t->nc) {
+        PyErr_Format(PyExc_ValueError, "core: table %s needs 2+ rows, 2+ columns, a value each",
+                     name);
+        return -1;
+    }
+    return 0;
+}
+
+/* MeasuredTables.c_args(): (overhead_s, per_row_s, scale, lin x, y, lm x, y, prefill rows, cols,
+ * z, decode rows, cols, z, allreduce x, y). */
+static int measured_parse(PyObject *args, Measured *m) {
+    PyObject *o[12];
+    if (!PyArg_ParseTuple(args, "dddOOOOOOOOOOOO", &m->overhead_s, &m->per_row_s, &m->scale,
+                          &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
+                          &o[10], &o[11])) return -1;
+    if (tab1_take(o[0], o[1], &m->lin, 0, "linear_s") || tab1_take(o[2], o[3], &m->lm, 0, "lm_head_s") ||
+        tab2_take(o[4], o[5], o[6], &m->pa, "prefill_attention_s") ||
+        tab2_take(o[7], o[8], o[9], &m->da, "decode_attention_s") ||
+        tab1_take(o[10], o[11], &m->ar, 1, "allreduce_s")) return -1;
+    m->on = 1;
+    return 0;
+}
 
 static int cost_parse(PyObject *cost, Cost *c) {
     long long kvbpt, kvbpb;
-    if (!PyArg_ParseTuple(cost, "dddddddddLLd", &c->lin_per_token, &c->lm_per_sample,
+    PyObject *measured = Py_None;
+    if (!PyArg_ParseTuple(cost, "dddddddddLLd|O", &c->lin_per_token, &c->lm_per_sample,
                           &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
                           &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb,
-                          &c->swap_per_block)) return -1;
+                          &c->swap_per_block, &measured)) return -1;
     c->kv_bytes_per_token = kvbpt;
     c->kv_bytes_per_block = kvbpb;
-    return 0;
+    c->m.on = 0;
+    return measured == Py_None ? 0 : measured_parse(measured, &c->m);
 }
 
 static inline double cost_step_s(const Cost *c, int64_t tokens, int64_t samples, int64_t attn,
@@ -430,6 +504,36 @@ static inline double cost_step_s(const Cost *c, int64_t tokens, int64_t samples,
     double m = memory > compute ? memory : compute;
     return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token)
            + (double)swaps * c->swap_per_block;
+}
+
+/* step_profile._segment: v = xs[i] + w (xs[i+1] - xs[i]); below the first knot w = 0, past the
+ * last the last segment extends (w > 1). Binary search: the largest i with xs[i] <= v. */
+static inline double tab_segment(const double *xs, int n, double v, int *i) {
+    if (v <= xs[0]) { *i = 0; return 0.0; }
+    int lo = 0, hi = n;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (xs[mid] <= v) lo = mid; else hi = mid;
+    }
+    if (lo > n - 2) lo = n - 2;
+    *i = lo;
+    return (v - xs[lo]) / (xs[lo + 1] - xs[lo]);
+}
+
+static inline double tab1_at(const Tab1 *t, double v) {
+    int i;
+    double w = tab_segment(t->x, t->n, v, &i);
+    return t->y[i] + w * (t->y[i + 1] - t->y[i]);
+}
+
+static inline double tab2_at(const Tab2 *t, double r, double c) {
+    int i, j, n = t->nc;
+    double wr = tab_segment(t->r, t->nr, r, &i), wc = tab_segment(t->c, t->nc, c, &j);
+    double z00 = t->z[i * n + j], z01 = t->z[i * n + j + 1];
+    double z10 = t->z[(i + 1) * n + j], z11 = t->z[(i + 1) * n + j + 1];
+    double a = z00 + wc * (z01 - z00);
+    double b = z10 + wc * (z11 - z10);
+    return a + wr * (b - a);
 }
 
 /* ------------------------------------------------------------------ the replay loop */
@@ -515,10 +619,15 @@ static void loop_evictions(Loop *lp, const Plan *pl) {
 
 /* The step's aggregates for the cost model (before update(): a row samples when its chunk
  * reaches the end of its known tokens); stamps first_scheduled_s. */
-typedef struct { int64_t num_prefill, num_decode, tokens, attn, kv, num_sampled; } StepSums;
+typedef struct {
+    int64_t num_prefill, num_decode, tokens, attn, kv, num_sampled;
+    /* For a measured profile: rows, decode rows (one new token) and their KV tokens, prefill
+     * rows and their causal work (step_profile.step_aggregates). */
+    int64_t rows, dec_rows, dec_kv, pre_rows, pre_work;
+} StepSums;
 
 static StepSums loop_sums(const Loop *lp, Req *q, const Plan *pl) {
-    StepSums s = {0, 0, 0, 0, 0, 0};
+    StepSums s = {0, 0, 0, 0, 0, 0, pl->nrows, 0, 0, 0, 0};
     for (int64_t j = 0; j < pl->nrows; j++) {
         int64_t r = pl->rows[j], nn = pl->num_new[j], cc = pl->num_computed[j];
         if (isnan(q->first_sched[r])) q->first_sched[r] = lp->t;
@@ -527,9 +636,36 @@ static StepSums loop_sums(const Loop *lp, Req *q, const Plan *pl) {
         s.attn += nn * cc + nn * (nn + 1) / 2;
         s.kv += cc;
         s.num_sampled += cc + nn >= q->prompt[r] + q->num_output[r];
+        if (nn == 1) { s.dec_rows++; s.dec_kv += cc + 1; }
+        else { s.pre_rows++; s.pre_work += nn * cc + nn * (nn + 1) / 2; }
     }
     s.kv += s.tokens;
     return s;
+}
+
+/* MeasuredTables.step_s: the same terms in the same order. */
+static inline double cost_measured_s(const Cost *c, const StepSums *s, int64_t swaps) {
+    const Measured *m = &c->m;
+    double kern = 0.0;
+    if (s->tokens > 0) {
+        kern += tab1_at(&m->lin, (double)s->tokens);
+        if (m->ar.n) kern += tab1_at(&m->ar, (double)s->tokens);
+    }
+    if (s->num_sampled > 0) kern += tab1_at(&m->lm, (double)s->num_sampled);
+    if (s->pre_rows > 0) {
+        double eq = (sqrt(1.0 + 8.0 * (double)s->pre_work / (double)s->pre_rows) - 1.0) * 0.5;
+        kern += tab2_at(&m->pa, (double)s->pre_rows, eq);
+    }
+    if (s->dec_rows > 0)
+        kern += tab2_at(&m->da, (double)s->dec_rows, (double)s->dec_kv / (double)s->dec_rows);
+    return m->overhead_s + (double)s->rows * m->per_row_s + m->scale * kern
+           + (double)swaps * c->swap_per_block;
+}
+
+/* One step's duration: the measured profile when there is one, else the roofline. */
+static inline double cost_step(const Cost *c, const StepSums *s, int64_t swaps) {
+    if (c->m.on) return cost_measured_s(c, s, swaps);
+    return cost_step_s(c, s->tokens, s->num_sampled, s->attn, s->kv, swaps);
 }
 
 /* The step's batch, one record per scheduled row in batch order (replay/loop.py's

@@ -7,15 +7,17 @@ import yaml
 
 from capacity_helpers import conv800, kvcap, kvcap_json  # noqa: F401 (conv800: a fixture)
 
-# conv800 on these pools (measured): 1800 blocks keeps up (4.30 of 4.40 req/s) and preempts a
-# little; 500 blocks serves 2.21 of 4.40 req/s — the trace at twice its sustainable rate.
+# conv800 on these pools (measured, default H100 step-time profile): 1800 blocks keeps up and
+# preempts a little; 1200 blocks (V0, swap) swaps some 20 requests out; 350 blocks serves 2.22 of
+# 4.40 req/s — the trace at twice its sustainable rate.
 POOL = ["--num-gpu-blocks-override", "1800"]
-OVERLOAD = ["--num-gpu-blocks-override", "500"]
+SWAP_POOL = ["--num-gpu-blocks-override", "1200"]
+OVERLOAD = ["--num-gpu-blocks-override", "350"]
 SLO = ["--slo-ttft-p99", "3", "--slo-tbt-p99", "0.2", "--preemption-budget", "any"]
 
 
 def test_size_swap_json_keys_and_fractions(conv800, tmp_path):
-    out = kvcap_json("size-swap", conv800, "--scheduler", "v0", *POOL, "--sweep", "0.5",
+    out = kvcap_json("size-swap", conv800, "--scheduler", "v0", *SWAP_POOL, "--sweep", "0.5",
                      "--db", tmp_path / "k.duckdb")
     assert {"peak_swapped_gib", "peak_swapped_requests", "recommended_swap_space_gib",
             "recommended_kv_offloading_size_gib", "needed"} <= out.keys()
@@ -24,7 +26,7 @@ def test_size_swap_json_keys_and_fractions(conv800, tmp_path):
     assert out["verify"]["swap_full_events"] == 0
     (pt,) = out["sweep"]
     assert pt["fraction_of_peak"] == pytest.approx(0.5)
-    text = kvcap("size-swap", conv800, "--scheduler", "v0", *POOL, "--sweep", "0.5").stdout
+    text = kvcap("size-swap", conv800, "--scheduler", "v0", *SWAP_POOL, "--sweep", "0.5").stdout
     assert "50% of the peak" in text and "GiB" in text
 
 

@@ -1,4 +1,5 @@
-"""`kvcap calibrate`: measure the torch stub on a device and write a cost-model profile."""
+"""`kvcap calibrate`: measure the torch stub on a device and write a cost-model profile, or
+(`--from-bench`) fit a measured step-time profile to a `vllm bench serve` result."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +11,10 @@ from rich.console import Console
 from capacity.cli.common import emit_json, guarded
 
 err = Console(stderr=True)
+# Above this held-out step-time error a stub calibration is not worth using (say so, exit 1).
+MAX_STUB_ERROR_PCT = 25.0
+# --from-bench must reproduce the bench's median TPOT within this (issue 18), else exit 1.
+MAX_BENCH_TPOT_ERROR_PCT = 5.0
 
 
 @guarded
@@ -22,8 +27,19 @@ def calibrate_cmd(
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | fp8."),
     quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests and smoke checks)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    from_bench: Optional[Path] = typer.Option(None, "--from-bench", help="A `vllm bench serve --save-result --save-detailed` JSON: fit the measured profile's overhead and kernel efficiency to it instead of measuring."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "--tp", help="--from-bench: the served TP size."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="--from-bench: the server's value."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="--from-bench: the server's value."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="--from-bench: the server's value."),
+    max_error_pct: Optional[float] = typer.Option(None, "--max-error-pct", help=f"Refuse (exit 1, nothing written) a fit worse than this: held-out step-time error for the stub (default {MAX_STUB_ERROR_PCT:g}), median-TPOT error for --from-bench (default {MAX_BENCH_TPOT_ERROR_PCT:g})."),
 ) -> None:
     """Measure step shapes with the torch stub and fit the cost model's constants."""
+    if from_bench is not None:
+        _from_bench(from_bench, output, model, gpu, tensor_parallel_size, max_num_seqs,
+                    max_num_batched_tokens, max_model_len, kv_cache_dtype, as_json,
+                    MAX_BENCH_TPOT_ERROR_PCT if max_error_pct is None else max_error_pct)
+        return
     if device not in (None, "cuda", "cpu"):
         raise ValueError(f"--device: {device!r} is not cuda or cpu")
     if stub_shape not in (None, "full", "tiny"):
@@ -32,6 +48,13 @@ def calibrate_cmd(
     opts = CalibrationOptions(device=device, model=model, gpu=gpu, stub_shape=stub_shape,
                               kv_cache_dtype=kv_cache_dtype, quick=quick)
     profile = calibrate(opts, log=None if as_json else (lambda m: err.print(m, highlight=False)))
+    heldout, limit = profile["fit"]["mape_heldout_pct"], (
+        MAX_STUB_ERROR_PCT if max_error_pct is None else max_error_pct)
+    if not heldout <= limit:
+        typer.echo(f"kvcap calibrate: the fit's held-out step-time error is {heldout:.1f} % (more "
+                   f"than {limit:g} %, --max-error-pct): this device's timings do not fit the cost "
+                   "model (a busy or CPU device?); no profile written", err=True)
+        raise typer.Exit(1)
     write_profile(profile, output)
     summary = {"profile": str(output), "device": profile["device"], "model": profile["model"],
                "constants": profile["constants"], "fit": profile["fit"],
@@ -46,3 +69,56 @@ def calibrate_cmd(
         Console().print(f"  {k:<24} {v:.4g}")
     for k, v in bw.items():
         Console().print(f"  {k:<24} {v:.4g}")
+
+
+def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_tokens,
+                max_model_len, kv_cache_dtype, as_json, limit) -> None:
+    import json
+
+    from replay import bench_fit, step_profile
+    from replay.bench_fit import write_json
+    from replay.catalog import get_model
+    from replay.config import EngineConfig, resolve
+    bench = bench_fit.read_bench(path)
+    if model == "llama-3.1-8b" and bench.model_id:
+        try:                                  # the bench names the served model: use it
+            model = get_model(bench.model_id).name
+        except ValueError:
+            pass
+    config = EngineConfig(model=model, gpu=gpu, tensor_parallel_size=tp,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                          max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype)
+    eng = resolve(config)
+    base = step_profile.shipped(eng.gpu.name, eng.model.name,
+                                step_profile.dtype_key(eng.model.weight_dtype_bytes,
+                                                       kv_cache_dtype), tp)
+    if base is None:
+        raise ValueError(f"--from-bench: no measured step-time profile for {eng.model.name} on "
+                         f"{eng.gpu.name}, tp={tp}, kv_cache_dtype={kv_cache_dtype} to fit "
+                         "(docs/timing.md lists the shipped ones)")
+    base_json = json.loads(base.read_text(encoding="utf-8"))
+    fitted, report = bench_fit.fit(bench, config, step_profile.load(base),
+                                   log=None if as_json else (lambda m: err.print(m, highlight=False)))
+    summary = {"profile": str(output), "base": base_json["name"],
+               "constants": {"overhead_s": fitted.overhead_s,
+                             "kernel_scale": fitted.kernel_scale}, "fit": report}
+    bad = not report["median_tpot_error_pct"] <= limit
+    if not bad:
+        write_json(bench_fit.profile_json(base_json, fitted, report, bench), output)
+    if as_json:
+        emit_json({**summary, "written": not bad})
+    else:
+        Console().print(
+            f"{'NOT written' if bad else 'wrote'} {output}: median TPOT replayed "
+            f"{report['median_tpot_ms_replayed']:.2f} ms vs observed "
+            f"{report['median_tpot_ms_observed']:.2f} ms ({report['median_tpot_error_pct']:.1f} %); "
+            f"per-request TPOT error median {report['tpot_median_error_pct']:.1f} % / p90 "
+            f"{report['tpot_p90_error_pct']:.1f} %, TTFT median {report['ttft_median_error_pct']:.1f} %"
+            f" / p90 {report['ttft_p90_error_pct']:.1f} %; overhead_s {fitted.overhead_s:.4g}, "
+            f"kernel_scale {fitted.kernel_scale:.4g}")
+    if bad:
+        typer.echo(f"kvcap calibrate: the fitted profile misses the bench's median TPOT by "
+                   f"{report['median_tpot_error_pct']:.1f} % (more than "
+                   f"{limit:g} %, --max-error-pct): the engine flags may not match the server's; "
+                   "no profile written", err=True)
+        raise typer.Exit(1)

@@ -1105,8 +1105,7 @@ static int one_step(void *core) {
     loop_evictions(&c->lp, &pl);
     StepSums sums = loop_sums(&c->lp, &c->q, &pl);
     StepRow row = {
-        .duration_s = cost_step_s(&c->cost, sums.tokens, sums.num_sampled, sums.attn, sums.kv,
-                                  c->nswap_out + c->nswap_in),
+        .duration_s = cost_step(&c->cost, &sums, c->nswap_out + c->nswap_in),
         .num_running = (int32_t)c->running.len, .num_waiting = (int32_t)c->waiting.len,
         .num_swapped = (int32_t)c->swapped.len, .num_prefill_tokens = sums.num_prefill,
         .num_decode_tokens = sums.num_decode};

@@ -686,8 +686,7 @@ static int one_step(void *core) {
     loop_evictions(&c->lp, &pl);
     StepSums sums = loop_sums(&c->lp, &c->q, &pl);
     StepRow row = {
-        .duration_s = cost_step_s(&c->cost, sums.tokens, sums.num_sampled, sums.attn, sums.kv,
-                                  c->nswap_out + c->nswap_in),
+        .duration_s = cost_step(&c->cost, &sums, c->nswap_out + c->nswap_in),
         .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)c->wq_len,
         .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
         .num_decode_tokens = sums.num_decode};
