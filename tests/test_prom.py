@@ -187,3 +187,24 @@ def test_openmetrics_scrape_with_second_timestamps(tmp_path):
     assert df.select("metric", "type", "epoch_s", "value").rows() == [
         ("vllm:num_preemptions_total", "counter", 1747742400.5, 3.0),
         ("vllm:num_requests_running", "gauge", 1747742400.5, 4.0)]
+
+
+def test_public_metrics_pastes_parse(tmp_path):
+    """/metrics text that users pasted (tests/data/prom/public, URL on the first line): types from
+    # TYPE, or inferred (`_bucket` without a TYPE line); `_created` timestamps are no values."""
+    pub = PROM / "public"
+    with pytest.raises(PromFormatError, match="no scrape time"):     # a paste says not when it was taken
+        parse_scrape_file(pub / "production-stack_617_glm45.prom", source="glm")
+    from capacity.evidence.promparse import samples_frame, parse_exposition
+    rows = parse_exposition((pub / "production-stack_617_glm45.prom").read_text(), source="glm", server="s",
+                            default_time=T0)
+    df = samples_frame(rows)
+    assert df.select("metric", "type", "value").rows() == [
+        ("vllm:gpu_prefix_cache_hits_total", "counter", 0.0),
+        ("vllm:kv_cache_usage_perc", "gauge", pytest.approx(9.75010481363281e-06)),
+        ("vllm:prefix_cache_queries_total", "counter", 32.0)]
+    assert set(df["model_name"]) == {"zai-org/GLM-4.5"} and set(df["engine"]) == {"0"}
+    dec = samples_frame(parse_exposition((pub / "vllm_22227_decode_buckets.prom").read_text(), source="d", server="s",
+                                  default_time=T0))
+    assert set(dec["metric"]) == {"vllm:request_decode_time_seconds"} and set(dec["part"]) == {"bucket"}
+    assert dec["le"].to_list() == [15.0, 20.0, 30.0, 40.0, 7680.0, float("inf")]

@@ -83,7 +83,8 @@ def _row(source: str, server: str, metric: str, typ: str, part: str | None, labe
             labels.get("engine"), labels.get("model_name"), t, value)
 
 
-def _frame(rows: list[tuple]) -> pl.DataFrame:
+def samples_frame(rows: list[tuple]) -> pl.DataFrame:
+    """Rows of parse_exposition / the parsers -> a SAMPLE_SCHEMA frame, sorted by series and time."""
     cols = [c for c in SAMPLE_SCHEMA if c != "time"]
     df = pl.DataFrame(rows, schema={c: SAMPLE_SCHEMA[c] for c in cols}, orient="row")
     df = df.with_columns(time=(pl.col("epoch_s") * 1e6).cast(pl.Int64).cast(pl.Datetime("us")))
@@ -149,7 +150,7 @@ def _infer(name: str, names: set[str]) -> tuple[str, str, str | None]:
 
 def parse_scrape_file(path: Path, *, source: str, server: str | None = None) -> pl.DataFrame:
     text = Path(path).read_text(errors="replace")
-    return _frame(parse_exposition(text, source=source, server=server or Path(path).name,
+    return samples_frame(parse_exposition(text, source=source, server=server or Path(path).name,
                                    default_time=_name_time(Path(path).name)))
 
 
@@ -164,7 +165,7 @@ def parse_scrape_folder(folder: Path, *, source: str) -> pl.DataFrame:
                                      default_time=_name_time(p.name))
         except PromFormatError as e:      # name the file inside the folder
             raise PromFormatError(str(e).replace(f"{source}, ", f"{source}/{p.name}, ", 1)) from None
-    return _frame(rows)
+    return samples_frame(rows)
 
 
 def parse_query_range(path: Path, *, source: str) -> pl.DataFrame:
@@ -202,4 +203,4 @@ def parse_query_range(path: Path, *, source: str) -> pl.DataFrame:
             rows.append(_row(source, server, metric, typ, part, labels, t, v))
     if not rows:
         raise PromFormatError(f"{source}: the export holds no points")
-    return _frame(rows)
+    return samples_frame(rows)
