@@ -104,13 +104,14 @@ def test_real_lines_users_posted_parse():
         "INFO 12-05 19:20:57 llm_engine.py:645] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 553.9 tokens/s, Running: 110 reqs, Swapped: 0 reqs, Pending: 507 reqs, GPU KV cache usage: 98.6%, CPU KV cache usage: 0.0%    ",
         # intel/llm-scaler#391 (V1 0.10)
         "(APIServer pid=851) INFO 04-28 22:54:32 [loggers.py:257] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 5.4 tokens/s, Running: 1 reqs, Waiting: 14 reqs, GPU KV cache usage: 76.5%, Prefix cache hit rate: 92.0%",
-        # GAIR-NLP/LIMO#29 (the V0 warning, prefix lost in the paste -> reported, not fatal)
+        # GAIR-NLP/LIMO#29 (the V0 warning, prefix lost in the paste -> counted, time unknown)
         " Sequence group 221 is preempted by PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. This can affect the end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. total_num_cumulative_preemption=101",
     ]
     p = parse_server_log(lines, "posted", 2024)
     assert p.stats["running"].to_list() == [110, 1] and p.stats["waiting"].to_list() == [507, 14]
     assert p.stats["era"].to_list() == ["v0", "v1"]
-    assert p.unparsed.rows() == [("posted", 3, "no timestamp", lines[2][:300])]
+    assert p.unparsed.height == 0
+    assert p.preemptions.select("line", "time", "mode", "cum_count").rows() == [(3, None, "recompute", 101)]
 
 
 # ---- server logs: noisy and malformed input ----------------------------------------------

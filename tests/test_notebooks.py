@@ -35,6 +35,7 @@ PARAMS = {
                                                      "batch_job_interval_s": 30,
                                                      "batch_job_requests": 40}},
     "06-production-evidence": {"log_files": [str(LOGS / "v0_server.log"), str(LOGS / "bench_v0.json")],
+                               "prom_files": [str(ROOT / "tests" / "data" / "prom" / "scrapes" / "server-a")],
                                "scenario_params": {"duration_s": 120, "rate_rps": 1.0}},
 }
 
@@ -117,6 +118,7 @@ def test_later_notebooks_reuse_the_duckdb_runs(executed):
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert "No replay-based answer in this DB" not in text   # 03's size-swap demand run is found
     assert "replay.run_id" in text and "replay.peak_swapped_gib" in text
+    assert "parts ways (windows)" in text and "itl_p99_s" in text      # replay vs. Prometheus ran
 
 
 # ---- thinness --------------------------------------------------------------------------------

@@ -57,13 +57,21 @@ BURSTGPT = FormatSpec(name="burstgpt", fields={"arrival_s": "Timestamp", "prompt
 VIDUR = FormatSpec(name="vidur", fields={"arrival_s": "arrived_at", "prompt_tokens": "num_prefill_tokens",
                                          "output_tokens": "num_decode_tokens"},
                    time_unit="s", sorted_input=True)
+# `vllm bench serve` per-request rows (its RequestFuncOutput: start_time is the client's perf_counter at
+# the send, prompt_len, output_tokens, ttft, itl, success, error); rows arrive in completion order.
+# The result JSON with per-request lists is read by traces.vllm_bench.
+VLLM_BENCH_REQUESTS = FormatSpec(name="vllm_bench_requests",
+                                 fields={"arrival_s": "start_time", "prompt_tokens": "prompt_len",
+                                         "output_tokens": "output_tokens"}, time_unit="s")
 KVCAP = FormatSpec(name="kvcap", fields={c: c for c in COLUMNS},
                    optional=frozenset({"priority", "tenant", "prefix_hashes"}),
                    time_unit="s", sorted_input=True, rebase=False)
 
-KNOWN: dict[str, FormatSpec] = {s.name: s for s in (AZURE, MOONCAKE, BURSTGPT, VIDUR, KVCAP)}
+KNOWN: dict[str, FormatSpec] = {s.name: s for s in (AZURE, MOONCAKE, BURSTGPT, VIDUR,
+                                                     VLLM_BENCH_REQUESTS, KVCAP)}
 GENERIC_NAMES = ("csv", "jsonl", "parquet", "generic")
-FORMAT_NAMES = (*KNOWN, *GENERIC_NAMES)
+VLLM_BENCH = "vllm_bench"        # the result JSON (traces.vllm_bench), not column-mapped
+FORMAT_NAMES = (*KNOWN, VLLM_BENCH, *GENERIC_NAMES)
 
 
 def detect(src: Source) -> FormatSpec:
@@ -71,7 +79,7 @@ def detect(src: Source) -> FormatSpec:
     cols = set(src.columns)
     if src.kind == "parquet" and {"request_id", *REQUIRED_FIELDS} <= cols:
         return KVCAP
-    for spec in (AZURE, MOONCAKE, BURSTGPT, VIDUR):
+    for spec in (AZURE, MOONCAKE, BURSTGPT, VIDUR, VLLM_BENCH_REQUESTS):
         if {c for f, c in spec.fields.items() if f not in spec.optional} <= cols:
             return spec
     if set(REQUIRED_FIELDS) <= cols:

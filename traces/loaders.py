@@ -25,7 +25,7 @@ from pathlib import Path
 
 import polars as pl
 
-from traces import formats, validate
+from traces import formats, validate, vllm_bench
 from traces.atomic import atomic_path
 from traces.csvread import POLARS_ERRORS
 from traces.schema import SCHEMA, TraceError
@@ -92,6 +92,14 @@ def _panic_reports_hidden():
 
 def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
           time_unit: str | None, timestamp_format: str | None) -> tuple[pl.DataFrame, LoadReport]:
+    if format in (None, formats.VLLM_BENCH) and not mapping and path.is_file():
+        objs = vllm_bench.result_objects(path)
+        if objs is not None:
+            df, report = vllm_bench.load_result(path, objs)
+            return df, LoadReport(**report)
+    if format == formats.VLLM_BENCH:
+        raise TraceError(f"{path}: not a vllm bench result (a JSON object with 'input_lens', "
+                         "'output_lens', 'start_times')")
     src = open_source(path)
     spec = _spec(src, format, mapping, time_unit, timestamp_format)
     present = spec.present(src)
@@ -102,6 +110,8 @@ def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
     failed = 0
     if spec.name == "burstgpt":
         df, failed = _drop_burstgpt_failures(src, df, present)
+    elif spec.name == "vllm_bench_requests":
+        df, failed = _drop_bench_failures(src, df, present)
     for field in ("prompt_tokens", "output_tokens"):
         validate.check_whole_numbers(src, df, present[field], positive=True)
     if "priority" in present:
@@ -161,6 +171,8 @@ def _dtypes(src: Source, spec: formats.FormatSpec, present: dict[str, str]) -> d
             dtypes[present[field]] = SCHEMA[field]
     if spec.name == "burstgpt" and "Log Type" in src.columns:
         dtypes["Log Type"] = pl.Utf8()
+    if spec.name == "vllm_bench_requests" and "success" in src.columns:
+        dtypes["success"] = pl.Boolean()
     return dtypes
 
 
@@ -171,6 +183,17 @@ def _drop_burstgpt_failures(src: Source, df: pl.DataFrame, present: dict[str, st
     kept = df.filter(~failed)
     if len(kept) == 0:
         raise TraceError(f"{src.path}: all {len(df)} requests failed (Response tokens 0); nothing to replay")
+    return kept, len(df) - len(kept)
+
+
+def _drop_bench_failures(src: Source, df: pl.DataFrame, present: dict[str, str]) -> tuple[pl.DataFrame, int]:
+    """A vllm bench request that failed (success false, or no output) produced nothing to replay."""
+    failed = (pl.col(present["output_tokens"]) == 0).fill_null(True)
+    if "success" in df.columns:
+        failed = failed | ~pl.col("success").fill_null(False)
+    kept = df.filter(~failed)
+    if len(kept) == 0:
+        raise TraceError(f"{src.path}: all {len(df)} requests failed; nothing to replay")
     return kept, len(df) - len(kept)
 
 

@@ -5,6 +5,7 @@ one JSON object (`--json`). Bad input -> one line `kvcap: error: ...`, exit 2 (c
 """
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import List, Optional
@@ -35,36 +36,51 @@ def _client_start(text: Optional[str]) -> datetime | None:
 
 @guarded
 def logs_cmd(
-    files: List[Path] = typer.Argument(..., help="vLLM server logs and/or client results (JSON, CSV, JSONL)."),
+    files: List[Path] = typer.Argument(..., help="vLLM server logs, client results (JSON, CSV, JSONL), "
+                                       "Prometheus /metrics scrapes (a folder, or a file with time lines) "
+                                       "and query_range JSON exports."),
     db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to write the evidence tables to."),
     year: Optional[int] = typer.Option(None, "--year", help="Year of the log timestamps (vLLM prints none)."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="server | client (default: detect from content)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="server | client | prometheus (default: detect "
+                                       "from content)."),
+    window_s: float = typer.Option(10.0, "--window-s", help="Prometheus: window (s) for counter rates, "
+                                   "gauge means and histogram quantiles (table prom_windows)."),
     client_start: Optional[str] = typer.Option(None, "--client-start",
                                                help="Wall-clock time of the first client request (ISO)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Load vLLM server logs and client benchmark results into DuckDB (log_stats, log_preemptions,
-    log_unparsed, client_tokens)."""
-    from capacity.evidence.logs import ingest
-    results, used_year, year_source = ingest(list(files), db, year=year, kind=kind,
-                                             client_start=_client_start(client_start))
+    """Load vLLM server logs, client benchmark results and Prometheus metrics into DuckDB (log_stats,
+    log_preemptions, log_unparsed, log_engine, log_events, client_tokens, prom_samples, prom_windows). A file that cannot be read is skipped
+    with a warning; exit 2 only when none could be read."""
+    from capacity.evidence.logs import ingest_files
+    rep = ingest_files(list(files), db, year=year, kind=kind, client_start=_client_start(client_start),
+                       window_s=window_s)
+    results, used_year, year_source = rep.files, rep.year, rep.year_source
+    for s in rep.skipped:  # one plain line each (rich would wrap it)
+        print(f"kvcap: warning: {s.path}: skipped: {s.reason}", file=sys.stderr)
     unparsed = sum(r.unparsed for r in results)
     out = {"db": str(db), "year": used_year, "year_source": year_source,
            "files": [r.as_dict() for r in results],
+           "skipped": [s.as_dict() for s in rep.skipped],
            "stats_rows": sum(r.rows for r in results if r.kind == "server"),
            "preemption_warnings": sum(r.preemption_warnings for r in results),
+           "engine_lines": sum(r.engine_lines for r in results),
+           "events": sum(r.events for r in results),
            "client_tokens": sum(r.rows for r in results if r.kind == "client"),
+           "prom_samples": sum(r.rows for r in results if r.kind == "prometheus"),
+           "prom_windows": sum(r.windows for r in results),
            "unparsed": unparsed}
     if as_json:
         emit_json(out)
         return
     t = Table(title=f"evidence in {db} (log year {used_year}: {year_source})")
-    for c in ("file", "kind", "era", "lines", "rows", "warnings", "unparsed lines"):
+    for c in ("file", "kind", "era", "lines", "rows", "warnings", "engine", "events", "unparsed lines"):
         t.add_column(c)
     for r in results:
         bad = ", ".join(map(str, r.unparsed_lines[:10])) + (" …" if len(r.unparsed_lines) > 10 else "")
         t.add_row(r.source_file, r.kind, r.era or "-", str(r.lines or "-"), str(r.rows),
-                  str(r.preemption_warnings), f"{r.unparsed}" + (f" ({bad})" if bad else ""))
+                  str(r.preemption_warnings), str(r.engine_lines), str(r.events),
+                  f"{r.unparsed}" + (f" ({bad})" if bad else ""))
     Console().print(t)
     if unparsed:
         err.print(f"[yellow]{unparsed} candidate line(s) did not parse; see table log_unparsed")
@@ -110,9 +126,18 @@ def validate_cmd(
     source: Optional[str] = typer.Option(None, "--source", help="Server log file name (when several are loaded)."),
     engine: int = typer.Option(0, "--engine", help="Engine index (V1 data parallel)."),
     client: Optional[str] = typer.Option(None, "--client", help="Only these client results (file name)."),
+    prometheus: bool = typer.Option(False, "--prometheus", help="Compare with the Prometheus windows "
+                                    "(prom_windows) instead of the log's stats lines."),
+    server: Optional[str] = typer.Option(None, "--server", help="--prometheus: which server (when several)."),
+    rel_tol: float = typer.Option(0.25, "--rel-tol", help="--prometheus: a window parts ways beyond this "
+                                  "relative difference (and the metric's floor)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Compare a replay with the logged time series and client latencies; error per metric."""
+    """Compare a replay with the logged time series and client latencies, or with the Prometheus
+    series (--prometheus); error per metric, and where they part ways."""
+    if prometheus:
+        return _validate_prometheus(db, run, offset_s=offset_s, server=server, engine=str(engine),
+                                    rel_tol=rel_tol, as_json=as_json)
     from capacity.evidence.validate import validate
     v = validate(db, run, offset_s=offset_s, source=source, engine=engine, client=client)
     if as_json:
@@ -135,6 +160,29 @@ def validate_cmd(
     c.print(lt)
 
 
+def _validate_prometheus(db: Path, run: str, *, offset_s: float, server: Optional[str], engine: str,
+                         rel_tol: float, as_json: bool) -> None:
+    from capacity.evidence.promvalidate import compare_prometheus
+    if not rel_tol > 0:
+        raise CliError(f"--rel-tol: must be > 0, got {rel_tol:g}")
+    c = compare_prometheus(db, run, server=server, engine=engine, offset_s=offset_s, rel_tol=rel_tol)
+    if as_json:
+        emit_json(c.as_dict())
+        return
+    t = Table(title=f"replay {c.run_id} vs Prometheus {c.server} engine {c.engine or '-'} "
+                    f"({c.windows} windows of {c.window_s:g} s from {c.start})")
+    for col in ("metric", "n", "production mean", "replay mean", "MAE", "relative error", "bias"):
+        t.add_column(col)
+    for name, m in c.metrics.items():
+        t.add_row(name, str(m.n), _fmt(m.log_mean), _fmt(m.replay_mean), _fmt(m.mae),
+                  "-" if m.relative_error is None else f"{100 * m.relative_error:.1f} %", _fmt(m.bias))
+    out = Console()
+    out.print(t)
+    for d in c.divergences:
+        out.print(f"parts ways: {d.metric} over {d.windows} window(s) from {d.from_s:.0f} to {d.to_s:.0f} "
+                  f"(production {d.production_mean:.3g}, replay {d.replay_mean:.3g}, max |error| {d.max_abs_error:.3g})")
+
+
 def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optional[int],
                             headroom: float, as_json: bool) -> None:
     """`kvcap size-swap --from-logs` (called from capacity.cli.plan.size_swap_cmd)."""
@@ -146,7 +194,7 @@ def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optio
         emit_json(s.as_dict())
         return
     t = Table(title="swap-space sizing from production logs (per GPU)", show_header=False)
-    t.add_row("peak concurrently swapped (logged)",
+    t.add_row(f"peak concurrently swapped ({s.evidence})",
               f"{s.peak_swapped_requests} requests at {s.peak_at or '-'} ({s.peak_source_file or '-'})")
     t.add_row("KV per swapped request", f"{s.context_tokens:,} tokens ({s.context_source}) x "
               f"{s.kv_bytes_per_token:,} B/token ({s.model}, TP {s.tensor_parallel_size})")

@@ -143,11 +143,19 @@ def report_cmd(
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     db: Path = typer.Option(None, "--db", help="DuckDB file for the runs (default: OUT/kvcap.duckdb)."),
+    evidence_db: Optional[Path] = typer.Option(None, "--evidence-db", help="DuckDB of `kvcap logs` with "
+                                               "Prometheus series: adds replay vs. production."),
+    prometheus_server: Optional[str] = typer.Option(None, "--prometheus-server",
+                                                    help="--evidence-db: which server (when several)."),
+    prometheus_engine: str = typer.Option("0", "--prometheus-engine", help="--evidence-db: engine label."),
+    prometheus_offset_s: float = typer.Option(0.0, "--prometheus-offset-s",
+                                              help="--evidence-db: replay t=0 this long after the first sample."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
     """The capacity report: stability, the recommendation, swap sizing, modes, tuning, alerts,
-    headroom, stalls, priority -> OUT/index.html (+ PNGs, summary.json)."""
+    headroom, stalls, priority (and replay vs. Prometheus with --evidence-db) -> OUT/index.html
+    (+ PNGs, summary.json)."""
     import time
 
     from capacity.analyses.criteria import Budget
@@ -156,6 +164,8 @@ def report_cmd(
     from capacity.cli.tune import parse_grid
     from capacity.report.build import build_report
     wall0 = time.perf_counter()
+    if evidence_db is not None and not evidence_db.is_file():
+        raise CliError(f"--evidence-db: {evidence_db}: no such database (write it with `kvcap logs`)")
     trace, name = trace_input(file, trace_format, rate_scale)
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
     planner = Planner(workers=workers, trace_name=name)
@@ -172,11 +182,19 @@ def report_cmd(
                          "priority-mix scenario (5 min) on the same engine")
         from capacity.analyses.priority import interference
         prio = interference(prio_trace, plan.recommendation.config or engine, planner=planner)
+    production = None
+    if evidence_db is not None:
+        from capacity.evidence.promvalidate import compare_run
+        try:
+            production = compare_run(plan.baseline.tables(), evidence_db, server=prometheus_server,
+                                     engine=prometheus_engine, offset_s=prometheus_offset_s)
+        except ValueError as e:
+            raise CliError(f"--evidence-db: {e}") from None
     with err.status("report: charts…"):
         out.mkdir(parents=True, exist_ok=True)
         db = db or out / "kvcap.duckdb"
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
-                                     priority_note=prio_note)
+                                     priority_note=prio_note, production=production)
     store_runs(db, planner.runs)
     result |= {"report": str(index), "db": str(db), "runs": len(planner.runs),
                "wall_seconds": time.perf_counter() - wall0}

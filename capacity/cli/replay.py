@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import emit_json, engine_flags, guarded, trace_input
+from capacity.cli.common import CliError, emit_json, engine_flags, guarded, trace_input
 
 err = Console(stderr=True)
 
@@ -79,6 +79,9 @@ def replay_cmd(
     timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     record_batches: bool = typer.Option(False, "--record-batches", help="Also store table `batches`: every request in every step's batch with its new and computed tokens (one row per scheduled request per step)."),
+    from_logs: Optional[Path] = typer.Option(None, "--from-logs", help="DuckDB of `kvcap logs`: take the GPU "
+                                             "(and CPU) block counts its server log states."),
+    log_source: Optional[str] = typer.Option(None, "--log-source", help="With --from-logs: which log."),
     engine=None,
 ) -> None:
     """Replay a trace through the engine model and store the run in DuckDB."""
@@ -91,6 +94,11 @@ def replay_cmd(
     trace, _ = trace_input(file, trace_format, rate_scale)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
+    facts = _facts_from_logs(from_logs, log_source, engine) if from_logs is not None else None
+    if facts is not None:
+        engine = dataclasses.replace(engine, num_gpu_blocks_override=facts.num_gpu_blocks,
+                                     num_cpu_blocks_override=engine.num_cpu_blocks_override
+                                     if facts.num_cpu_blocks is None else facts.num_cpu_blocks)
     stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None
     result = replay_with_progress(trace, engine, executor=executor, reference=reference,
                                   label=label, trace_name=file.name, quiet=as_json,
@@ -100,10 +108,25 @@ def replay_cmd(
     s = summary(tables)
     s["db"] = str(db)
     s["wall_seconds"] = time.perf_counter() - wall0
+    if facts is not None:
+        s["engine_from_logs"] = facts.as_dict()
     if as_json:
         emit_json(s)
     else:
         Console().print(summary_table(s, str(db)))
+
+
+def _facts_from_logs(db: Path, source: Optional[str], engine):
+    """The block counts a production log states (capacity.evidence.engine_facts)."""
+    from capacity.evidence.engine_facts import engine_facts
+    if engine.num_gpu_blocks_override is not None:
+        raise CliError("--from-logs sets the GPU blocks from the log; drop --num-gpu-blocks-override")
+    if not db.is_file():
+        raise CliError(f"--from-logs: {db}: no such database (write it with `kvcap logs ... --db {db}`)")
+    try:
+        return engine_facts(db, block_size=engine.block_size, source=source)
+    except ValueError as e:
+        raise CliError(f"--from-logs: {e}") from None
 
 
 @guarded

@@ -23,7 +23,7 @@ app = typer.Typer(no_args_is_help=True, help="Inspect, synthesise and convert tr
 
 EXIT_BAD_INPUT = 2
 
-FormatOpt = typer.Option(None, "--format", help="azure|mooncake|burstgpt|vidur|kvcap|csv|jsonl|parquet "
+FormatOpt = typer.Option(None, "--format", help="azure|mooncake|burstgpt|vidur|vllm_bench|vllm_bench_requests|kvcap|csv|jsonl|parquet "
                          "(detected from the header / keys when omitted)")
 MapOpt = typer.Option(None, "--map", help="COLUMN=FIELD (repeat): map a source column to arrival_s, "
                       "prompt_tokens, output_tokens, request_id, priority, tenant or prefix_hashes")

@@ -6,7 +6,11 @@ Formats:
   `input_lens`, `output_lens`, `errors` and, in newer versions, `start_times`. The start times are
   `time.perf_counter()` values (no wall clock), so the wall-clock anchor is the file's `date` (written
   when the run ended) minus `duration`, unless the caller gives `client_start`. One "token" is one
-  streamed chunk, as in vLLM's ITL metric.
+  streamed chunk, as in vLLM's ITL metric. With `--append-result` the file holds one such object per
+  line (one run each): request ids count on across runs, as the trace loader numbers them
+  (traces.vllm_bench).
+- vLLM's per-request rows (its `RequestFuncOutput` as JSONL: `start_time`, `ttft`, `itl`,
+  `prompt_len`, `output_tokens`, `success`, `error`): the same, one object per request; no wall clock.
 - Generic CSV / JSONL: `request_id`, `send_time` and either `token_times` (a JSON list, or values
   separated by ';' or spaces; one row per request) or `token_time` (one row per token). Times are
   ISO strings or Unix seconds (absolute), or seconds from an unknown origin (< 1e8: relative; they
@@ -51,6 +55,19 @@ def looks_like_vllm_bench(obj: object) -> bool:
     return isinstance(obj, dict) and "ttfts" in obj and "itls" in obj
 
 
+def looks_like_bench_request(obj: object) -> bool:
+    return isinstance(obj, dict) and "ttft" in obj and "itl" in obj
+
+
+def _bench_rows_as_result(rows: list[dict]) -> dict:
+    """Per-request rows -> the result object's per-request lists (a failed row keeps its error)."""
+    def err(r: dict) -> str:
+        return "" if r.get("success", True) and not r.get("error") else (r.get("error") or "failed")
+    return {"ttfts": [r.get("ttft") for r in rows], "itls": [r.get("itl") or [] for r in rows],
+            "start_times": [r.get("start_time") for r in rows], "input_lens": [r.get("prompt_len") for r in rows],
+            "output_lens": [r.get("output_tokens") for r in rows], "errors": [err(r) for r in rows]}
+
+
 def to_epoch(t: datetime) -> float:
     return t.replace(tzinfo=timezone.utc).timestamp()
 
@@ -73,19 +90,50 @@ def parse_client_file(path: str | Path, *, client_start: datetime | None = None)
                 raise ClientFormatError(f"{path.name}: JSON without 'ttfts'/'itls' (was it saved with "
                                         "--save-detailed?)")
             return vllm_bench_tokens(obj, path.name, client_start=client_start)
+        objs = _json_lines(text, path.name)
+        if objs and looks_like_vllm_bench(objs[0]):
+            return _bench_runs(objs, path.name, client_start)
+        if objs and looks_like_bench_request(objs[0]):
+            return vllm_bench_tokens(_bench_rows_as_result(objs), path.name, client_start=client_start)
         rows = pl.read_ndjson(path)
     else:
         rows = pl.read_csv(path, infer_schema_length=0)     # all text: we parse times ourselves
     return generic_tokens(rows, path.name, client_start=client_start)
 
 
-def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None = None) -> pl.DataFrame:
+def _json_lines(text: str, source: str) -> list:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ClientFormatError(f"{source}, line {lineno}: invalid JSON ({e.msg})") from None
+    return out
+
+
+def _bench_runs(objs: list, source: str, client_start: datetime | None) -> pl.DataFrame:
+    """`--append-result`: one run per line, each anchored by its own date; ids count on."""
+    frames, offset = [], 0
+    for run, obj in enumerate(objs, 1):
+        if not looks_like_vllm_bench(obj):
+            raise ClientFormatError(f"{source}, line {run}: not a vllm bench result with 'ttfts'/'itls'")
+        frames.append(vllm_bench_tokens(obj, source, client_start=client_start if run == 1 else None,
+                                        id_offset=offset))
+        offset += len(obj["ttfts"])
+    return pl.concat(frames)
+
+
+def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None = None,
+                      id_offset: int = 0) -> pl.DataFrame:
     ttfts, itls = obj["ttfts"], obj["itls"]
     n = len(ttfts)
     if len(itls) != n:
         raise ClientFormatError(f"{source}: 'ttfts' has {n} entries but 'itls' {len(itls)}")
     errors = obj.get("errors") or [""] * n
     starts = obj.get("start_times")
+    if starts is not None and all(v is None for v in starts):
+        starts = None
     ins, outs = obj.get("input_lens") or [None] * n, obj.get("output_lens") or [None] * n
     ok = [(not errors[i]) and ttfts[i] is not None and ttfts[i] > 0 for i in range(n)]
     anchor = client_start
@@ -101,6 +149,8 @@ def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None =
     for i in range(n):
         if not ok[i]:
             continue
+        if starts and starts[i] is None:
+            raise ClientFormatError(f"{source}: request {i}: no start time")
         try:
             gaps = [float(x) for x in itls[i]]
         except (TypeError, ValueError):
@@ -112,7 +162,7 @@ def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None =
         rel_send = (float(starts[i]) - s0) if s0 is not None else None
         offs = np.cumsum([float(ttfts[i]), *gaps])
         k = len(offs)
-        cols["request_id"] += [str(i)] * k
+        cols["request_id"] += [str(id_offset + i)] * k
         cols["rel_send"] += [rel_send] * k
         cols["token_index"] += list(range(k))
         cols["rel_s"] += [None] * k if rel_send is None else list(rel_send + offs)

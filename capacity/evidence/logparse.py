@@ -17,6 +17,8 @@ from typing import Iterable
 import numpy as np
 import polars as pl
 
+from capacity.evidence.logfacts import ENGINE_SCHEMA, EVENT_SCHEMA, engine_fields, event_kind, split_records
+
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # kubectl --timestamps, journald exports, Python's default logging format ...: a full date first.
 ISO = re.compile(r"^\W{0,2}(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?"
@@ -83,6 +85,8 @@ class ParsedLog:
     stats: pl.DataFrame          # STATS_SCHEMA, one row per stats line (per engine)
     preemptions: pl.DataFrame    # PREEMPTION_SCHEMA, one row per logged warning
     unparsed: pl.DataFrame       # UNPARSED_SCHEMA, candidate lines that did not parse
+    engine: pl.DataFrame         # logfacts.ENGINE_SCHEMA, one row per engine-configuration line
+    events: pl.DataFrame         # logfacts.EVENT_SCHEMA, one row per engine error / abort line
 
 
 def strip_ansi(line: str) -> str:
@@ -156,50 +160,19 @@ def parse_stats_body(body: str) -> dict:
 
 
 def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> ParsedLog:
-    """Parse a vLLM server log. Line numbers are 1-based. Lines of several processes (`pid=`)
-    keep apart: each has its own clock (year roll-over) and, when a file holds more than one,
-    its rows get the source `FILE pid=N`."""
+    """Parse a vLLM server log. Line numbers are 1-based; records glued into one line (lost
+    newlines) keep its number. Lines of several processes (`pid=`) keep apart: each has its own
+    clock (year roll-over) and, when a file holds more than one, its rows get the source
+    `FILE pid=N`. A preemption warning pasted without its timestamp still counts (time NULL)."""
     clocks: dict[str | None, Clock] = {}
     pids: list[str | None] = []         # per stats row / warning row, in order
     warn_pids: list[str | None] = []
-    stats, warns, bad = [], [], []
+    stats, warns, bad, engine, events = [], [], [], [], []
     n = 0
     for n, raw in enumerate(lines, 1):
-        line = strip_ansi(raw.rstrip("\r\n"))
-        is_stats, is_prefix, is_warn = STATS_MARK in line, V0_PREFIX_MARK in line, WARNING_MARK in line
-        if not (is_stats or is_prefix or is_warn):
-            continue
-        pm = PID.search(line[:200])
-        pid = pm.group(1) if pm else None
-        clock = clocks.setdefault(pid, Clock(year))
-        t = clock.time(line)
-        if t is None:
-            bad.append((source_file, n, "no timestamp", line[:300]))
-            continue
-        if is_warn:
-            m = WARNING.search(line)
-            if not m or m.group(2).lower() not in ("recompute", "swap"):
-                bad.append((source_file, n, "preemption warning does not parse", line[:300]))
-                continue
-            warns.append((source_file, n, t, epoch_s(t), m.group(1), m.group(2).lower(),
-                          int(m.group(3)) if m.group(3) else None))
-            warn_pids.append(pid)
-        elif is_prefix:
-            _attach_v0_prefix(stats, line, source_file, n, t, bad)
-        else:
-            i = line.index(STATS_MARK)
-            eng = ENGINE.search(line[:i])
-            try:
-                row = parse_stats_body(line[i:])
-            except StatsLineError as e:
-                bad.append((source_file, n, str(e), line[:300]))
-                continue
-            v0 = "swapped" in row or "cpu_kv_usage" in row or "Pending:" in line
-            row.update(source_file=source_file, line=n, time=t, epoch_s=epoch_s(t),
-                       era="v0" if v0 and eng is None else "v1",
-                       engine=int(eng.group(1)) if eng else 0)
-            stats.append(row)
-            pids.append(pid)
+        for line in split_records(strip_ansi(raw.rstrip("\r\n"))):
+            _parse_record(line, n, source_file, year, clocks, stats, pids, warns, warn_pids, bad,
+                          engine, events)
     st = pl.DataFrame(stats, schema={k: v for k, v in STATS_SCHEMA.items()
                                      if k not in ("interval_s", "preemptions_est")}, strict=False)
     pre = pl.DataFrame(warns, schema=PREEMPTION_SCHEMA, orient="row")
@@ -208,11 +181,57 @@ def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> Parse
         pre = pre.with_columns(source_file=pl.Series(_pid_sources(source_file, warn_pids), dtype=pl.Utf8))
         parts = [_finish_stats(st.filter(pl.col("source_file") == s), pre.filter(pl.col("source_file") == s))
                  for s in sorted(set(st["source_file"].to_list()))]
-        st = pl.concat(parts).sort("line") if parts else _finish_stats(st, pre)
+        st = pl.concat(parts).sort("line", "epoch_s") if parts else _finish_stats(st, pre)
     else:
         st = _finish_stats(st, pre)
     return ParsedLog(source_file=source_file, lines=n, stats=st, preemptions=pre,
-                     unparsed=pl.DataFrame(bad, schema=UNPARSED_SCHEMA, orient="row"))
+                     unparsed=pl.DataFrame(bad, schema=UNPARSED_SCHEMA, orient="row"),
+                     engine=pl.DataFrame(engine, schema=ENGINE_SCHEMA, strict=False),
+                     events=pl.DataFrame(events, schema=EVENT_SCHEMA, strict=False))
+
+
+def _parse_record(line: str, n: int, source_file: str, year: int, clocks: dict, stats: list,
+                  pids: list, warns: list, warn_pids: list, bad: list, engine: list, events: list) -> None:
+    is_stats, is_prefix, is_warn = STATS_MARK in line, V0_PREFIX_MARK in line, WARNING_MARK in line
+    facts = None if (is_stats or is_warn) else engine_fields(line)
+    kind = None if (is_stats or is_warn or facts) else event_kind(line)
+    if not (is_stats or is_prefix or is_warn or facts or kind):
+        return
+    pm = PID.search(line[:200])
+    pid = pm.group(1) if pm else None
+    clock = clocks.setdefault(pid, Clock(year))
+    t = clock.time(line)
+    when = {"time": t, "epoch_s": epoch_s(t) if t else None, "pid": int(pid) if pid else None}
+    if facts is not None:
+        engine.append({"source_file": source_file, "line": n, **when, **facts, "text": line[:300]})
+    elif kind is not None:
+        events.append({"source_file": source_file, "line": n, **when, "kind": kind, "text": line[:300]})
+    elif is_warn:
+        m = WARNING.search(line)
+        if not m or m.group(2).lower() not in ("recompute", "swap"):
+            bad.append((source_file, n, "preemption warning does not parse", line[:300]))
+            return
+        warns.append((source_file, n, t, when["epoch_s"], m.group(1), m.group(2).lower(),
+                      int(m.group(3)) if m.group(3) else None))
+        warn_pids.append(pid)
+    elif t is None:
+        bad.append((source_file, n, "no timestamp", line[:300]))
+    elif is_prefix:
+        _attach_v0_prefix(stats, line, source_file, n, t, bad)
+    else:
+        i = line.index(STATS_MARK)
+        eng = ENGINE.search(line[:i])
+        try:
+            row = parse_stats_body(line[i:])
+        except StatsLineError as e:
+            bad.append((source_file, n, str(e), line[:300]))
+            return
+        v0 = "swapped" in row or "cpu_kv_usage" in row or "Pending:" in line
+        row.update(source_file=source_file, line=n, time=t, epoch_s=epoch_s(t),
+                   era="v0" if v0 and eng is None else "v1",
+                   engine=int(eng.group(1)) if eng else 0)
+        stats.append(row)
+        pids.append(pid)
 
 
 def _pid_sources(source_file: str, pids: list[str | None]) -> list[str]:
@@ -238,7 +257,7 @@ def _finish_stats(st: pl.DataFrame, pre: pl.DataFrame) -> pl.DataFrame:
     if st.height == 0:
         return pl.DataFrame(schema=STATS_SCHEMA)
     key = ["source_file", "engine"]
-    st = st.sort([*key, "line"]).with_columns(
+    st = st.sort([*key, "line", "epoch_s"]).with_columns(
         interval_s=pl.col("epoch_s").diff().over(key),
         # V1 >= 0.14 prints "Preemptions: P" only when P > 0: in a log that shows the field at
         # all, a line without it means 0; in an older log it means "not reported".
@@ -246,9 +265,10 @@ def _finish_stats(st: pl.DataFrame, pre: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("preemptions").fill_null(0)).otherwise(pl.col("preemptions")))
     est = np.full(st.height, np.nan)
     v0 = (st["era"] == "v0").to_numpy()
-    if v0.any() and pre.height:
+    timed = pre.filter(pl.col("epoch_s").is_not_null())  # an untimed warning places no counter value
+    if v0.any() and timed.height:
         est[v0] = v0_preemption_estimate(st.filter(pl.col("era") == "v0")["epoch_s"].to_numpy(),
-                                         pre["epoch_s"].to_numpy(), pre["cum_count"].to_numpy())
+                                         timed["epoch_s"].to_numpy(), timed["cum_count"].to_numpy())
     st = st.with_columns(preemptions_est=pl.Series(est).fill_nan(None))
     st = st.with_columns(preemptions_est=pl.coalesce(pl.col("preemptions").cast(pl.Float64),
                                                      pl.col("preemptions_est")))

@@ -10,8 +10,16 @@ Tables (times are naive UTC-or-as-logged datetimes plus `*epoch_s`, seconds on t
 - `log_stats`: one row per stats line (see `logparse.STATS_SCHEMA`; usages and hit rates 0..1)
 - `log_preemptions(source_file, line, time, epoch_s, request_id, mode, cum_count)`
 - `log_unparsed(source_file, line, reason, text)`
+- `log_engine`: one row per engine-configuration line (`num_gpu_blocks`, `num_cpu_blocks` where stated,
+  `kv_cache_tokens`, `kv_cache_gib`, `max_concurrency` at `max_concurrency_tokens`; see
+  `logfacts.ENGINE_SCHEMA`); `log_events(source_file, line, time, epoch_s, pid, kind, text)`: one row per
+  engine error or abort line (`kind` `swap_abort` for "Aborted due to the lack of CPU swap space", ...)
 - `client_tokens`: one row per streamed token (see `clientparse.CLIENT_SCHEMA`)
 - `attribution`: written whole by `capacity.evidence.attribute` (one row per TBT spike)
+- `prom_samples`: one row per Prometheus sample (see `promparse.SAMPLE_SCHEMA`), from `/metrics` scrapes
+  (a folder, or concatenated with time lines) and `query_range` exports; `prom_windows`: per series and
+  window, counter increase / rate, gauge mean / max / last, histogram p50 / p90 / p99 / count / mean
+  (see `promseries`); `log_sources` rows of kind `prometheus`.
 """
 from __future__ import annotations
 
@@ -24,6 +32,11 @@ import duckdb
 import polars as pl
 
 from capacity.evidence.clientparse import CLIENT_SCHEMA, ClientFormatError, looks_like_vllm_bench, parse_client_file
+from capacity.evidence.promparse import (SAMPLE_SCHEMA, looks_like_exposition,
+                                         looks_like_query_range, parse_query_range, parse_scrape_file,
+                                         parse_scrape_folder)
+from capacity.evidence.promseries import WINDOW_SCHEMA, windows
+from capacity.evidence.logfacts import ENGINE_SCHEMA, EVENT_SCHEMA, looks_like_server_output
 from capacity.evidence.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
                                VLLM_PREFIX, WARNING_MARK, parse_server_log, strip_ansi)
 from replay.store import connect
@@ -35,7 +48,8 @@ SOURCES_SCHEMA = {"source_file": pl.Utf8, "kind": pl.Utf8, "era": pl.Utf8, "line
                   "ingested_at": pl.Datetime("us"), "path": pl.Utf8}
 EVIDENCE_TABLES = {"log_sources": SOURCES_SCHEMA, "log_stats": STATS_SCHEMA,
                    "log_preemptions": PREEMPTION_SCHEMA, "log_unparsed": UNPARSED_SCHEMA,
-                   "client_tokens": CLIENT_SCHEMA}
+                   "client_tokens": CLIENT_SCHEMA, "log_engine": ENGINE_SCHEMA, "log_events": EVENT_SCHEMA,
+                   "prom_samples": SAMPLE_SCHEMA, "prom_windows": WINDOW_SCHEMA}
 
 
 def ddl(schema: dict) -> str:
@@ -83,18 +97,27 @@ class Ingested:
     unparsed_lines: list[int]
     requests: int
     anchored: bool            # client: absolute times known
+    engine_lines: int = 0     # server: rows in log_engine
+    events: int = 0           # server: rows in log_events
+    series: int = 0           # prometheus: distinct series (server, metric, labels)
+    windows: int = 0          # prometheus: rows in prom_windows
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
 
 
 def detect_kind(path: Path) -> str:
-    """'server' or 'client' from the content (the first 64 KiB)."""
+    """'server', 'client' or 'prometheus' from the content (the first 64 KiB); a folder is a folder
+    of Prometheus scrapes."""
+    if Path(path).is_dir():
+        return "prometheus"
     with open(path, errors="replace") as f:
         head = f.read(65536)
     stripped = head.lstrip()
+    if looks_like_query_range(head) or looks_like_exposition(head):
+        return "prometheus"
     if stripped.startswith("{"):
-        if '"ttfts"' in head or '"itls"' in head or '"token_time' in head:
+        if '"ttfts"' in head or '"itls"' in head or '"ttft"' in head or '"token_time' in head:
             return "client"
         try:
             if looks_like_vllm_bench(json.loads(Path(path).read_text())):
@@ -105,10 +128,10 @@ def detect_kind(path: Path) -> str:
     if "token_time" in first and ("send" in first or "request" in first):
         return "client"
     text = strip_ansi(head)
-    if STATS_MARK in text or WARNING_MARK in text or VLLM_PREFIX.search(text):
+    if STATS_MARK in text or WARNING_MARK in text or VLLM_PREFIX.search(text) or looks_like_server_output(text):
         return "server"
-    raise ClientFormatError(f"{path}: cannot tell a vLLM server log from client results; "
-                            "pass --kind server or --kind client")
+    raise ClientFormatError(f"{path}: not a vLLM server log nor client results kvcap reads (no stats, "
+                            "preemption, engine or error line); pass --kind server or --kind client")
 
 
 def _write(con, table: str, source: str, df: pl.DataFrame) -> None:
@@ -133,20 +156,83 @@ def _client_year(db: Path, frames: list[pl.DataFrame]) -> int | None:
     return int(y) if y is not None else None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Skipped:
+    path: str
+    reason: str               # one line: why the file was not read
+
+    def as_dict(self) -> dict:
+        return {"file": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngestReport:
+    files: list[Ingested]
+    skipped: list[Skipped]    # files not read (missing, unrecognisable, bad client results)
+    year: int
+    year_source: str
+
+
 def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
            client_start: datetime | None = None) -> tuple[list[Ingested], int, str]:
-    """Parse every file and store it. Returns (per-file results, year used, where it came from).
+    """`ingest_files` for callers that want (per-file results, year used, where it came from)."""
+    r = ingest_files(paths, db, year=year, kind=kind, client_start=client_start)
+    return r.files, r.year, r.year_source
+
+
+def _read_prom(p: Path, source: str) -> pl.DataFrame:
+    if Path(p).is_dir():
+        return parse_scrape_folder(p, source=source)
+    with open(p, errors="replace") as f:
+        head = f.read(65536)
+    if looks_like_query_range(head):
+        return parse_query_range(p, source=source)
+    return parse_scrape_file(p, source=source)
+
+
+def _triage(paths: list[Path], kind: str | None, client_start) -> tuple[dict, dict, list[Skipped]]:
+    """Which files are read as what; a file that cannot be read is skipped with its reason (one
+    bad file in a folder of logs must not lose the others). Parsed client and Prometheus frames
+    come back in the second dict."""
+    kinds, parsed, skipped = {}, {}, []
+    for p in paths:
+        if not (Path(p).is_file() or Path(p).is_dir()):
+            skipped.append(Skipped(path=str(p), reason="no such file"))
+            continue
+        try:
+            k = kind or detect_kind(Path(p))
+            if Path(p).is_dir() and k != "prometheus":
+                raise ValueError("a folder is read only as Prometheus scrapes (--kind prometheus)")
+            if k == "client":
+                parsed[p] = parse_client_file(p, client_start=client_start)
+            elif k == "prometheus":
+                parsed[p] = _read_prom(p, Path(p).name)
+        except (ValueError, OSError, pl.exceptions.PolarsError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            for prefix in (f"{p}: ", f"{Path(p).name}: "):
+                reason = reason.removeprefix(prefix)
+            skipped.append(Skipped(path=str(p), reason=reason))
+            continue
+        kinds[p] = k
+    return kinds, parsed, skipped
+
+
+def ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind: str | None = None,
+                 client_start: datetime | None = None, window_s: float = 10.0) -> IngestReport:
+    """Parse every readable file and store it; the others are skipped with a reason. Raises
+    (nothing written) only when no file could be read.
 
     The year of vLLM's timestamp prefix (it prints none): `year`, else the year of the client
     results in this call or already in the DB, else the current year."""
-    if kind not in (None, "server", "client"):
-        raise ValueError(f"--kind: must be server or client, got {kind!r}")
-    for p in paths:
-        if not Path(p).is_file():
-            raise FileNotFoundError(f"{p}: no such file")
-    kinds = {p: kind or detect_kind(Path(p)) for p in paths}
-    clients = {p: parse_client_file(p, client_start=client_start)
-               for p in paths if kinds[p] == "client"}
+    if kind not in (None, "server", "client", "prometheus"):
+        raise ValueError(f"--kind: must be server, client or prometheus, got {kind!r}")
+    if not window_s > 0:
+        raise ValueError(f"--window-s: must be > 0 seconds, got {window_s!r}")
+    kinds, parsed, skipped = _triage(list(paths), kind, client_start)
+    clients = {p: df for p, df in parsed.items() if kinds[p] == "client"}
+    if not kinds:
+        raise ClientFormatError("no file could be read: " + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
+    paths = [p for p in paths if p in kinds]
     if year is not None:
         year_source = "--year"
     elif (cy := _client_year(db, list(clients.values()))) is not None:
@@ -161,7 +247,19 @@ def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | 
         try:
             for p in paths:
                 name = keys[p]
-                if kinds[p] == "client":
+                if kinds[p] == "prometheus":
+                    # the key, not the name the parser saw, identifies the rows (two folders "a")
+                    smp = parsed[p].with_columns(source_file=pl.lit(name),
+                                                 server=pl.when(pl.col("server") == Path(p).name)
+                                                 .then(pl.lit(name)).otherwise(pl.col("server")))
+                    win = windows(smp, window_s)
+                    _write(con, "prom_samples", name, smp)
+                    _write(con, "prom_windows", name, win)
+                    r = Ingested(source_file=name, kind="prometheus", era=None, lines=0, rows=smp.height,
+                                 preemption_warnings=0, unparsed=0, unparsed_lines=[], requests=0,
+                                 anchored=True, series=smp.select("server", "metric", "labels").n_unique(),
+                                 windows=win.height)
+                elif kinds[p] == "client":
                     df = clients[p]
                     _write(con, "client_tokens", name, df)
                     r = Ingested(source_file=name, kind="client", era=None, lines=0, rows=df.height,
@@ -173,14 +271,16 @@ def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | 
                         parsed = parse_server_log(f, name, _year_for(p, year, year_source, now))
                     eras = sorted(set(parsed.stats["era"].to_list())) or (["v0"] if parsed.preemptions.height else [])
                     for table, df in (("log_stats", parsed.stats), ("log_preemptions", parsed.preemptions),
-                                      ("log_unparsed", parsed.unparsed)):
+                                      ("log_unparsed", parsed.unparsed), ("log_engine", parsed.engine),
+                                      ("log_events", parsed.events)):
                         _write(con, table, name, df)
                     r = Ingested(source_file=name, kind="server", era="+".join(eras) or None,
                                  lines=parsed.lines, rows=parsed.stats.height,
                                  preemption_warnings=parsed.preemptions.height,
                                  unparsed=parsed.unparsed.height,
                                  unparsed_lines=parsed.unparsed["line"].to_list(),
-                                 requests=0, anchored=True)
+                                 requests=0, anchored=True, engine_lines=parsed.engine.height,
+                                 events=parsed.events.height)
                 src = pl.DataFrame([{"source_file": name, "kind": r.kind, "era": r.era,
                                      "lines": r.lines, "rows": r.rows, "unparsed": r.unparsed,
                                      "year": year if r.kind == "server" else None,
@@ -196,7 +296,7 @@ def ingest(paths: list[Path], db: Path, *, year: int | None = None, kind: str | 
             except duckdb.Error:  # the failed COMMIT already ended it; keep the real error
                 pass
             raise
-    return results, year, year_source
+    return IngestReport(files=results, skipped=skipped, year=year, year_source=year_source)
 
 
 def _year_for(path: Path, year: int, year_source: str, now: datetime) -> int:

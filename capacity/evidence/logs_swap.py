@@ -1,7 +1,9 @@
-"""Swap-space sizing from production logs (`kvcap size-swap --from-logs`).
+"""Swap-space sizing from production logs and metrics (`kvcap size-swap --from-logs`).
 
 The host tier must hold the KV of every request swapped out at one moment. The logs show how many
-were swapped (V0's `Swapped: N reqs`, sampled every 5 s); each holds about one context of KV:
+were swapped (V0's `Swapped: N reqs`, sampled every 5 s), and so does V0's Prometheus gauge
+`vllm:num_requests_swapped` (with `vllm:cpu_cache_usage_perc`), at the scrape interval; the peak
+of both is used. Each swapped request holds about one context of KV:
 ceil(context / block_size) blocks of the model's KV bytes per block (per GPU). The context is the
 observed mean prompt + output length of the client results when they are loaded, else
 `--context-tokens`. Recommendation: the same headroom and rounding as the replay-based sizing
@@ -49,7 +51,8 @@ class LogSwapSizing:
     context_source: str                          # "client results (mean prompt+output)" | "--context-tokens"
     peak_swapped_requests: int
     peak_at: str | None
-    peak_source_file: str | None
+    peak_source_file: str | None                 # log file, or "FILE SERVER" of a Prometheus series
+    evidence: str                                # "logs", "prometheus" or "logs+prometheus"
     peak_cpu_kv_usage: float | None              # V0's "CPU KV cache usage" at its peak, 0..1
     peak_cpu_kv_gib_at_swap_space: float | None  # that usage x --swap-space (if production used it)
     peak_swapped_blocks: int
@@ -99,18 +102,34 @@ def explain(logs_reqs: int, logs_gib: float, rep: ReplaySide | None, context: in
     return f"The logs need {logs_gib - rep.peak_swapped_gib:.2f} GiB more than the replay: {why}."
 
 
+def _swapped_observations(stats: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
+    """Swapped requests and CPU KV usage over time, from the stats lines and the V0 gauges."""
+    cols = {"source_file": pl.Utf8, "time": pl.Datetime("us"), "epoch_s": pl.Float64, "swapped": pl.Int64,
+            "cpu_kv_usage": pl.Float64, "evidence": pl.Utf8}
+    logs = stats.filter(pl.col("swapped").is_not_null()).select(
+        "source_file", "time", "epoch_s", pl.col("swapped").cast(pl.Int64), "cpu_kv_usage",
+        evidence=pl.lit("logs"))
+    key = [pl.col("source_file") + " " + pl.col("server"), "time", "epoch_s"]
+    prom = samples.filter(pl.col("metric") == "vllm:num_requests_swapped").select(
+        *key, swapped=pl.col("value").round().cast(pl.Int64))
+    cpu = samples.filter(pl.col("metric") == "vllm:cpu_cache_usage_perc").select(*key, cpu_kv_usage=pl.col("value"))
+    prom = prom.join(cpu.group_by("source_file", "time", "epoch_s").agg(pl.col("cpu_kv_usage").max()),
+                     on=["source_file", "time", "epoch_s"], how="left").with_columns(evidence=pl.lit("prometheus"))
+    return pl.concat([logs.select([pl.col(c).cast(t) for c, t in cols.items()]),
+                      prom.select([pl.col(c).cast(t) for c, t in cols.items()])])
+
+
 def size_swap_from_logs(db: Path, config: EngineConfig, *, context_tokens: int | None = None,
                         headroom: float = 0.2) -> LogSwapSizing:
     if headroom < 0:
         raise ValueError(f"--headroom: must be >= 0, got {headroom}")
-    ev = read_evidence(db, "log_stats", "client_tokens")
+    ev = read_evidence(db, "log_stats", "client_tokens", "prom_samples")
     stats, tok = ev["log_stats"], ev["client_tokens"]
-    if stats.height == 0:
-        raise ValueError(f"{db}: no stats lines; load a vLLM server log with `kvcap logs`")
-    swapped = stats.filter(pl.col("swapped").is_not_null())
+    swapped = _swapped_observations(stats, ev["prom_samples"])
     if swapped.height == 0:
-        raise ValueError(f"{db}: the logs have no 'Swapped:' field (V1 does not report swapped "
-                         "requests); size the offload tier with a replay: kvcap size-swap TRACE")
+        raise ValueError(f"{db}: no 'Swapped:' field in the logs and no vllm:num_requests_swapped in "
+                         "Prometheus (V1 reports neither); size the offload tier with a replay: "
+                         "kvcap size-swap TRACE")
     firsts = tok.filter(pl.col("token_index") == 0)
     if context_tokens is not None:
         if context_tokens <= 0:
@@ -137,6 +156,7 @@ def size_swap_from_logs(db: Path, config: EngineConfig, *, context_tokens: int |
         kv_bytes_per_token=bpt, context_tokens=ctx, context_source=ctx_src,
         peak_swapped_requests=reqs, peak_at=str(peak["time"]) if reqs else None,
         peak_source_file=peak["source_file"] if reqs else None,
+        evidence="+".join(sorted(set(swapped["evidence"].to_list()))),
         peak_cpu_kv_usage=cpu_peak,
         peak_cpu_kv_gib_at_swap_space=None if cpu_peak is None else cpu_peak * config.swap_space,
         peak_swapped_blocks=blocks,

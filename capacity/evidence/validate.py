@@ -62,7 +62,7 @@ class Validation:
         return d
 
 
-def _read_run(db: Path, run_id: str) -> dict[str, pl.DataFrame]:
+def read_run(db: Path, run_id: str) -> dict[str, pl.DataFrame]:
     with connect(db, read_only=True) as con:
         have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "runs" not in have:
@@ -74,14 +74,18 @@ def _read_run(db: Path, run_id: str) -> dict[str, pl.DataFrame]:
     return out
 
 
+def pick_one(names: list[str], given: str | None, *, what: str, flag: str) -> str:
+    """`given`, or the only one of `names`; several and none given is an error naming the flag."""
+    if given is None and len(names) > 1:
+        raise ValueError(f"several {what} in the DB ({', '.join(names)}); pick one with {flag}")
+    return names[0] if given is None else given
+
+
 def _log_series(stats: pl.DataFrame, source: str | None, engine: int) -> tuple[pl.DataFrame, str]:
     sources = sorted(set(stats["source_file"].to_list()))
     if not sources:
         raise ValueError("no stats lines in the DB; load a vLLM server log with `kvcap logs`")
-    if source is None:
-        if len(sources) > 1:
-            raise ValueError(f"several server logs in the DB ({', '.join(sources)}); pick one with --source")
-        source = sources[0]
+    source = pick_one(sources, source, what="server logs", flag="--source")
     s = stats.filter((pl.col("source_file") == source) & (pl.col("engine") == engine)).sort("epoch_s")
     if s.height == 0:
         raise ValueError(f"no stats lines for --source {source} --engine {engine}")
@@ -115,7 +119,8 @@ def resample(steps: pl.DataFrame, events: pl.DataFrame, run: dict, t: np.ndarray
     return pl.DataFrame(out)
 
 
-def _error(log: np.ndarray, rep: np.ndarray) -> MetricError:
+def metric_error(log: np.ndarray, rep: np.ndarray) -> MetricError:
+    """MAE, relative error (MAE / mean |logged|), bias and means over the windows where logged is known."""
     ok = ~np.isnan(log)
     log, rep = log[ok], rep[ok]
     if len(log) == 0:
@@ -135,7 +140,7 @@ def _latency(client: float | None, replay: float | None) -> LatencyError:
 
 def validate(db: Path, run_id: str, *, offset_s: float = 0.0, source: str | None = None,
              engine: int = 0, client: str | None = None) -> Validation:
-    run_t = _read_run(db, run_id)
+    run_t = read_run(db, run_id)
     ev = read_evidence(db, "log_stats", "client_tokens")
     stats, source = _log_series(ev["log_stats"], source, engine)
     run = run_t["runs"].row(0, named=True)
@@ -155,7 +160,7 @@ def validate(db: Path, run_id: str, *, offset_s: float = 0.0, source: str | None
         col = "preemptions_est" if m == "preemptions" else m
         lv = logged[col].cast(pl.Float64).fill_null(np.nan).to_numpy()
         rv = rep[m].to_numpy()
-        metrics[m] = _error(lv, rv)
+        metrics[m] = metric_error(lv, rv)
         series.append(pl.DataFrame({"t_s": t[keep], "metric": m, "log": lv, "replay": rv}))
     tok = ev["client_tokens"]
     if client:

@@ -46,7 +46,8 @@ def result_dict(plan: Plan, name: str) -> dict:
 
 
 def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
-                 priority_note: str | None = None) -> tuple[Path, dict]:
+                 priority_note: str | None = None, production=None) -> tuple[Path, dict]:
+    """`production`: the baseline replay vs. Prometheus (promvalidate.ProductionComparison), or None."""
     extra = []
     if plan.tuning is not None:
         extra.append(sec.tuning_section(plan.tuning))
@@ -61,7 +62,11 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
         if priority_note:
             psec = dataclasses.replace(psec, body=text(priority_note) + psec.body)
         extra.append(psec)
+    if production is not None:
+        extra.append(sec.production_section(production))
     result = result_dict(plan, name)
+    if production is not None:
+        result["production"] = production.as_dict()
     rules = out / RULES_FILE
     if plan.alert is not None:
         write_atomic(rules, plan.alert.yaml)

@@ -6,6 +6,7 @@ anything, nor import duckdb or torch.
 from __future__ import annotations
 
 from capacity.evidence.attribute import NOT_PREEMPTION, VERDICTS, Attribution
+from capacity.evidence.promvalidate import ProductionComparison
 from capacity.views import analysis as ac
 from capacity.views import evidence as ev
 from capacity.analyses.classify import AlertRule, Classification
@@ -137,3 +138,22 @@ def attribution_section(a: Attribution):
                  caption="Each point is one stalled token; colour: the log evidence found around it.")
     return Section(title="Production evidence: TBT spikes vs. preemptions", body=body, charts=(fig,),
                    anchor="evidence-attribution")
+
+
+def production_section(c: ProductionComparison):
+    """The report section for `kvcap validate --prometheus` (replay vs. the production series)."""
+    fmt = lambda v: "—" if v is None else f"{v:,.3g}"        # noqa: E731
+    rows = [[k, m.n, fmt(m.log_mean), fmt(m.replay_mean), fmt(m.mae),
+             "—" if m.relative_error is None else pct(m.relative_error), fmt(m.bias)]
+            for k, m in c.metrics.items()]
+    parts = [f"{d.metric}: {d.windows} window(s) from {d.from_s - c.series['from_s'].min():.0f} s "
+             f"(production {d.production_mean:,.3g}, replay {d.replay_mean:,.3g})" for d in c.divergences]
+    lead = (f"The baseline replay against the Prometheus series of {c.server} (engine {c.engine or '-'}), "
+            f"{c.windows} windows of {c.window_s:g} s from {c.start} (offset {c.offset_s:g} s). "
+            + ("They part ways in: " if parts else "They part ways nowhere (within the tolerances)."))
+    body = text(lead) + (bullets(parts) if parts else "") + table(
+        rows, ["metric", "windows", "production mean", "replay mean", "MAE", "relative error", "bias"])
+    fig = Figure(name="evidence-prometheus", chart=ev.production_chart(c),
+                 caption="Per window: production (Prometheus) and the replay; red points: the windows that part ways.")
+    return Section(title="Replay vs. production (Prometheus)", body=body, charts=(fig,),
+                   anchor="evidence-prometheus")

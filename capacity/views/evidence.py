@@ -1,4 +1,5 @@
-"""The chart of production evidence (TBT spike attribution); its report section is in capacity.report.sections.
+"""The charts of production evidence (TBT spike attribution; replay vs. Prometheus); their report
+sections are in capacity.report.sections.
 
 Series are aggregated before charting (at most MAX_ROWS marks). Altair lives here and in
 charts/report only; no SQL here (callers pass the `Attribution` from capacity.evidence.attribute).
@@ -9,6 +10,7 @@ import altair as alt
 import polars as pl
 
 from capacity.evidence.attribute import NOT_PREEMPTION, VERDICTS, Attribution
+from capacity.evidence.promvalidate import ProductionComparison
 
 MAX_ROWS = 5000
 _COLORS = {"preemption": "#d62728", "likely preemption": "#ff7f0e", NOT_PREEMPTION: "#1f77b4",
@@ -42,3 +44,26 @@ def attribution_chart(a: Attribution) -> alt.Chart:
     rule = alt.Chart(pl.DataFrame({"y": [a.threshold_s]})).mark_rule(strokeDash=[4, 4], color="#555").encode(y="y:Q")
     return (points + rule).properties(width=820, height=260,
                                       title=f"TBT spikes above {a.threshold_s:.3f} s and their cause")
+
+
+PRODUCTION_METRICS = ("running", "waiting", "gpu_kv_usage", "preemptions", "generation_throughput_tps",
+                      "ttft_p99_s", "itl_p99_s")
+
+
+def production_chart(c: ProductionComparison, metrics: tuple[str, ...] = PRODUCTION_METRICS) -> alt.Chart:
+    """Production (Prometheus) and replay per window, one panel per metric; red: where they part ways."""
+    keep = [m for m in metrics if m in c.metrics]
+    s = (c.series.filter(pl.col("metric").is_in(keep))
+         .unpivot(index=["t_s", "metric", "flagged"], on=["production", "replay"], variable_name="source")
+         .head(MAX_ROWS))
+    base = alt.Chart().encode(x=alt.X("t_s:Q", title="seconds from the replay's start"),
+                              y=alt.Y("value:Q", title=None))
+    lines = base.mark_line(interpolate="step-before").encode(
+        color=alt.Color("source:N", title=None, scale=alt.Scale(domain=["production", "replay"],
+                                                                range=["#1f77b4", "#ff7f0e"])))
+    flags = base.mark_point(color="#d62728", size=50, filled=True).transform_filter(
+        "datum.flagged && datum.source == 'production'")
+    return alt.layer(lines, flags, data=s).properties(width=380, height=150).facet(
+        facet=alt.Facet("metric:N", title=None, sort=keep), columns=2,
+    ).resolve_scale(y="independent").properties(
+        title=f"Replay {c.run_id} vs. Prometheus {c.server} (engine {c.engine or '-'}); red: parts ways")

@@ -358,6 +358,17 @@ def validation_table(v) -> pl.DataFrame:
                                       "relative error": pl.Float64})
 
 
+def production_table(c) -> pl.DataFrame:
+    """Error per metric of `capacity.evidence.promvalidate.compare_prometheus`."""
+    rows = [{"metric": k, "windows": m.n, "production": m.log_mean, "replay": m.replay_mean, "MAE": m.mae,
+             "relative error": m.relative_error,
+             "parts ways (windows)": sum(d.windows for d in c.divergences if d.metric == k)}
+            for k, m in c.metrics.items()]
+    return pl.DataFrame(rows, schema={"metric": pl.Utf8, "windows": pl.Int64, "production": pl.Float64,
+                                      "replay": pl.Float64, "MAE": pl.Float64, "relative error": pl.Float64,
+                                      "parts ways (windows)": pl.Int64})
+
+
 def validation_chart(v, metrics: tuple[str, ...] = ("running", "waiting", "swapped", "gpu_kv_usage")):
     """Logged vs. replayed series per metric at the log's intervals."""
     s = (v.series.filter(pl.col("metric").is_in(list(metrics)))
