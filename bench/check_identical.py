@@ -27,6 +27,8 @@ TRACES = {"conv": "../shared/traces/AzureLLMInferenceTrace_conv.csv",
           "mooncake": "../shared/traces/conversation_trace.jsonl"}
 CASES = {
     "conv_v1": ("conv", dict()),
+    # V1's synchronous loop (the default replays 0.33's async scheduler).
+    "conv_v1_sync3000": ("conv", dict(async_scheduling=False, num_gpu_blocks_override=3000)),
     "conv_v0": ("conv", dict(scheduler="v0")),
     "mooncake_v1": ("mooncake", dict()),
     "conv_v1_3000": ("conv", dict(num_gpu_blocks_override=3000)),

@@ -38,8 +38,8 @@ V1_API_SERVER_BATCH_DEFAULTS: dict[HardwareTier, tuple[int, int]] = {
 _FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark")
 
 # vLLM 0.33 turns async scheduling on when unset (VllmConfig; off under pipeline parallelism,
-# which kvcap does not model). kvcap's default until the async loop is the default here too.
-V1_ASYNC_SCHEDULING = False
+# which kvcap does not model), so kvcap's V1 replays the async loop unless told otherwise.
+V1_ASYNC_SCHEDULING = True
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:

@@ -216,7 +216,7 @@ def engine_words(r: dict) -> str:
     """Which engine and loop a run replayed, in words."""
     if r.get("scheduler") == "v0":
         return "vLLM V0 (0.10.1.1), synchronous engine loop"
-    loop = ("async scheduling (0.33's default loop)" if r.get("async_scheduling")
+    loop = ("async scheduling (the 0.33 default)" if r.get("async_scheduling")
             else "synchronous scheduling (--no-async-scheduling)")
     return f"vLLM V1 (0.33), {loop}"
 
