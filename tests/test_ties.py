@@ -64,3 +64,51 @@ def test_v1_priority_victim_among_tied_requests_is_the_later_trace_row():
     victims = [p[0] for line in lines for p in line["preempted"]]
     assert victims and victims[0] == "L2"
     assert lines == distinct
+
+
+class _Capped:
+    """A scheduler that fails after `limit` steps instead of running forever (a livelock would
+    otherwise hang the suite and grow memory without bound)."""
+
+    def __init__(self, inner, limit: int):
+        self._inner, self._left = inner, limit
+
+    def schedule(self):
+        self._left -= 1
+        assert self._left >= 0, "no end in sight: requests keep preempting each other"
+        return self._inner.schedule()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_tied_equal_priority_requests_do_not_preempt_each_other_forever():
+    """Found by the Hypothesis differential test (it hung main's suite): rows 0 and 1 share
+    priority and arrival time and cannot both be resident at full length. With the victim picked
+    by position among ties, each preempted the other at every chunk, forever; with ties in trace
+    order row 1 (the later receipt) is always the victim, as in vLLM, and all finish."""
+    import numpy as np
+
+    from core_helpers import make_engine
+    from replay import loop
+    from replay_helpers import tiny_spec
+    spec = tiny_spec(num_gpu_blocks=14, num_cpu_blocks=3, max_num_seqs=5, max_num_batched_tokens=9,
+                     enable_chunked_prefill=True, enable_prefix_caching=False, policy="priority",
+                     preemption_mode="recompute", long_prefill_token_threshold=5, watermark=0.0,
+                     max_num_active_seqs=2)
+    arrival = np.array([1.17549435e-38] * 3 + [1e-06, 0.182775276])
+    state, keys, ex = make_engine("v1", spec, arrival, np.array([30, 20, 29, 26, 7]),
+                                  np.array([16, 28, 15, 23, 16]), None, np.array([2, 2, 0, 0, 1]))
+    sched = _Capped(make("v1")(spec, state, keys), limit=2_000)
+    raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
+    assert raw.status != "aborted" and len(raw.finish_s) == 5 and not np.isnan(raw.finish_s).any()
+    if IMPL == "compiled":     # and run to the end in C (where the old code ran out of memory)
+        from replay import compiled
+
+        def stop(_t, step):
+            assert step <= 2_000, "no end in sight: requests keep preempting each other"
+        state, keys, ex = make_engine("v1", spec, arrival, np.array([30, 20, 29, 26, 7]),
+                                      np.array([16, 28, 15, 23, 16]), None, np.array([2, 2, 0, 0, 1]))
+        fast = compiled.run("v1", state, spec, ex, keys, kv_bytes_per_block=spec.kv_bytes_per_block,
+                            on_progress=stop, progress_every_steps=500, check=True)
+        assert not np.isnan(fast.finish_s).any()
