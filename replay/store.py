@@ -128,15 +128,17 @@ def ensure_schema(con, path: str | Path = "the database") -> None:
             con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
         except duckdb.Error as e:
             raise StoreError(f"database {path}: cannot create table {table} ({_one_line(e)})") from None
-    # Files written before runs.implementation ('compiled' | 'reference') existed gain it (NULL).
-    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS implementation VARCHAR")
-    con.execute("ALTER TABLE events ADD COLUMN IF NOT EXISTS seq INTEGER")
-    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS async_scheduling BOOLEAN")
+    # Files written before these columns existed gain them (NULL).
+    for table, cols in _ADDED_LATER.items():
+        for column, sql_type in cols.items():
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
     check_schema(con, path)
 
 
-# Columns ensure_schema adds to older files (ALTER TABLE): a read-only reader does not require them.
-_ADDED_LATER = {"runs": ("implementation", "async_scheduling"), "events": ("seq",)}
+# Columns ensure_schema adds to older files (ALTER TABLE), with their types: a read-only reader
+# does not require them.
+_ADDED_LATER = {"runs": {"implementation": "VARCHAR", "async_scheduling": "BOOLEAN"},
+                "events": {"seq": "INTEGER"}}
 
 
 def check_schema(con, path: str | Path = "the database") -> None:
