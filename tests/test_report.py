@@ -271,3 +271,16 @@ def test_renders_in_headless_chromium_without_network(report, tmp_path):
     assert (packed != 0xFFFFFF).mean() > 0.05              # more than a few lines of ink
     chart_colours = {int(charts.COLORS[k][1:], 16) for k in ("running", "waiting", "swapped")}
     assert len(chart_colours & set(colours.tolist())) >= 2  # the chart images were drawn
+
+
+def test_flags_that_miss_the_slos_are_not_offered_as_advice(inputs):
+    """A sustainable run whose best configuration still misses the SLOs quotes its flags (they
+    reproduce the replay) but does not tell the reader to append them."""
+    from capacity.report.render import recommendations_section
+    ok = recommendation(("--max-num-seqs", "256"))
+    miss = dataclasses.replace(ok, expected=dataclasses.replace(ok.expected, meets_slo=False))
+    ok_html = recommendations_section(ok, inputs["stab"]).body
+    miss_html = recommendations_section(miss, inputs["stab"]).body
+    assert "Append these flags" in ok_html and "MISSES the SLOs" not in ok_html
+    assert "Append these flags" not in miss_html and "MISSES the SLOs" in miss_html
+    assert "--max-num-seqs 256" in miss_html

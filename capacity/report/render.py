@@ -117,9 +117,13 @@ def gib(v: float | None) -> str:
 def recommendations_section(rec, stab) -> Section:
     """The top of the report: one Recommendation (capacity.analyses.plan), in words and flags."""
     if rec.flags:
-        block = (text("Append these flags to your `vllm serve` command (they reproduce the "
-                      "replay whose numbers are quoted here):")
-                 + code_block(" \\\n".join(_flag_lines(rec.flags))))
+        # A configuration that still misses the SLOs is not advice to deploy: say so above it.
+        misses = rec.expected is not None and not rec.expected.meets_slo
+        intro = ("These flags reproduce the replay quoted here, which MISSES the SLOs: following "
+                 "them is not enough (the lines below say what is):" if misses else
+                 "Append these flags to your `vllm serve` command (they reproduce the replay "
+                 "whose numbers are quoted here):")
+        block = text(intro) + code_block(" \\\n".join(_flag_lines(rec.flags)))
     else:
         block = text("No flags: the run is overloaded, so no configuration is derived from it.")
     exp = rec.expected
