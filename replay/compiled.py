@@ -120,7 +120,7 @@ def cost_args(ex: CostModel) -> tuple:
     return (ex._linear_per_token, ex._lm_head_per_sample, ex._attn_per_unit, ex._flops_rate,
             ex._bytes_rate, ex._weight_bytes, ex.constants.overhead_s, ex._ar_fixed,
             ex._ar_per_token, ex.kv_bytes_per_token, ex.kv_bytes_per_block, ex._swap_per_block,
-            None if ex.measured is None else ex.measured.c_args())
+            None if ex.measured is None else ex.measured.c_args(), bool(ex.async_scheduling))
 
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
@@ -352,6 +352,7 @@ class _NoCost:
     _weight_bytes = _ar_fixed = _ar_per_token = _swap_per_block = 0.0
     kv_bytes_per_token = kv_bytes_per_block = 0
     measured = None
+    async_scheduling = False
     constants = type("C", (), {"overhead_s": 0.0})()
 
 
