@@ -28,6 +28,7 @@ def _register() -> None:
     app.command("headroom")(tune.headroom_cmd)
     app.command("alerts")(tune.alerts_cmd)
     app.command("fleet")(fleet.fleet_cmd)
+    app.command("plan")(fleet.plan_cmd)
 
 
 _register()
