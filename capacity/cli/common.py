@@ -204,24 +204,32 @@ def engine_flags(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from replay.config import EngineConfig
         flags = {k: kwargs.pop(k) for k in list(kwargs) if k in ENGINE_FLAGS}
-        offload = flags.pop("kv_offloading_size")
-        backend = flags.pop("kv_offloading_backend")
-        if backend not in (None, "native"):
-            fail(f"--kv-offloading-backend: kvcap models 'native' only, got {backend!r}")
-        if offload is not None:
-            if flags["scheduler"] != "v1":
-                fail("--kv-offloading-size is V1's flag; on V0 use --preemption-mode swap --swap-space")
-            flags.update(preemption_mode="swap", swap_space=offload / flags["tensor_parallel_size"])
         try:
-            engine = EngineConfig(**flags)
+            engine = engine_config(flags)
         except (ValueError, TypeError) as e:
             fail(str(e).splitlines()[0])
         return fn(*args, engine=engine, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)
     return wrapper
+
+
+def engine_config(flags: dict):
+    """The EngineConfig of the ENGINE_FLAGS values `flags` (V1's host-tier spelling mapped);
+    ValueError with one line when they do not make an engine."""
+    from replay.config import EngineConfig
+    flags = dict(flags)
+    offload = flags.pop("kv_offloading_size", None)
+    backend = flags.pop("kv_offloading_backend", None)
+    if backend not in (None, "native"):
+        raise ValueError(f"--kv-offloading-backend: kvcap models 'native' only, got {backend!r}")
+    if offload is not None:
+        if flags["scheduler"] != "v1":
+            raise ValueError("--kv-offloading-size is V1's flag; on V0 use --preemption-mode swap "
+                             "--swap-space")
+        flags.update(preemption_mode="swap", swap_space=offload / flags["tensor_parallel_size"])
+    return EngineConfig(**flags)
 
 
 def load_trace_file(path: Path, *, trace_format: str | None = None):
