@@ -39,7 +39,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def inputs():
     """A small real workload with tiny pools: swap preemptions, a full host pool, recompute."""
     trace = default_trace().head(300)
-    base = EngineConfig(num_gpu_blocks_override=500)
+    base = EngineConfig(scheduler="v0", num_gpu_blocks_override=500)   # V0: the engine with swap
     run = replay(trace, dataclasses.replace(base, preemption_mode="swap",
                                             on_swap_full="recompute", num_cpu_blocks_override=100))
     # Sizing refuses an overloaded run (this one is: the pool is tiny); measure it on a larger
