@@ -88,8 +88,11 @@ def test_index_has_every_section_and_the_flags(report):
 def test_baseline_says_which_engine_and_loop_it_replayed(report, inputs):
     from capacity.report.render import engine_words
     words = engine_words(inputs["run"].run)
-    assert words.startswith("vLLM V1 (0.33), ") and "scheduling" in words
+    assert words == "vLLM V0 (0.10.1.1), synchronous engine loop"    # the fixture swaps: V0
     assert words in report.read_text()
+    assert engine_words({"scheduler": "v1", "async_scheduling": True}) == \
+        "vLLM V1 (0.33), async scheduling (the 0.33 default)"
+    assert "--no-async-scheduling" in engine_words({"scheduler": "v1", "async_scheduling": False})
 
 
 def test_text_is_escaped(report):

@@ -6,7 +6,12 @@ import json
 
 import pytest
 
+from capacity.analyses.offload import not_replayable
 from capacity_helpers import ROOT, kvcap, kvcap_json
+
+# Needs an engine that replays the OffloadingConnector (issue 16 lands it in stages).
+pytestmark = pytest.mark.skipif(not_replayable() is not None,
+                                reason=f"CPU KV offloading not replayable: {not_replayable()}")
 
 MOONCAKE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 # A head of the Mooncake conversation trace at a third of its rate on a small GPU pool (7,000

@@ -110,7 +110,7 @@ def compare_modes_cmd(
     if as_json:
         emit_json(cmp.as_dict())
         return
-    Console(width=100).print(modes_table(cmp))
+    Console(width=130).print(modes_table(cmp))
     Console().print(f"[bold]recommendation:[/bold] {cmp.recommended} — {cmp.reason}")
     if cmp.queue_only_note:
         Console().print(f"[bold]queue-only:[/bold] {cmp.queue_only_note}")
