@@ -3,10 +3,7 @@
 policy and the worker's copy queues (oracle README §2 "CPU KV offloading" and §7 F1-F15; the
 O-scenarios in ../shared/oracle check every decision).
 
-- `CpuTier`: the chunks the tier holds (a store in flight is "pending"; a load in flight pins its
-  chunks), the all-or-nothing `prepare_store` (F15) and the eviction policy, `LruPolicy` or
-  `ArcPolicy`. A chunk is named by its offload key: with one GPU block per chunk, the block's
-  prefix key, so a later request with the same prefix finds it.
+- `CpuTier` (replay/v1/cpu_tier.py): the chunks, their states and the LRU or ARC policy.
 - `Connector`: the scheduler-side connector (lookups, loads, write-through stores, flushes,
   finishes) and, in `execute`, the worker-side copy engine (one FIFO per direction). With
   `offload_transfer_steps` T >= 1 a transfer completes T steps after it is issued, as the oracle
@@ -22,199 +19,12 @@ Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from replay.plan import OffloadTransfer
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
-
-
-# ------------------------------------------------------------------------------ eviction policies
-class LruPolicy:
-    """0.33's LRU over whole requests (F6): a request gets one rank when it first touches the tier
-    (load, store or re-offer) and every chunk it touches takes that rank; chunks of one rank go
-    tail first (higher chunk index first), so a partial eviction keeps a prompt's head (O3). A
-    finished request's chunks all take a fresh rank when its finish is processed (O7 step 3)."""
-
-    def __init__(self) -> None:
-        self.rank_of: dict[int, int] = {}
-        # rank -> {key: chunk index}
-        self.groups: dict[int, dict[int, int]] = {}
-
-    def place(self, key: int, idx: int, rank: int) -> None:
-        old = self.rank_of.get(key)
-        if old == rank:
-            return
-        if old is not None:
-            self._drop(key, old)
-        self.rank_of[key] = rank
-        self.groups.setdefault(rank, {})[key] = idx
-
-    def _drop(self, key: int, rank: int) -> None:
-        g = self.groups[rank]
-        del g[key]
-        if not g:
-            del self.groups[rank]
-
-    def remove(self, key: int) -> None:
-        self._drop(key, self.rank_of.pop(key))
-
-    def _in_order(self):
-        """Every chunk, next victim first (groups sorted as they are reached: an eviction
-        usually needs only the oldest)."""
-        for rank in sorted(self.groups):
-            g = self.groups[rank]
-            yield from sorted(g, key=g.__getitem__, reverse=True)
-
-    def order(self) -> list[int]:
-        return list(self._in_order())
-
-    def victims(self, n: int, can_evict) -> list[int] | None:
-        out: list[int] = []
-        for k in self._in_order():
-            if can_evict(k):
-                out.append(k)
-                if len(out) == n:
-                    return out
-        return None
-
-
-class ArcPolicy:
-    """0.33's ARC (F8): new chunks enter T1 (a key in ghost list B1 raises `target_t1`, one in B2
-    lowers it, and the chunk still enters T1: O5_arc_prefix step 9); a chunk moves to T2 when a
-    request that loaded or re-offered it finishes; eviction takes T1's least recently used chunk
-    while T1 holds at least `target_t1` chunks, else T2's; evicted keys become ghosts."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.t1: OrderedDict[int, None] = OrderedDict()
-        self.t2: OrderedDict[int, None] = OrderedDict()
-        self.b1: OrderedDict[int, None] = OrderedDict()
-        self.b2: OrderedDict[int, None] = OrderedDict()
-        self.target_t1 = 0.0
-
-    def insert(self, key: int) -> None:
-        if key in self.b1:
-            self.target_t1 = min(self.target_t1 + max(1.0, len(self.b2) / len(self.b1)),
-                                 float(self.capacity))
-            del self.b1[key]
-        elif key in self.b2:
-            self.target_t1 = max(self.target_t1 - max(1.0, len(self.b1) / len(self.b2)), 0.0)
-            del self.b2[key]
-        self.t1[key] = None
-
-    def promote(self, keys: list[int], to_t2: set[int]) -> None:
-        """A finished request's chunks: those it loaded or re-offered go to T2, the others are
-        touched where they are."""
-        for k in reversed(keys):
-            if k in to_t2 and k in self.t1:
-                del self.t1[k]
-                self.t2[k] = None
-            else:
-                (self.t1 if k in self.t1 else self.t2).move_to_end(k)
-
-    def remove(self, key: int) -> None:
-        """Evicted: the key becomes a ghost of its list (each ghost list holds at most
-        `capacity` keys, oldest dropped first)."""
-        src, ghost = (self.t1, self.b1) if key in self.t1 else (self.t2, self.b2)
-        del src[key]
-        ghost[key] = None
-        if len(ghost) > self.capacity:
-            ghost.popitem(last=False)
-
-    def victims(self, n: int, can_evict) -> list[int] | None:
-        t1 = [k for k in self.t1 if can_evict(k)]
-        t2 = [k for k in self.t2 if can_evict(k)]
-        size_t1, out = len(self.t1), []
-        while len(out) < n:
-            if t1 and (size_t1 >= self.target_t1 or not t2):
-                out.append(t1.pop(0))
-                size_t1 -= 1
-            elif t2:
-                out.append(t2.pop(0))
-            else:
-                return None
-        return out
-
-
-# ------------------------------------------------------------------------------------ the tier
-class CpuTier:
-    """The CPU offloading manager: which chunks exist, whether their store has completed, which
-    loads pin them, and the policy that orders them."""
-
-    def __init__(self, *, capacity: int, policy: str) -> None:
-        self.capacity = capacity
-        self.ready: dict[int, bool] = {}     # key -> store completed (False: pending)
-        self.num_pending = 0
-        self.pins: dict[int, int] = {}       # key -> loads in flight
-        self.idx: dict[int, int] = {}        # key -> chunk index (LRU order within a rank)
-        self.lru = LruPolicy() if policy == "lru" else None
-        self.arc = ArcPolicy(capacity) if policy == "arc" else None
-
-    @property
-    def num_used(self) -> int:
-        return len(self.ready)
-
-    def complete_store(self, keys) -> None:
-        for k in keys:
-            if k in self.ready and not self.ready[k]:
-                self.ready[k] = True
-                self.num_pending -= 1
-
-    def can_evict(self, key: int) -> bool:
-        return self.ready[key] and not self.pins.get(key)
-
-    def touch(self, keys: list[int], rank: int) -> None:
-        """A request (of `rank`) reuses, stores or loads these chunks (chunk order). ARC moves
-        nothing until the request finishes (O5_arc_prefix step 3: a load leaves T1 as it is)."""
-        if self.lru is not None:
-            for k in keys:
-                self.lru.place(k, self.idx[k], rank)
-
-    def prepare_store(self, keys: list[int], idxs: list[int], protected: set[int],
-                      rank: int) -> list[int] | None:
-        """Room for every new chunk or none (F15): evict ready, unpinned chunks outside
-        `protected` (the chunks offered with them) in policy order. Returns the evicted keys, or
-        None when the store is dropped (nothing changes)."""
-        need = len(keys) - (self.capacity - len(self.ready))
-        evicted: list[int] = []
-        if need > 0:
-            policy = self.lru if self.lru is not None else self.arc
-            evicted = policy.victims(need, lambda k: k not in protected and self.can_evict(k))
-            if evicted is None:
-                return None
-            for k in evicted:
-                policy.remove(k)
-                del self.ready[k]
-                del self.idx[k]
-        self.num_pending += len(keys)
-        for k, i in zip(keys, idxs):
-            self.ready[k] = False
-            self.idx[k] = i
-            if self.lru is not None:
-                self.lru.place(k, i, rank)
-            else:
-                self.arc.insert(k)
-        return evicted
-
-    def finish(self, keys: list[int], rank: int, reused: set[int]) -> None:
-        """Commit a finished request's recency (F6, F8): its chunks still in the tier."""
-        keys = [k for k in keys if k in self.ready]
-        if self.lru is not None:
-            for k in keys:
-                self.lru.place(k, self.idx[k], rank)
-        else:
-            self.arc.promote(keys, reused)
-
-    def lru_order(self) -> list[int]:
-        """The evictable chunks, next victim first (the oracle's `cpu_lru_end`)."""
-        return [k for k in self.lru.order() if self.can_evict(k)]
-
-    def arc_state(self) -> dict:
-        a = self.arc
-        return {"t1": list(a.t1), "t2": list(a.t2), "b1": len(a.b1), "b2": len(a.b2),
-                "target_t1": a.target_t1}
+from replay.v1.cpu_tier import CpuTier
 
 
 # ------------------------------------------------------------------------------- the connector
@@ -247,8 +57,6 @@ class _Job:
     gpu_blocks: tuple[int, ...]
     done_step: int = -1             # step mode: the step at whose end it is done
     done_s: float = float("inf")    # time mode
-    submitted: bool = False
-    done: bool = False
 
 
 class Connector:
@@ -455,7 +263,7 @@ class Connector:
             self._offer(row, r, min(stop, len(table) * self.bs) // self.bs, table)
             self.tier.finish(list(r.touched), self._fresh_rank(), r.reused)
             r.finished = True
-            if not r.stores_in_flight:
+            if not r.stores_in_flight and not r.loading:
                 del self.reqs[row]
         self._finished.clear()
         if self._allocated:
@@ -499,7 +307,7 @@ class Connector:
         return out
 
     def _submit(self, job: _Job, queue: list[_Job], start_s: float, done_step: int) -> None:
-        job.submitted, job.done_step = True, done_step
+        job.done_step = done_step
         if not self.spec.offload_transfer_steps:
             nbytes = len(job.gpu_blocks) * self.spec.kv_bytes_per_block
             begin = max(start_s, self._link_free_s[job.kind])
@@ -524,7 +332,7 @@ class Connector:
                 self.tier.complete_store(job.keys)
                 if r is not None:
                     r.stores_in_flight -= 1
-                    if r.finished and not r.stores_in_flight:
+                    if r.finished and not r.stores_in_flight and not r.loading:
                         del self.reqs[job.row]
             else:
                 for k in job.keys:
@@ -532,5 +340,7 @@ class Connector:
                     if not self.tier.pins[k]:
                         del self.tier.pins[k]
                 r.loading = ()
+                if r.finished and not r.stores_in_flight:
+                    del self.reqs[job.row]     # aborted while its load was in flight
             out.append((job.row, job.kind))
         return out

@@ -91,10 +91,17 @@ class V1Scheduler:
     def abort_request(self, row: int) -> None:
         """Client abort (test hook): leave whichever queue, free the blocks."""
         st = int(self.state.status[row])
+        nt = self._prompt[row] + int(self.state.num_output[row])
+        if self.conn is not None and st in (Status.RUNNING, Status.WAITING):
+            # vLLM calls the connector's request_finished for an aborted request too.
+            self.conn.request_finished(row, self.kv.tables.get(row, []), nt)
         if st == Status.RUNNING:
             self.running.remove(row)
             self._prefill_rows.discard(row)
             self._release(row)
+        elif row in self.loading:
+            self.loading.remove(row)
+            self.kv.free(row)
         elif st == Status.WAITING:
             self.waiting.remove(row)
             if row in self._arrived:
