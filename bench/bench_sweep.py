@@ -38,9 +38,8 @@ def main() -> None:
         for executor in ("local", "ray"):
             t0 = time.perf_counter()
             if executor == "ray":
-                import ray
-                ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False,
-                         logging_level="WARNING")
+                from capacity.analyses.distributed import start_local_ray
+                start_local_ray(num_cpus=args.workers)
             startup = time.perf_counter() - t0
             out = sweep(pts, traces, db=Path(tmp) / f"{executor}.duckdb", executor=executor,
                         workers=args.workers)
