@@ -101,18 +101,27 @@ def read_bench(path: str | Path) -> Bench:
                  tpot_s=tpot, median_tpot_ms=float(med))
 
 
-def replay_bench(bench: Bench, config: EngineConfig, tables: step_profile.MeasuredTables):
-    """One replay of the bench's requests (compiled core where it can run)."""
+def replay_state(state: RequestState, keys, config: EngineConfig,
+                 tables: step_profile.MeasuredTables):
+    """One replay of (a copy of) `state` on `tables` (compiled core where it can run): (raw run,
+    swap seconds per block)."""
     from replay.run import run_engine
     eng = resolve(config)
     cm = CostModel(shape=model_shape(eng.model), constants=catalog_constants(eng.gpu),
                    tp=eng.tensor_parallel_size, kv_bytes_per_token=eng.kv_bytes_per_token,
                    kv_bytes_per_block=eng.kv_bytes_per_block, measured=tables)
-    state = RequestState(arrival_s=bench.arrival_s.copy(), prompt_len=bench.prompt_len.copy(),
-                         output_len=bench.output_len.copy(), priority=None)
-    raw = run_engine(config.scheduler, eng.spec, state, UniqueBlockKeys(), cm,
+    fresh = RequestState(arrival_s=state.arrival_s.copy(), prompt_len=state.prompt_len.copy(),
+                         output_len=state.output_len.copy(), priority=state.priority.copy())
+    raw = run_engine(config.scheduler, eng.spec, fresh, keys, cm,
                      kv_bytes_per_block=eng.kv_bytes_per_block)
     return raw, cm._swap_per_block
+
+
+def replay_bench(bench: Bench, config: EngineConfig, tables: step_profile.MeasuredTables):
+    """One replay of the bench's requests (arrivals as sent; no prefix sharing known)."""
+    state = RequestState(arrival_s=bench.arrival_s, prompt_len=bench.prompt_len,
+                         output_len=bench.output_len, priority=None)
+    return replay_state(state, UniqueBlockKeys(), config, tables)
 
 
 def _features(raw, swap_per_block: float, t: step_profile.MeasuredTables, bench: Bench):
@@ -184,13 +193,14 @@ def fit(bench: Bench, config: EngineConfig, base: step_profile.MeasuredTables,
 
 
 def profile_json(base_json: dict, t: step_profile.MeasuredTables, report: dict,
-                 bench: Bench) -> dict:
-    """The shipped profile with the fitted constants and how they were fitted."""
+                 source: dict) -> dict:
+    """The shipped profile with the fitted constants and how they were fitted (`source`: what
+    the fit read, e.g. {"from_bench": path})."""
     out = dict(base_json)
     out["name"] = f"{base_json['name']}--calibrated"
     out["constants"] = {"overhead_s": t.overhead_s, "overhead_per_row_s": 0.0,
                         "kernel_scale": t.kernel_scale}
-    out["calibration"] = {"from_bench": bench.path, **report}
+    out["calibration"] = {**source, **report}
     return out
 
 

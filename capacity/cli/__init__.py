@@ -13,12 +13,13 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 def _register() -> None:
     # Imported here, after `app` exists, so each command module stays importable on its own.
-    from capacity.cli import calibrate, evidence, fleet, plan, replay, sweep, trace, tune
+    from capacity.cli import calibrate, evidence, fleet, offload, plan, replay, sweep, trace, tune
     app.add_typer(trace.app, name="trace")
     app.command("replay")(replay.replay_cmd)
     app.command("runs")(replay.runs_cmd)
     app.command("calibrate")(calibrate.calibrate_cmd)
     app.command("size-swap")(plan.size_swap_cmd)
+    app.command("size-offload")(offload.size_offload_cmd)
     app.command("compare-modes")(plan.compare_modes_cmd)
     app.command("report")(plan.report_cmd)
     app.command("logs")(evidence.logs_cmd)

@@ -103,12 +103,16 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
     "engine": ("--engine", (lambda x: x >= 0, "a whole number >= 0")),
     "kv_offloading_size": ("--kv-offloading-size", (lambda x: _finite(x) and 0 <= x <= 4096,
                                                     "GiB from 0 to 4096 (the whole TP group)")),
+    "tolerance": ("--tolerance", (lambda x: _finite(x) and 0 <= x < 1,
+                                  "a fraction from 0 to below 1 (0.05 = 5 %)")),
     "precision": ("--precision", (lambda x: _finite(x) and 0.001 <= x <= 0.5,
                                   "a relative precision from 0.001 to 0.5 (0.05 = 5 %)")),
 }
 # Comma lists: parameter -> (flag, element type, rule).
 LIST_RULES: dict[str, tuple[str, type, tuple]] = {
     "sweep": ("--sweep", float, (lambda x: _finite(x) and 0 < x <= 10, "fractions of the peak > 0, e.g. 0.25,0.5,1")),
+    "sizes": ("--sizes", float, (lambda x: _finite(x) and 0 <= x <= 4096,
+                                 "GiB from 0 to 4096, e.g. 0,16,32,64")),
     "scales": ("--scales", float, (lambda x: _finite(x) and 0 < x <= 1000, "rate scales > 0, e.g. 1,1.5,2")),
     "max_num_seqs_grid": ("--max-num-seqs-grid", int, (lambda x: 1 <= x < 2**31, "whole numbers >= 1, e.g. 64,128,256")),
     "max_num_batched_tokens_grid": ("--max-num-batched-tokens-grid", int,
@@ -187,11 +191,15 @@ ENGINE_FLAGS: dict[str, tuple] = {
     "async_scheduling": (Optional[bool], typer.Option(None, "--async-scheduling/--no-async-scheduling", help="V1: 0.33's async scheduler (step k scheduled before step k-1's output is applied).")),
     "num_gpu_blocks_override": (Optional[int], typer.Option(None, "--num-gpu-blocks-override")),
     "num_cpu_blocks_override": (Optional[int], typer.Option(None, "--num-cpu-blocks-override")),
-    # vLLM V1's spelling of the host tier (total over the TP group): the flags kvcap recommends.
+    # V1 0.33's CPU KV offloading (the native OffloadingConnector), GiB for all TP ranks.
     "kv_offloading_size": (Optional[float], typer.Option(None, "--kv-offloading-size",
-                                                         help="V1: host KV tier, GiB in total (swap mode).")),
-    "kv_offloading_backend": (Optional[str], typer.Option(None, "--kv-offloading-backend",
-                                                          help="V1: native (the only one modelled).")),
+                                                         help="V1: CPU KV offloading tier, GiB for all TP ranks together (0 = off).")),
+    "kv_offloading_backend": (str, typer.Option("native", "--kv-offloading-backend",
+                                                help="V1: native (the only one modelled).")),
+    "kv_offloading_eviction_policy": (str, typer.Option("lru", "--kv-offloading-eviction-policy",
+                                                        help="V1 offloading: lru | arc (kv_connector_extra_config eviction_policy).")),
+    "offload_prompt_only": (bool, typer.Option(True, "--offload-prompt-only/--no-offload-prompt-only",
+                                               help="V1 offloading: store prompt blocks only (vLLM's default).")),
 }
 
 
@@ -216,19 +224,9 @@ def engine_flags(fn):
 
 
 def engine_config(flags: dict):
-    """The EngineConfig of the ENGINE_FLAGS values `flags` (V1's host-tier spelling mapped);
-    ValueError with one line when they do not make an engine."""
+    """The EngineConfig of the ENGINE_FLAGS values `flags`; ValueError with one line when they
+    do not make an engine (`--kv-offloading-size` is the connector's EngineConfig field)."""
     from replay.config import EngineConfig
-    flags = dict(flags)
-    offload = flags.pop("kv_offloading_size", None)
-    backend = flags.pop("kv_offloading_backend", None)
-    if backend not in (None, "native"):
-        raise ValueError(f"--kv-offloading-backend: kvcap models 'native' only, got {backend!r}")
-    if offload is not None:
-        if flags["scheduler"] != "v1":
-            raise ValueError("--kv-offloading-size is V1's flag; on V0 use --preemption-mode swap "
-                             "--swap-space")
-        flags.update(preemption_mode="swap", swap_space=offload / flags["tensor_parallel_size"])
     return EngineConfig(**flags)
 
 
