@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py replay/kvcore.h replay/v1/_core.c replay/v0/_c
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@# torch first, pinned to the local CPU build (see ../shared/STACK.md), then the project in one call.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	@$(PY) -c "import replay.v1._core, replay.v0._core" 2>/dev/null || echo "WARNING: kvcap's compiled replay cores were not built (no C compiler or Python headers?): replays will run on the Python reference implementation, tens of times slower." >&2
 	@touch $(STAMP)
 

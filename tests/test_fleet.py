@@ -7,7 +7,8 @@ import pytest
 from capacity_helpers import CONV, kvcap_json
 from replay import compiled
 from replay.config import EngineConfig
-from replay.fleet import replay_fleet, ring_assign, session_keys, static_assignment
+from replay.fleet import replay_fleet
+from replay.routing import ring_assign, session_keys, static_assignment
 from replay.run import replay
 from traces.schema import SCHEMA
 

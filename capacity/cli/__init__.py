@@ -13,7 +13,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 def _register() -> None:
     # Imported here, after `app` exists, so each command module stays importable on its own.
-    from capacity.cli import calibrate, evidence, fleet, offload, plan, replay, trace, tune
+    from capacity.cli import calibrate, evidence, fleet, offload, plan, replay, sweep, trace, tune
     app.add_typer(trace.app, name="trace")
     app.command("replay")(replay.replay_cmd)
     app.command("runs")(replay.runs_cmd)
@@ -30,6 +30,7 @@ def _register() -> None:
     app.command("alerts")(tune.alerts_cmd)
     app.command("fleet")(fleet.fleet_cmd)
     app.command("plan")(fleet.plan_cmd)
+    app.command("sweep")(sweep.sweep_cmd)
 
 
 _register()

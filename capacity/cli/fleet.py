@@ -169,7 +169,7 @@ def plan_cmd(
     from capacity.analyses.planner import Planner
     from capacity.analyses.prices import price_table
     from capacity.cli.common import CliError, store_runs
-    from replay.fleet import ROUTERS
+    from replay.routing import ROUTERS
     if router not in ROUTERS:
         raise CliError(f"--router {router!r}: use one of {', '.join(ROUTERS)}")
     if not 1 <= max_replicas <= 4096:
