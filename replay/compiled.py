@@ -18,8 +18,8 @@ import numpy as np
 
 from replay.cost_model import CostModel
 from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
-from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, STEP_COLUMNS, TBT_COLUMNS, ColumnSpill,
-                        RawRun, abort_reason)
+from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, OFFLOAD_STEP_COLUMNS, STEP_COLUMNS,
+                        TBT_COLUMNS, ColumnSpill, RawRun, abort_reason)
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
 
@@ -48,15 +48,35 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
 }
 
 
+# The CPU KV offloading knobs (#16). A compiled core models the OffloadingConnector once its
+# module says so (`KV_OFFLOADING = 1`, a module constant); until then it does not read them and
+# `unavailable` refuses every replay with the connector on.
+OFFLOAD_FIELDS = ("kv_offloading", "offload_prompt_only", "offload_eviction_policy",
+                  "offload_blocks_per_chunk", "offload_transfer_steps",
+                  "offload_host_link_bytes_per_s")
+
+
+def has_offloading(engine: str) -> bool:
+    """Whether the compiled core of `engine` models vLLM's OffloadingConnector."""
+    return bool(getattr(CORES.get(engine), "KV_OFFLOADING", 0))
+
+
+NOT_APPLICABLE["v0"].update({f: "V1 knob (V1's CPU KV offloading)" for f in OFFLOAD_FIELDS})
+
+
 def spec_dict(spec: SchedulerSpec) -> dict:
     """The resolved spec as {field name: value}, what a core reads by name."""
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
 
 
-def unavailable(engine: str, executor, keys, state: RequestState) -> str | None:
+def unavailable(engine: str, executor, keys, state: RequestState,
+                spec: SchedulerSpec | None = None) -> str | None:
     """Why the compiled core of `engine` cannot run this replay (None when it can)."""
     if CORES.get(engine) is None:
         return f"the compiled {engine} core is not built (no C compiler at install time?)"
+    if spec is not None and spec.kv_offloading and not has_offloading(engine):
+        return (f"the compiled {engine} core does not model CPU KV offloading "
+                "(--kv-offloading-size) yet")
     if type(executor) is not CostModel:
         return f"the {type(executor).__name__} executor is not the cost model the cores price with"
     if type(keys) is TokenBlockKeys and keys.all_tokens is None:
@@ -84,6 +104,12 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
               state.computed_at_preemption, *outputs, state.priority)
     left = dict(spec_dict(spec) if fields_in is None else fields_in)
+    if engine == "v1" and not has_offloading(engine):
+        # A core without the connector is only handed specs with it off (`unavailable`).
+        if left.get("kv_offloading"):
+            raise AssertionError("the compiled v1 core does not model CPU KV offloading")
+        for f in OFFLOAD_FIELDS:
+            left.pop(f, None)
     core = ext.new(arrays, left, cost_args(executor), keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
     if unread:
@@ -186,11 +212,19 @@ def _col(out: dict, name: str, dtype) -> np.ndarray:
     return np.frombuffer(out[name], dtype=dtype)
 
 
+def _steps(out: dict) -> dict[str, np.ndarray]:
+    """The step columns a core handed back; a core without offloading has no offload columns
+    (`unavailable` refuses offloading for it, so they are zero)."""
+    n = len(out["start_s"]) // 8
+    return {k: (_col(out, k, t) if k in out or k not in OFFLOAD_STEP_COLUMNS
+                else np.zeros(n, t)) for k, t in STEP_COLUMNS.items()}
+
+
 def _drain(out: dict, spilled: dict[str, ColumnSpill], pieces: dict[str, list]) -> None:
     """Move the columns a core handed back (`results`: everything since the last call) to the
     spill files (steps, TBT) and to `pieces` (events, stalls: one entry per eventful step;
     batch records when asked for)."""
-    spilled["steps"].append({k: _col(out, k, t) for k, t in STEP_COLUMNS.items()})
+    spilled["steps"].append(_steps(out))
     spilled["tbt"].append({"tbt_s": _col(out, "tbt_v", np.float64),
                            "weight": _col(out, "tbt_w", np.int64)})
     for k in list(out):
@@ -202,7 +236,7 @@ def _drain(out: dict, spilled: dict[str, ColumnSpill], pieces: dict[str, list]) 
 
 def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block,
          spilled=None) -> RawRun:
-    steps = {k: _col(out, k, t) for k, t in STEP_COLUMNS.items()}
+    steps = _steps(out)
     blocks = _col(out, "ev_blocks", np.int64)
     events = {"t_s": _col(out, "ev_t", np.float64).tolist(),
               "step": _col(out, "ev_step", np.int64).tolist(),

@@ -35,7 +35,15 @@ V1_API_SERVER_BATCH_DEFAULTS: dict[HardwareTier, tuple[int, int]] = {
     "other": (2048, 256),
 }
 
-_FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark")
+_FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark", "kv_offloading_size")
+# Fields added with the offloading connector (#16): in the config JSON (and so in the run id)
+# only when set, so runs stored before them keep their ids.
+_LATER_FIELDS = {"kv_offloading_size": None, "kv_offloading_backend": "native",
+                 "kv_offloading_eviction_policy": "lru", "offload_prompt_only": True}
+# vLLM 0.33 `v1/kv_offload/cpu/spec.py`: every offload chunk is rounded up to the page size.
+OFFLOAD_PAGE_BYTES = 4096
+# kv_connector_extra_config "block_size" defaults to the GPU block size: one block per chunk.
+OFFLOAD_BLOCKS_PER_CHUNK = 1
 
 # vLLM 0.33 turns async scheduling on when unset (VllmConfig; off under pipeline parallelism,
 # which kvcap does not model), so kvcap's V1 replays the async loop unless told otherwise.
@@ -74,6 +82,14 @@ class EngineConfig:
     # V1: vLLM 0.33's `--async-scheduling/--no-async-scheduling` (AsyncScheduler: step k is
     # scheduled before step k-1's output is applied). None = the version default.
     async_scheduling: bool | None = None
+    # V1: vLLM 0.33's CPU KV offloading (`--kv-offloading-size GiB`, for all TP ranks together;
+    # None or 0 = no connector) through the native OffloadingConnector
+    # (`--kv-offloading-backend native`), evicting LRU or ARC (kv_connector_extra_config
+    # "eviction_policy") and storing prompt blocks only by default (oracle README §7).
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
+    kv_offloading_eviction_policy: Literal["lru", "arc"] = "lru"
+    offload_prompt_only: bool = True
     # Path of a cost-model profile (`kvcap calibrate`); carried for the executor, not read here.
     calibration: str | None = None
 
@@ -89,6 +105,9 @@ class EngineConfig:
         for name in _FLOAT_FIELDS:
             if d[name] is not None:
                 d[name] = float(d[name])
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
         return d
 
     def config_json(self) -> str:
@@ -117,6 +136,9 @@ class ResolvedEngine:
     num_cpu_blocks: int
     # Pinned host RAM the swap pool / offload tier takes over the whole TP group.
     swap_host_ram_bytes: int
+    # Pinned host RAM the OffloadingConnector's tier takes (all TP ranks; 0 without it):
+    # num_cpu_blocks chunks of kv_offloading_chunk_bytes.
+    kv_offloading_host_ram_bytes: int
     # Names of the EngineConfig fields left at None and filled with a version default.
     defaulted: frozenset[str]
     # Human-readable remarks (estimates, clamps, skipped checks) for logs and reports.
@@ -189,7 +211,17 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
                      "max_model_len check are skipped")
     # V0 always pins its swap pool; V1 has a host tier only when swap mode asks for one (B8).
     has_host_pool = not v1 or c.preemption_mode == "swap"
-    if c.num_cpu_blocks_override is not None:
+    offloading = v1 and bool(c.kv_offloading_size)
+    chunk_bytes = offload_chunk_bytes(per_block, tp)
+    if offloading:
+        # The connector's tier in chunks (F12): size * 2^30 // page-rounded chunk bytes, or the
+        # override (tests, oracle comparisons).
+        cpu_blocks = (c.num_cpu_blocks_override if c.num_cpu_blocks_override is not None
+                      else int(c.kv_offloading_size * GIB) // chunk_bytes)
+        if cpu_blocks == 0:
+            raise ValueError(f"kv_offloading_size: {c.kv_offloading_size:g} GiB holds no offload "
+                             f"chunk of {chunk_bytes:,} bytes; raise it")
+    elif c.num_cpu_blocks_override is not None:
         cpu_blocks = c.num_cpu_blocks_override
     else:
         cpu_blocks = memory.num_cpu_blocks(c.swap_space, model, tp, c.kv_cache_dtype,
@@ -212,13 +244,26 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         long_prefill_token_threshold=c.long_prefill_token_threshold,
         scheduler_reserve_full_isl=c.scheduler_reserve_full_isl, watermark=c.watermark,
         max_num_active_seqs=c.max_num_active_seqs, async_scheduling=asynchronous,
-        kv_bytes_per_block=per_block)
+        kv_bytes_per_block=per_block, kv_offloading=offloading,
+        offload_prompt_only=c.offload_prompt_only,
+        offload_eviction_policy=c.kv_offloading_eviction_policy,
+        offload_blocks_per_chunk=OFFLOAD_BLOCKS_PER_CHUNK,
+        offload_host_link_bytes_per_s=gpu.host_link_bandwidth_bytes_per_s)
     return ResolvedEngine(
         config=c, spec=spec, model=model, gpu=gpu, gpu_memory_utilization=util,
         kv_bytes_per_token=per_token, kv_bytes_per_block=per_block, available_kv_bytes=available,
         num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
         swap_host_ram_bytes=memory.swap_host_ram_bytes(c.swap_space, tp) if has_host_pool else 0,
+        kv_offloading_host_ram_bytes=cpu_blocks * chunk_bytes if offloading else 0,
         defaulted=frozenset(defaulted), notes=tuple(notes))
+
+
+def offload_chunk_bytes(kv_bytes_per_block: int, tp: int,
+                       blocks_per_chunk: int = OFFLOAD_BLOCKS_PER_CHUNK) -> int:
+    """One offload chunk in host memory: every rank's bytes of its blocks, rounded up to the
+    4096-byte page (vLLM 0.33 `v1/kv_offload/cpu/spec.py`, oracle README F12)."""
+    raw = kv_bytes_per_block * tp * blocks_per_chunk
+    return -(-raw // OFFLOAD_PAGE_BYTES) * OFFLOAD_PAGE_BYTES
 
 
 def _batch_limits(c: EngineConfig, gpu: GpuSpec, max_model_len: int, chunked: bool,
@@ -301,10 +346,38 @@ def _check_fields(c: EngineConfig) -> None:
     if not 0 <= c.watermark < 1:
         raise ValueError(f"watermark: {c.watermark} is outside [0, 1); it is the fraction of "
                          "GPU blocks kept free when admitting, e.g. 0.01")
+    _check_offloading(c)
     if c.calibration is not None and not isinstance(c.calibration, str):
         raise ValueError(f"calibration: expected a path string or None, got {c.calibration!r}")
     if c.scheduler == "v0":
         _check_v0_only(c)
+
+
+def _check_offloading(c: EngineConfig) -> None:
+    if c.kv_offloading_backend == "lmcache":
+        raise ValueError("kv_offloading_backend: 'lmcache' is not modelled; kvcap models vLLM's "
+                         "native OffloadingConnector only (--kv-offloading-backend native)")
+    _choice("kv_offloading_backend", c.kv_offloading_backend, ("native",))
+    _choice("kv_offloading_eviction_policy", c.kv_offloading_eviction_policy, ("lru", "arc"))
+    if not isinstance(c.offload_prompt_only, bool):
+        raise ValueError(f"offload_prompt_only: expected True or False, got {c.offload_prompt_only!r}")
+    if c.kv_offloading_size is None:
+        return
+    _number("kv_offloading_size", c.kv_offloading_size)
+    if c.kv_offloading_size < 0:
+        raise ValueError(f"kv_offloading_size: {c.kv_offloading_size} GiB is negative; use 0 (or "
+                         "leave it unset) for no CPU offloading")
+    if not c.kv_offloading_size:
+        return
+    if c.scheduler == "v0":
+        raise ValueError("kv_offloading_size: CPU KV offloading is a V1 connector; V0 swaps "
+                         "instead: use swap_space (--swap-space) with "
+                         "preemption_mode='swap', or set scheduler='v1'")
+    if c.preemption_mode != "recompute":
+        raise ValueError(f"preemption_mode: {c.preemption_mode!r} with kv_offloading_size: the "
+                         "OffloadingConnector runs with V1's recompute preemption; use "
+                         "preemption_mode='recompute' (kvcap's 'swap' host tier is a second, "
+                         "different tier)")
 
 
 def _check_v0_only(c: EngineConfig) -> None:
@@ -343,8 +416,11 @@ def _check_pool_sizes(c: EngineConfig, gpu: GpuSpec, per_block: int, available: 
                              f"of {gpu.name} (at most {most}); lower it")
     host = (c.num_cpu_blocks_override * per_block if c.num_cpu_blocks_override is not None
             else c.swap_space * GIB)
+    if c.kv_offloading_size and c.num_cpu_blocks_override is None:
+        host = c.kv_offloading_size * GIB / c.tensor_parallel_size
     if host > MAX_HOST_POOL_BYTES:
-        flag = "num_cpu_blocks_override" if c.num_cpu_blocks_override is not None else "swap_space"
+        flag = ("num_cpu_blocks_override" if c.num_cpu_blocks_override is not None else
+                "kv_offloading_size" if c.kv_offloading_size else "swap_space")
         raise ValueError(f"{flag}: a host pool of {host / GIB:,.0f} GiB per GPU is more than "
                          f"{MAX_HOST_POOL_BYTES // GIB:,} GiB; lower it")
 

@@ -14,7 +14,7 @@ from replay.raw import RawRun
 _REQUEST_FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "max_tbt_s")
 _STATE_FIELDS = ("status", "num_computed", "num_output", "num_preemptions", "num_swaps",
                  "num_recomputes", "recomputed_tokens", "cached_prompt_tokens",
-                 "computed_at_preemption")
+                 "computed_at_preemption", "cpu_hit_tokens")
 
 
 def _neq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

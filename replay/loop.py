@@ -111,6 +111,14 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             preempt_mode[p.row] = 2 if p.mode == "swap" else 1
         for row, blocks in _swapped_in_blocks(plan, scheduler):
             event("swap_in", row, blocks)
+        # CPU KV offloading (V1 connector): one event per transfer issued, loads then stores.
+        load_blocks = store_blocks = 0
+        for x in plan.offload_loads:
+            event("offload_load", x.row, len(x.gpu_blocks))
+            load_blocks += len(x.gpu_blocks)
+        for x in plan.offload_stores:
+            event("offload_store", x.row, len(x.gpu_blocks))
+            store_blocks += len(x.gpu_blocks)
         rows = plan.rows
         # Resumed (scheduled again, swapped in or dropped): no longer evicted.
         # (Only swap preemptions make a row evicted: skip the per-row scan while none is.)
@@ -145,7 +153,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         end = t + dt
         step_rows.append((t, dt, *queues, num_prefill, num_decode, scheduler.gpu_blocks_used(),
                           scheduler.cpu_blocks_used(), len(plan.swap_out), len(plan.swap_in),
-                          len(plan.preempted), evicted_count, evicted_total))
+                          len(plan.preempted), evicted_count, evicted_total, store_blocks,
+                          load_blocks))
         if len(sampled):
             first = np.isnan(first_tok[sampled])
             first_tok[sampled[first]] = end

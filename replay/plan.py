@@ -55,6 +55,22 @@ class SwapAbort:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OffloadTransfer:
+    """One CPU KV offloading transfer planned by a `schedule()` (V1 OffloadingConnector, oracle
+    README §4 `cpu_load` / `cpu_store`): a load (CPU -> GPU, before the request computes) or a
+    write-through store (GPU -> CPU, copied from the next step on)."""
+    row: int
+    # Tokens the load brings (a store: the tokens its chunks cover).
+    num_tokens: int
+    # GPU blocks read (store) or written (load), in token order.
+    gpu_blocks: tuple[int, ...]
+    # The chunks: their index in the request (chunk i holds tokens i*c .. (i+1)*c - 1, c tokens
+    # per chunk) and their offload keys (with one block per chunk: the block's prefix key).
+    chunks: tuple[int, ...]
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepPlan:
     # Scheduled requests (trace rows) in batch order.
     rows: np.ndarray = field(default_factory=_empty_rows)
@@ -80,6 +96,20 @@ class StepPlan:
     rejected: tuple[Rejection, ...] = ()
     # Set when the engine stops in this step (nothing in this plan runs).
     abort: SwapAbort | None = None
+    # V1 CPU KV offloading (empty without it), in the order the connector did them:
+    # every lookup (row, tokens it would load; None = deferred: a chunk is being loaded or
+    # stored, or the request has transfers in flight), also for requests then not admitted;
+    offload_lookups: tuple[tuple[int, int | None], ...] = ()
+    # (row, GPU-hit tokens, CPU-hit tokens) for requests admitted after a lookup;
+    offload_hits: tuple[tuple[int, int, int], ...] = ()
+    # loads and stores planned; chunk keys evicted for the stores (in eviction order); rows whose
+    # store was dropped (not enough evictable chunks, F15); rows whose in-flight stores are
+    # flushed before this step's forward pass (F9).
+    offload_loads: tuple[OffloadTransfer, ...] = ()
+    offload_stores: tuple[OffloadTransfer, ...] = ()
+    offload_evicted: tuple[int, ...] = ()
+    offload_store_failed: tuple[int, ...] = ()
+    offload_flushed: tuple[int, ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -92,6 +122,9 @@ class StepOutput:
     sampled: np.ndarray
     # Rows that finished in this step (their blocks are already freed), in the order freed.
     finished: np.ndarray
+    # V1 CPU KV offloading: (row, "load" | "store") per transfer reported complete in this
+    # step's output, in the order the worker reported them.
+    offload_done: tuple[tuple[int, str], ...] = ()
 
 
 class Scheduler(Protocol):

@@ -26,10 +26,18 @@ STEP_COLUMNS = {
     # Requests preempted in swap mode and not yet resumed, and their KV blocks (per GPU): the
     # concurrently evicted KV the host tier must hold (size-swap's demand series).
     "evicted_requests": np.int32, "evicted_blocks": np.int64,
+    # V1 CPU KV offloading (the OffloadingConnector; cpu_blocks_used is then the tier's chunks
+    # holding data, evictable ones included): GPU blocks whose store / load was issued this step.
+    "offload_store_blocks": np.int64, "offload_load_blocks": np.int64,
 }
+# Step columns a compiled core may not fill yet (it then cannot run offloading:
+# replay.compiled.unavailable), read back as zeros.
+OFFLOAD_STEP_COLUMNS = ("offload_store_blocks", "offload_load_blocks")
 
 EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
-               "swap_full_abort", "reject")
+               "swap_full_abort", "reject",
+               # One per request and step whose CPU offload store / load was issued (blocks, bytes).
+               "offload_store", "offload_load")
 
 # `batches.kind`, as vLLM's scheduler output names a scheduled request: V1 `scheduled_new_reqs`
 # (first admission), resumed (admitted again after a preemption; 0.33's Model Runner V2 lists

@@ -130,6 +130,10 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
         "cached_prompt_tokens": st.cached_prompt_tokens,
         "output_tokens_done": st.num_output,
         "max_tbt_s": np.where(st.num_output > 1, raw.max_tbt_s, np.nan),
+        # At first admission, as vLLM's prefix-cache (GPU) and external-hit (CPU connector)
+        # counters count them.
+        "gpu_hit_tokens": st.cached_prompt_tokens - st.cpu_hit_tokens,
+        "cpu_hit_tokens": st.cpu_hit_tokens,
     }).with_columns(pl.col(c).fill_nan(None) for c in
                     ("first_scheduled_s", "first_token_s", "finish_s", "max_tbt_s"))
     s = raw.steps

@@ -8,6 +8,7 @@ a hash of the trace's content and the config, so a rerun replaces itself in the 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -106,7 +107,7 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
     `spill_dir`: a long compiled run keeps its step and TBT columns in files there
     (`compiled.run`; the reference keeps them in memory)."""
     why = None if implementation == "reference" else \
-        compiled.unavailable(engine, executor, keys, state)
+        compiled.unavailable(engine, executor, keys, state, spec)
     if implementation == "compiled" and why:
         raise ValueError(f"the compiled {engine} core cannot run this replay: {why}")
     if implementation != "reference" and why is None:
@@ -150,7 +151,12 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
                                      **(stub_options or {}))
     else:
         raise ValueError(f"executor {executor!r}: use 'model' or 'stub'")
-    raw = run_engine(config.scheduler, eng.spec, state, keys, ex,
+    spec = eng.spec
+    link = getattr(getattr(ex, "constants", None), "host_link_bytes_per_s", None)
+    if spec.kv_offloading and link and scheduler is None:
+        # Offload transfers take the host link the executor prices (a calibrated one included).
+        spec = dataclasses.replace(spec, offload_host_link_bytes_per_s=float(link))
+    raw = run_engine(config.scheduler, spec, state, keys, ex,
                      kv_bytes_per_block=eng.kv_bytes_per_block,
                      implementation=implementation, scheduler=scheduler, on_progress=on_progress,
                      record_batches=record_batches, spill_dir=spill_dir)
@@ -176,5 +182,7 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         "abort_reason": raw.abort_reason, "implementation": raw.implementation,
         # V1's engine loop (None on V0, which has one).
         "async_scheduling": spec.async_scheduling if config.scheduler == "v1" else None,
+        # Whether vLLM's CPU KV OffloadingConnector was on (num_cpu_blocks is then its chunks).
+        "kv_offloading": spec.kv_offloading,
     }
     return RunResult(run=run, **tables)

@@ -45,3 +45,18 @@ class SchedulerSpec:
     v0_watermark: float = 0.01
     # Bytes of one KV block on one GPU (all layers, K and V); events report bytes from it.
     kv_bytes_per_block: int = 0
+    # V1 0.33 CPU KV offloading (`--kv-offloading-size`, the native OffloadingConnector; oracle
+    # README §7, replay/v1/offload.py): on, the tier is `num_cpu_blocks` chunks of
+    # `offload_blocks_per_chunk` GPU blocks, shared by all traffic as a second prefix cache.
+    kv_offloading: bool = False
+    # Store prompt blocks only (vLLM's default, F2).
+    offload_prompt_only: bool = True
+    offload_eviction_policy: Literal["lru", "arc"] = "lru"
+    # vLLM's kv_connector_extra_config "block_size" / GPU block size (1 by default).
+    offload_blocks_per_chunk: int = 1
+    # >= 1: the oracle's step emulation, a transfer completes that many steps after it is issued
+    # (the O-scenarios use 1, O7_slow 2). 0: in time, when its bytes (kv_bytes_per_block per
+    # block, per GPU: each rank copies its share over its own link) have crossed the host link at
+    # `offload_host_link_bytes_per_s`; the loop tells the scheduler the clock (`tell_time`).
+    offload_transfer_steps: int = 0
+    offload_host_link_bytes_per_s: float = 0.0

@@ -26,7 +26,7 @@ class RequestState:
     __slots__ = ("n", "arrival_s", "prompt_len", "output_len", "priority", "status",
                  "num_computed", "num_output", "num_preemptions", "num_swaps",
                  "num_recomputes", "recomputed_tokens", "cached_prompt_tokens",
-                 "computed_at_preemption")
+                 "computed_at_preemption", "cpu_hit_tokens")
 
     def __init__(self, *, arrival_s, prompt_len, output_len, priority=None) -> None:
         self.arrival_s = np.ascontiguousarray(arrival_s, dtype=np.float64)
@@ -48,6 +48,9 @@ class RequestState:
         self.recomputed_tokens = np.zeros(n, np.int64)
         # Prefix-cache hit (tokens) at the first admission.
         self.cached_prompt_tokens = np.zeros(n, np.int64)
+        # Of those, the tokens loaded from the CPU offload tier (vLLM's external hit; V1
+        # offloading only): gpu_hit_tokens = cached_prompt_tokens - cpu_hit_tokens.
+        self.cpu_hit_tokens = np.zeros(n, np.int64)
         # Scratch: num_computed at the last recompute preemption (for recomputed_tokens).
         self.computed_at_preemption = np.zeros(n, np.int64)
 

@@ -28,17 +28,20 @@ SCHEMA = {
         preemption_mode VARCHAR, swap_space_gib DOUBLE, on_swap_full VARCHAR, executor VARCHAR,
         status VARCHAR, sim_seconds DOUBLE, wall_seconds DOUBLE, config_json VARCHAR,
         kvcap_version VARCHAR, num_steps BIGINT, kv_bytes_per_block BIGINT, abort_s DOUBLE,
-        abort_reason VARCHAR, implementation VARCHAR, async_scheduling BOOLEAN""",
+        abort_reason VARCHAR, implementation VARCHAR, async_scheduling BOOLEAN,
+        kv_offloading BOOLEAN""",
     "requests": """run_id VARCHAR, request_id BIGINT, arrival_s DOUBLE, priority INTEGER,
         tenant VARCHAR, prompt_tokens INTEGER, output_tokens INTEGER, first_scheduled_s DOUBLE,
         first_token_s DOUBLE, finish_s DOUBLE, status VARCHAR, num_preemptions INTEGER,
         num_swaps INTEGER, num_recomputes INTEGER, recomputed_tokens BIGINT,
-        cached_prompt_tokens BIGINT, output_tokens_done BIGINT, max_tbt_s DOUBLE""",
+        cached_prompt_tokens BIGINT, output_tokens_done BIGINT, max_tbt_s DOUBLE,
+        gpu_hit_tokens BIGINT, cpu_hit_tokens BIGINT""",
     "steps": """run_id VARCHAR, step BIGINT, start_s DOUBLE, duration_s DOUBLE,
         num_running INTEGER, num_waiting INTEGER, num_swapped INTEGER,
         num_prefill_tokens BIGINT, num_decode_tokens BIGINT, gpu_blocks_used BIGINT,
         cpu_blocks_used BIGINT, swap_out_blocks INTEGER, swap_in_blocks INTEGER,
-        num_preempted INTEGER, evicted_requests INTEGER, evicted_blocks BIGINT""",
+        num_preempted INTEGER, evicted_requests INTEGER, evicted_blocks BIGINT,
+        offload_store_blocks BIGINT, offload_load_blocks BIGINT""",
     "events": """run_id VARCHAR, t_s DOUBLE, step BIGINT, request_id BIGINT, kind VARCHAR,
         blocks BIGINT, bytes BIGINT, log_line VARCHAR, seq INTEGER""",
     "stalls": """run_id VARCHAR, request_id BIGINT, preempted_s DOUBLE, resumed_s DOUBLE,
@@ -137,7 +140,10 @@ def ensure_schema(con, path: str | Path = "the database") -> None:
 
 # Columns ensure_schema adds to older files (ALTER TABLE), with their types: a read-only reader
 # does not require them.
-_ADDED_LATER = {"runs": {"implementation": "VARCHAR", "async_scheduling": "BOOLEAN"},
+_ADDED_LATER = {"runs": {"implementation": "VARCHAR", "async_scheduling": "BOOLEAN",
+                         "kv_offloading": "BOOLEAN"},
+                "requests": {"gpu_hit_tokens": "BIGINT", "cpu_hit_tokens": "BIGINT"},
+                "steps": {"offload_store_blocks": "BIGINT", "offload_load_blocks": "BIGINT"},
                 "events": {"seq": "INTEGER"}}
 
 

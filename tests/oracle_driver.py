@@ -6,6 +6,17 @@ then play the model's output back (update()). Schedulers expose two test hooks:
 `abort_request(row)` and `snapshot()` -> {"waiting", "running", "swapped": [rows],
 "free_gpu", "free_cpu": int | None, "blocks": {row: [block ids]}, "computed": {row: int} (V1),
 "kv_usage": float (V1)} with block ids as vLLM prints them (V0 host blocks offset by num_gpu_blocks).
+
+CPU KV offloading (V1 `kv_offloading` scenarios O*, oracle README §4). The plan carries the
+connector's decisions of the step (`StepPlan.offload_lookups`, `offload_hits`, `offload_loads`,
+`offload_stores`, `offload_evicted`, `offload_store_failed`, `offload_flushed`), the output the
+transfers it reports done (`StepOutput.offload_done`), and `snapshot()` adds:
+"free_cpu": tier chunks holding no data (pending and evictable ones count as used),
+"waiting_for_kv": [rows in WAITING_FOR_REMOTE_KVS], "cpu_pending": int (chunks whose store is in
+flight), and "cpu_lru": [chunk keys, next victim first] (LRU) or "cpu_arc": {"t1": [keys], "t2":
+[keys], "b1": int, "b2": int, "target_t1": float} (ARC; T1 and T2 least recently used first).
+`waiting` lists the waiting requests that hold blocks (loading) first. Chunks are printed
+"R:i" as the oracle names them: chunk i of the first request R that stored that key.
 """
 from __future__ import annotations
 
@@ -23,6 +34,12 @@ V0_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("S*.json")
                       if int(p.stem[1:].rstrip("abcdefghijklmnopqrstuvwxyz_").split("_")[0]) <= 12)
 V1_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("S*.json")
                       if p.stem not in V0_SCENARIOS)
+# V1 with CPU KV offloading (and O8_nocpu, its baseline without it).
+OFFLOAD_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("O*.json"))
+# The oracle's `kv_offloading` fields kvcap models (README §3); the others must stay at their
+# defaults.
+_OFFLOAD_DEFAULTS = {"eviction_policy": "lru", "offload_prompt_only": True, "blocks_per_chunk": 1,
+                     "store_threshold": 0, "transfer_steps": 1, "extra_config": {}}
 
 
 def load(name: str) -> tuple[dict, list[dict]]:
@@ -48,9 +65,23 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
     takes step k at time k; same-step arrivals tie and enter in file order)."""
     v1 = engine == "v1"
     mode = sc.get("preemption_mode")
+    off = sc.get("kv_offloading") if v1 else None
+    offload = {}
+    if off is not None:
+        o = {**_OFFLOAD_DEFAULTS, **off}
+        unknown = set(o) - set(_OFFLOAD_DEFAULTS) - {"num_cpu_blocks"}
+        if unknown or o["store_threshold"] > 1 or o["extra_config"]:
+            raise ValueError(f"kv_offloading: {sorted(unknown) or 'store_threshold/extra_config'}"
+                             " not modelled")
+        offload = dict(kv_offloading=True, num_cpu_blocks=int(o["num_cpu_blocks"]),
+                       offload_prompt_only=bool(o["offload_prompt_only"]),
+                       offload_eviction_policy=o["eviction_policy"],
+                       offload_blocks_per_chunk=int(o["blocks_per_chunk"]),
+                       offload_transfer_steps=int(o["transfer_steps"]))
     spec = SchedulerSpec(
         block_size=sc["block_size"], num_gpu_blocks=sc["num_gpu_blocks"],
-        num_cpu_blocks=sc.get("num_cpu_blocks") or 0, max_num_seqs=sc["max_num_seqs"],
+        num_cpu_blocks=offload.pop("num_cpu_blocks", sc.get("num_cpu_blocks") or 0),
+        max_num_seqs=sc["max_num_seqs"],
         max_num_batched_tokens=sc["max_num_batched_tokens"], max_model_len=sc["max_model_len"],
         enable_chunked_prefill=bool(sc.get("chunked_prefill", v1)),
         enable_prefix_caching=bool(sc.get("prefix_caching", v1)),
@@ -60,7 +91,8 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
         # A scenario names its engine loop (the oracle's default is the synchronous one).
         async_scheduling=v1 and bool(sc.get("async_scheduling", False)),
         **{k: sc[k] for k in ("long_prefill_token_threshold", "scheduler_reserve_full_isl",
-                               "watermark", "max_num_active_seqs") if k in sc and v1})
+                               "watermark", "max_num_active_seqs") if k in sc and v1},
+        **offload)
     reqs = sc["requests"]
     ids = [str(r["id"]) for r in reqs]
     arrival = [float(r["arrival_step"]) if arrival_at_step else
@@ -101,6 +133,13 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
     cum = 0
     out: list[dict] = []
     name = lambda rows: [ids[r] for r in rows]  # noqa: E731
+    offloading = spec.kv_offloading
+    chunk_names: dict[int, str] = {}     # offload key -> "R:i", named by its first storer
+
+    def chunks(t) -> list[str]:
+        for i, k in zip(t.chunks, t.keys):
+            chunk_names.setdefault(k, f"{ids[t.row]}:{i}")
+        return [chunk_names[k] for k in t.keys]
     for step in range(1, int(sc.get("max_steps", 200)) + 1):
         for row, r in enumerate(reqs):
             if int(r["arrival_step"]) == step:
@@ -146,6 +185,17 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
             line["cum_preemptions"] = cum
         else:
             line["computed"] = {ids[r]: int(c) for r, c in snap["computed"].items()}
+        if offloading:
+            line["waiting_for_kv"] = name(snap["waiting_for_kv"])
+            line["cpu_lookup"] = {ids[r]: t for r, t in plan.offload_lookups}
+            line["cpu_hit"] = {ids[r]: [g, c] for r, g, c in plan.offload_hits}
+            line["cpu_load"] = [[ids[t.row], t.num_tokens, list(t.gpu_blocks), chunks(t)]
+                                for t in plan.offload_loads]
+            line["cpu_store"] = [[ids[t.row], list(t.gpu_blocks), chunks(t)]
+                                 for t in plan.offload_stores]
+            line["cpu_evict"] = [chunk_names[k] for k in plan.offload_evicted]
+            line["cpu_store_failed"] = name(plan.offload_store_failed)
+            line["cpu_flush"] = name(plan.offload_flushed)
         res = sched.update(plan)
         end = sched.snapshot()
         line["finished"] = name(res.finished.tolist())
@@ -153,6 +203,17 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
         line["free_cpu_end"] = end["free_cpu"]
         if engine == "v1":
             line["kv_usage"] = round(end["kv_usage"], 4)
+        if offloading:
+            line["cpu_done"] = [[ids[r], kind] for r, kind in res.offload_done]
+            line["cpu_pending_end"] = end["cpu_pending"]
+            if "cpu_lru" in end:
+                line["cpu_lru_end"] = [chunk_names[k] for k in end["cpu_lru"]]
+            else:
+                arc = end["cpu_arc"]
+                line["cpu_arc_end"] = {"t1": [chunk_names[k] for k in arc["t1"]],
+                                       "t2": [chunk_names[k] for k in arc["t2"]],
+                                       "b1": arc["b1"], "b2": arc["b2"],
+                                       "target_t1": float(arc["target_t1"])}
         out.append(line)
         if step >= last_arrival and not sched.has_unfinished():
             break
@@ -164,6 +225,10 @@ COMPARED_V0 = ("scheduled", "num_batched_tokens", "preempted", "preempted_metric
                "blocks", "finished", "free_gpu_end", "free_cpu_end", "cum_preemptions")
 COMPARED_V1 = ("scheduled", "num_batched_tokens", "preempted", "waiting", "running", "free_gpu",
                "computed", "blocks", "finished", "free_gpu_end", "kv_usage")
+# With `kv_offloading` (compared where the expected line has them).
+COMPARED_OFFLOAD = ("free_cpu", "free_cpu_end", "waiting_for_kv", "cpu_lookup", "cpu_hit",
+                    "cpu_load", "cpu_store", "cpu_evict", "cpu_store_failed", "cpu_flush",
+                    "cpu_done", "cpu_pending_end", "cpu_lru_end", "cpu_arc_end")
 COMPARED_ABORT = ("abort_victim", "waiting", "running", "swapped", "free_gpu", "free_cpu")
 
 
@@ -173,7 +238,9 @@ def compare(got: list[dict], want: list[dict], engine: str) -> list[str]:
     if len(got) != len(want):
         diffs.append(f"steps: got {len(got)}, want {len(want)}")
     for g, w in zip(got, want):
-        keys = COMPARED_ABORT if "abort" in w else (COMPARED_V0 if engine == "v0" else COMPARED_V1)
+        keys = COMPARED_ABORT if "abort" in w else (COMPARED_V0 if engine == "v0" else
+                                                    COMPARED_V1 + (COMPARED_OFFLOAD if
+                                                                   "cpu_lookup" in w else ()))
         for k in keys:
             if k in w and g.get(k) != w[k]:
                 diffs.append(f"step {w['step']} {k}: got {g.get(k)!r}, want {w[k]!r}")

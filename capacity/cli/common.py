@@ -187,11 +187,15 @@ ENGINE_FLAGS: dict[str, tuple] = {
     "async_scheduling": (Optional[bool], typer.Option(None, "--async-scheduling/--no-async-scheduling", help="V1: 0.33's async scheduler (step k scheduled before step k-1's output is applied).")),
     "num_gpu_blocks_override": (Optional[int], typer.Option(None, "--num-gpu-blocks-override")),
     "num_cpu_blocks_override": (Optional[int], typer.Option(None, "--num-cpu-blocks-override")),
-    # vLLM V1's spelling of the host tier (total over the TP group): the flags kvcap recommends.
+    # V1 0.33's CPU KV offloading (the native OffloadingConnector), GiB for all TP ranks.
     "kv_offloading_size": (Optional[float], typer.Option(None, "--kv-offloading-size",
-                                                         help="V1: host KV tier, GiB in total (swap mode).")),
-    "kv_offloading_backend": (Optional[str], typer.Option(None, "--kv-offloading-backend",
-                                                          help="V1: native (the only one modelled).")),
+                                                         help="V1: CPU KV offloading tier, GiB for all TP ranks together (0 = off).")),
+    "kv_offloading_backend": (str, typer.Option("native", "--kv-offloading-backend",
+                                                help="V1: native (the only one modelled).")),
+    "kv_offloading_eviction_policy": (str, typer.Option("lru", "--kv-offloading-eviction-policy",
+                                                        help="V1 offloading: lru | arc (kv_connector_extra_config eviction_policy).")),
+    "offload_prompt_only": (bool, typer.Option(True, "--offload-prompt-only/--no-offload-prompt-only",
+                                               help="V1 offloading: store prompt blocks only (vLLM's default).")),
 }
 
 
@@ -206,14 +210,6 @@ def engine_flags(fn):
     def wrapper(*args, **kwargs):
         from replay.config import EngineConfig
         flags = {k: kwargs.pop(k) for k in list(kwargs) if k in ENGINE_FLAGS}
-        offload = flags.pop("kv_offloading_size")
-        backend = flags.pop("kv_offloading_backend")
-        if backend not in (None, "native"):
-            fail(f"--kv-offloading-backend: kvcap models 'native' only, got {backend!r}")
-        if offload is not None:
-            if flags["scheduler"] != "v1":
-                fail("--kv-offloading-size is V1's flag; on V0 use --preemption-mode swap --swap-space")
-            flags.update(preemption_mode="swap", swap_space=offload / flags["tensor_parallel_size"])
         try:
             engine = EngineConfig(**flags)
         except (ValueError, TypeError) as e:

@@ -109,6 +109,10 @@ def replay_cmd(
     tables = result.tables()
     write_run(db, tables)
     s = summary(tables)
+    # Prefix hits at first admission: vLLM's GPU prefix cache and the CPU offloading connector.
+    req = tables["requests"]
+    s["gpu_hit_tokens"] = int(req["gpu_hit_tokens"].sum())
+    s["cpu_hit_tokens"] = int(req["cpu_hit_tokens"].sum())
     s["db"] = str(db)
     s["wall_seconds"] = time.perf_counter() - wall0
     if facts is not None:

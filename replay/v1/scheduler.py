@@ -33,6 +33,8 @@ _NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "ru
 
 class V1Scheduler:
     def __init__(self, spec: SchedulerSpec, state: RequestState, keys: BlockKeys) -> None:
+        if spec.kv_offloading:
+            raise NotImplementedError("CPU KV offloading is not in the V1 reference scheduler yet")
         self.spec = spec
         self.state = state
         self.block_size = spec.block_size
