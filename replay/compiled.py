@@ -40,7 +40,7 @@ SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two s
 _BYTES = "events' bytes are blocks x kv_bytes_per_block, computed here (the executor prices swaps)"
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "v1": {"on_swap_full": "V0 only: V1 recomputes a victim the host tier cannot take",
-           "v0_watermark": "V0's block-manager watermark", "kv_bytes_per_block": _BYTES},
+           "v0_watermark": "V0's block-manager watermark"},
     "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
            "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
            "async_scheduling": "V1 knob (V0's async output processing is not modelled)",

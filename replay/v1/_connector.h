@@ -47,7 +47,7 @@ static inline int64_t oc_rank(Core *c, int64_t row) {
 
 /* manager._record_request_cache_access for one of the row's chunks (+ policy.on_request_access:
  * LRU ranks a chunk first seen by a request (request rank, -position), never lowering it). */
-static int oc_record(Core *c, int64_t row, int64_t chunk, int reused) {
+static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t s) {
     Oc *o = &c->oc;
     uint8_t *f = oc_flags(c, row, chunk);
     if (!f) return -1;
@@ -55,7 +55,6 @@ static int oc_record(Core *c, int64_t row, int64_t chunk, int reused) {
         *f |= RA_SEEN;
         if (o->policy == POL_LRU) {
             int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
-            int32_t s = tier_get(&o->tier, oc_key(c, row, chunk));
             if (s >= 0) {
                 Chunk *x = &o->tier.ch[s];
                 if (x->rank_hi < rr || (x->rank_hi == rr && x->rank_lo < -pos)) {
@@ -67,6 +66,11 @@ static int oc_record(Core *c, int64_t row, int64_t chunk, int reused) {
     }
     if (reused && !(*f & RA_INSERTED)) *f |= RA_REUSED;
     return 0;
+}
+
+/* The same for a chunk whose tier slot is not known yet. */
+static int oc_record(Core *c, int64_t row, int64_t chunk, int reused) {
+    return oc_record_at(c, row, chunk, reused, tier_get(&c->oc.tier, oc_key(c, row, chunk)));
 }
 
 /* get_num_new_matched_tokens: tokens the tier can load after `local` GPU-hit tokens (block
@@ -154,10 +158,14 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     Oc *o = &c->oc;
     Tier *t = &o->tier;
     int32_t *todo = o->scratch;           /* chunk indices to store */
-    int64_t ntodo = 0;
+    int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys and slots, computed once */
+    int32_t *sb = o->sbuf;
     t->stamp++;
+    KeyIt it;
+    keyit_init(&c->keys, &it, row, start);
     for (int64_t i = start; i < end; i++) {
-        int32_t s = tier_get(t, oc_key(c, row, i));
+        int64_t key = kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
+        int32_t s = sb[i - start] = tier_get(t, key);
         if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
     }
@@ -166,7 +174,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         for (int64_t k = ntodo - 1; k >= 0; k--) {
             uint8_t *f = oc_flags(c, row, todo[k]);
             if (!f) return -2;
-            if (!(*f & RA_STORE_MISS)) arc_ghost_hit(t, oc_key(c, row, todo[k]));
+            if (!(*f & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
         }
     }
     for (int64_t k = 0; k < ntodo; k++) {
@@ -175,9 +183,9 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         *f |= RA_STORE_MISS;
     }
     for (int64_t i = start, k = 0; i < end; i++) {
-        if (k < ntodo && todo[k] == i) { k++; if (oc_record(c, row, i, 0)) return -2; continue; }
-        int32_t s = tier_get(t, oc_key(c, row, i));
-        if (t->ch[s].ref >= 0 && oc_record(c, row, i, 1)) return -2;
+        if (k < ntodo && todo[k] == i) { k++; if (oc_record_at(c, row, i, 0, -1)) return -2; continue; }
+        int32_t s = sb[i - start];
+        if (t->ch[s].ref >= 0 && oc_record_at(c, row, i, 1, s)) return -2;
     }
     if (!ntodo) return 0;
     int64_t need = ntodo - tier_free_chunks(t);
@@ -189,7 +197,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     }
     int64_t rr = o->policy == POL_LRU ? oc_rank(c, row) : 0;
     for (int64_t k = 0; k < ntodo; k++) {
-        tier_insert(t, oc_key(c, row, todo[k]), rr, (todo[k] + 1) * o->tpc);
+        tier_insert(t, kb[todo[k] - start], rr, (todo[k] + 1) * o->tpc);
         uint8_t *f = oc_flags(c, row, todo[k]);
         if (!f) return -2;
         *f |= RA_INSERTED;
@@ -462,7 +470,7 @@ static void oc_free(Oc *o, int64_t n) {
                   o->fin_rows, o->alloc_stamp, o->jobs, o->store_fifo.d, o->load_fifo.d,
                   o->unsubmitted.d, o->reported.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
-                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq};
+                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
 
@@ -476,7 +484,7 @@ static PyObject *oc_job_tuple(const Core *c, const Job *j) {
     /* The chunks in the row's order: chunk i's key is the row's key i. */
     int64_t first = -1;
     for (int64_t k = 0; k < j->nslots; k++) {
-        int64_t key = o->tier.ch[j->slots[k]].key;
+        int64_t key = o->tier.keys[j->slots[k]];
         if (first < 0) {
             for (int64_t i = 0; ; i++) if (oc_key(c, j->row, i) == key) { first = i; break; }
         }
@@ -541,25 +549,26 @@ static PyObject *oc_snapshot(const Core *c) {
     if (!wfk) return NULL;
     PyObject *order;
     if (o->policy == POL_LRU) {
-        int32_t *sl = (int32_t *)malloc(((size_t)t->nheap + 1) * sizeof(int32_t));
+        int32_t *sl = (int32_t *)malloc(((size_t)t->num_evictable + 1) * sizeof(int32_t));
         if (!sl) { Py_DECREF(wfk); return PyErr_NoMemory(); }
-        int64_t m = t->nheap;
-        memcpy(sl, t->heap, (size_t)m * sizeof(int32_t));
+        int64_t m = 0;
+        for (int64_t s = 0; s < t->n; s++)        /* the evictable chunks: heap + list */
+            if (t->ch[s].hpos == 1 || t->ch[s].list == 3) sl[m++] = (int32_t)s;
         for (int64_t a = 1; a < m; a++) {           /* insertion sort by rank (tests only) */
             int32_t x = sl[a]; int64_t b = a - 1;
-            while (b >= 0 && lru_less(t, x, sl[b])) { sl[b + 1] = sl[b]; b--; }
+            while (b >= 0 && lru_rank_less(&t->ch[x], t->ch[sl[b]].rank_hi, t->ch[sl[b]].rank_lo)) { sl[b + 1] = sl[b]; b--; }
             sl[b + 1] = x;
         }
         order = PyList_New(m);
         for (int64_t k = 0; order && k < m; k++)
-            PyList_SET_ITEM(order, k, PyLong_FromLongLong(t->ch[sl[k]].key));
+            PyList_SET_ITEM(order, k, PyLong_FromLongLong(t->keys[sl[k]]));
         free(sl);
     } else {
         PyObject *t1 = PyList_New(0), *t2 = PyList_New(0);
         for (int list = 1; list <= 2; list++) {
             int32_t head = (int32_t)t->n + (list - 1);
             for (int32_t s = t->ch[head].next; s != head; s = t->ch[s].next) {
-                PyObject *x = PyLong_FromLongLong(t->ch[s].key);
+                PyObject *x = PyLong_FromLongLong(t->keys[s]);
                 PyList_Append(list == 1 ? t1 : t2, x);
                 Py_XDECREF(x);
             }

@@ -942,6 +942,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_int(spec, "offload_blocks_per_chunk", &bpc) ||
         spec_int(spec, "offload_transfer_steps", &tsteps) ||
         spec_float(spec, "offload_host_link_bytes_per_s", &link)) goto fail;
+    int64_t block_bytes;          /* time mode: a transfer's bytes per block, per GPU */
+    if (spec_int(spec, "kv_bytes_per_block", &block_bytes)) goto fail;
     if (off && (mode != MODE_RECOMPUTE || bpc < 1 || tsteps < 0)) {
         PyErr_SetString(PyExc_ValueError, "core: CPU KV offloading runs with recompute "
                         "preemption, offload_blocks_per_chunk >= 1, offload_transfer_steps >= 0");
@@ -990,7 +992,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         Oc *o = &c->oc;
         o->on = 1; o->prompt_only = prompt_only; o->policy = evict;
         o->bpc = bpc; o->tpc = bpc * bs; o->tsteps = tsteps; o->link_bps = link;
-        o->block_bytes = c->cost.kv_bytes_per_block;
+        o->block_bytes = block_bytes;
         if (tier_init(&o->tier, ncpu, evict) < 0) { PyErr_NoMemory(); goto fail; }
         CALLOC(o->ra, n, uint8_t *); CALLOC(o->ra_cap, n, int64_t); CALLOC(o->rank, n, int64_t);
         CALLOC(o->next_stored, n, int64_t); CALLOC(o->local_tok, n, int64_t);
@@ -1003,8 +1005,9 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         CALLOC(o->hit_rows, n, int32_t); CALLOC(o->hit_g, n, int64_t); CALLOC(o->hit_c, n, int64_t);
         CALLOC(o->failed, n, int32_t); CALLOC(o->flushed, n, int32_t);
         o->done_cap = 0;
-        CALLOC(o->scratch, 3 * ncpu + cdiv(L, o->tpc) + 8, int32_t);
+        CALLOC(o->scratch, 4 * ncpu + cdiv(L, o->tpc) + 8, int32_t);
         CALLOC(o->ekeys, ncpu + 1, int64_t);
+        CALLOC(o->kbuf, cdiv(L, o->tpc) + 8, int64_t); CALLOC(o->sbuf, cdiv(L, o->tpc) + 8, int32_t);
         CALLOC(o->last_seq, n, int64_t);
     }
     PyObject *cap = PyCapsule_New(c, "kvcap.core", capsule_free);

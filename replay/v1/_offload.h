@@ -16,27 +16,31 @@ enum { POL_LRU = 0, POL_ARC = 1 };
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
 
 typedef struct {
-    int64_t key;
     int32_t ref;                 /* -1 store in flight, 0 ready, > 0 loads in flight */
     int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free) */
     int32_t prev, next;          /* ARC list links */
     int64_t rank_hi, rank_lo;    /* LRU: (rank, -position), evicted smallest first */
     int32_t hpos;                /* LRU: index in the evictable heap, -1 when not in it */
     uint32_t stamp;              /* protected by the store being prepared (== Tier.stamp) */
+    uint32_t stamp2;             /* LRU heap compaction: already kept */
 } Chunk;
+
+typedef struct { int64_t hi, lo; int32_t s; } HeapEnt;
 
 typedef struct { int64_t key; int32_t prev, next; int8_t list; } Ghost;
 
 typedef struct {
     int64_t n;                   /* capacity in chunks */
     int policy;
-    Chunk *ch;                   /* n slots + 2 ARC sentinels (n: T1, n + 1: T2) */
+    Chunk *ch;                   /* n slots + 2 list sentinels (n: T1 / LRU list, n + 1: T2) */
+    int64_t *keys;               /* per slot (apart from Chunk: the map probes stay compact) */
     map_t map;                   /* key -> slot */
     int32_t *free_slots; int64_t nfree_list, next_fresh;
     int64_t num_evictable, num_pending;
     uint32_t stamp;
     /* LRU: min-heap of evictable slots by (rank_hi, rank_lo). */
-    int32_t *heap; int64_t nheap;
+    HeapEnt *heap; int64_t nheap, nlive;   /* capacity 2n + 130 (compacted before it fills) */
+    uint32_t stamp2;
     int64_t next_rank;
     /* ARC. */
     int64_t t1_len, t2_len, b1_len, b2_len;
@@ -47,50 +51,108 @@ typedef struct {
 } Tier;
 
 /* ------------------------------------------------------------------ LRU heap */
-static inline int lru_less(const Tier *t, int32_t a, int32_t b) {
-    const Chunk *x = &t->ch[a], *y = &t->ch[b];
-    return x->rank_hi != y->rank_hi ? x->rank_hi < y->rank_hi : x->rank_lo < y->rank_lo;
+/* A lazy min-heap of (rank, slot) entries, as lru.py's: removing a chunk only clears its flag
+ * (Chunk.hpos: 1 in the heap, 2 picked by the eviction in progress, -1 not), and an entry counts
+ * only while its slot is flagged and still has the entry's rank; the heap is rebuilt when stale
+ * entries outnumber live ones. */
+static inline int ent_less(const HeapEnt *a, const HeapEnt *b) {
+    return a->hi != b->hi ? a->hi < b->hi : a->lo < b->lo;
 }
+static inline int ent_live(const Tier *t, const HeapEnt *e);
 static void lheap_up(Tier *t, int64_t i) {
-    int32_t s = t->heap[i];
+    HeapEnt x = t->heap[i];
     while (i > 0) {
         int64_t p = (i - 1) / 2;
-        if (!lru_less(t, s, t->heap[p])) break;
-        t->heap[i] = t->heap[p]; t->ch[t->heap[i]].hpos = (int32_t)i;
+        if (!ent_less(&x, &t->heap[p])) break;
+        t->heap[i] = t->heap[p];
         i = p;
     }
-    t->heap[i] = s; t->ch[s].hpos = (int32_t)i;
+    t->heap[i] = x;
 }
 static void lheap_down(Tier *t, int64_t i) {
-    int32_t s = t->heap[i];
+    HeapEnt x = t->heap[i];
     for (;;) {
         int64_t l = 2 * i + 1, m;
         if (l >= t->nheap) break;
-        m = (l + 1 < t->nheap && lru_less(t, t->heap[l + 1], t->heap[l])) ? l + 1 : l;
-        if (!lru_less(t, t->heap[m], s)) break;
-        t->heap[i] = t->heap[m]; t->ch[t->heap[i]].hpos = (int32_t)i;
+        m = (l + 1 < t->nheap && ent_less(&t->heap[l + 1], &t->heap[l])) ? l + 1 : l;
+        if (!ent_less(&t->heap[m], &x)) break;
+        t->heap[i] = t->heap[m];
         i = m;
     }
-    t->heap[i] = s; t->ch[s].hpos = (int32_t)i;
+    t->heap[i] = x;
+}
+static void lheap_compact(Tier *t) {
+    int64_t w = 0;
+    for (int64_t i = 0; i < t->nheap; i++) {
+        HeapEnt *e = &t->heap[i];
+        if (!ent_live(t, e) || t->ch[e->s].stamp2 == t->stamp2) continue;
+        t->ch[e->s].stamp2 = t->stamp2;           /* one entry per chunk */
+        t->heap[w++] = *e;
+    }
+    t->stamp2++;
+    t->nheap = w;
+    for (int64_t i = w / 2 - 1; i >= 0; i--) lheap_down(t, i);
+}
+static void lheap_push_ent(Tier *t, int32_t s) {
+    Chunk *c = &t->ch[s];
+    t->heap[t->nheap] = (HeapEnt){c->rank_hi, c->rank_lo, s};
+    lheap_up(t, t->nheap++);
 }
 static void lheap_push(Tier *t, int32_t s) {
-    t->heap[t->nheap] = s; t->ch[s].hpos = (int32_t)t->nheap; t->nheap++;
-    lheap_up(t, t->nheap - 1);
+    t->ch[s].hpos = 1;
+    t->nlive++;
+    lheap_push_ent(t, s);
+    if (t->nheap > 2 * t->nlive + 64) lheap_compact(t);
 }
-static void lheap_remove(Tier *t, int32_t s) {
-    int64_t i = t->ch[s].hpos;
-    t->ch[s].hpos = -1;
-    int32_t last = t->heap[--t->nheap];
-    if (i == t->nheap) return;
-    t->heap[i] = last; t->ch[last].hpos = (int32_t)i;
-    lheap_up(t, i);
-    lheap_down(t, t->ch[last].hpos);
+static inline void lheap_remove(Tier *t, int32_t s) { t->ch[s].hpos = -1; t->nlive--; }
+static inline int ent_live(const Tier *t, const HeapEnt *e) {
+    const Chunk *c = &t->ch[e->s];
+    return c->hpos == 1 && c->rank_hi == e->hi && c->rank_lo == e->lo;
 }
-/* A chunk's rank changed: re-place it when it is evictable (in the heap). */
+/* The live top entry (stale ones popped), or NULL. */
+static HeapEnt *lheap_top(Tier *t) {
+    while (t->nheap && !ent_live(t, &t->heap[0])) {
+        t->heap[0] = t->heap[--t->nheap];
+        if (t->nheap) lheap_down(t, 0);
+    }
+    return t->nheap ? &t->heap[0] : NULL;
+}
+static void lheap_pop(Tier *t) {
+    t->heap[0] = t->heap[--t->nheap];
+    if (t->nheap) lheap_down(t, 0);
+}
+/* The evictable chunks in rank order are the union of the heap and an ordered list: a fresh
+ * rank (a finished request's recency, the common case) is larger than every rank so far, so its
+ * chunk is appended to the list in O(1) instead of sifting through the heap; any other rank goes
+ * to the heap. Eviction merges the two (lru.py's heap order, ranks are distinct). The list's
+ * sentinel is slot n; Chunk.list == 3 marks list members. */
+static inline int lru_rank_less(const Chunk *x, int64_t hi, int64_t lo) {
+    return x->rank_hi != hi ? x->rank_hi < hi : x->rank_lo < lo;
+}
+static void lru_add(Tier *t, int32_t s) {
+    int32_t head = (int32_t)t->n, tail = t->ch[head].prev;
+    Chunk *c = &t->ch[s];
+    if (tail == head || lru_rank_less(&t->ch[tail], c->rank_hi, c->rank_lo)) {
+        t->ch[tail].next = s; c->prev = tail; c->next = head; t->ch[head].prev = s;
+        c->list = 3;
+    } else {
+        lheap_push(t, s);
+    }
+}
+static void lru_del(Tier *t, int32_t s) {
+    Chunk *c = &t->ch[s];
+    if (c->list == 3) {
+        t->ch[c->prev].next = c->next; t->ch[c->next].prev = c->prev;
+        c->list = 0;
+    } else if (c->hpos == 1) {
+        lheap_remove(t, s);
+    }
+}
+/* A chunk's rank changed: re-place it when it is evictable. */
 static inline void lru_moved(Tier *t, int32_t s) {
-    if (t->ch[s].hpos < 0) return;
-    lheap_up(t, t->ch[s].hpos);
-    lheap_down(t, t->ch[s].hpos);
+    if (t->ch[s].list != 3 && t->ch[s].hpos != 1) return;
+    lru_del(t, s);
+    lru_add(t, s);
 }
 
 /* ------------------------------------------------------------------ ARC lists */
@@ -137,11 +199,13 @@ static int tier_init(Tier *t, int64_t n, int policy) {
     t->policy = policy;
     t->ch = (Chunk *)calloc((size_t)n + 2, sizeof(Chunk));
     t->free_slots = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
-    t->heap = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
+    t->heap = (HeapEnt *)malloc((2 * (size_t)n + 130) * sizeof(HeapEnt));
+    t->stamp2 = 1;
     t->gh = (Ghost *)calloc(3 * (size_t)n + 2, sizeof(Ghost));
     t->gfree = (int32_t *)malloc((3 * (size_t)n + 1) * sizeof(int32_t));
     if (!t->ch || !t->free_slots || !t->heap || !t->gh || !t->gfree) return -1;
-    if (map_init(&t->map, n, &t->ch[0].key, sizeof(Chunk)) < 0) return -1;
+    t->keys = (int64_t *)calloc((size_t)n + 2, sizeof(int64_t));
+    if (!t->keys || map_init(&t->map, n, t->keys, sizeof(int64_t)) < 0) return -1;
     if (map_init(&t->gmap, 3 * n, &t->gh[0].key, sizeof(Ghost)) < 0) return -1;
     for (int64_t s = 0; s < n + 2; s++) t->ch[s].hpos = -1;
     for (int i = 0; i < 2; i++) {
@@ -154,7 +218,7 @@ static int tier_init(Tier *t, int64_t n, int policy) {
 }
 
 static void tier_free(Tier *t) {
-    free(t->ch); free(t->map.slots); free(t->free_slots); free(t->heap); free(t->gh);
+    free(t->ch); free(t->keys); free(t->map.slots); free(t->free_slots); free(t->heap); free(t->gh);
     free(t->gmap.slots); free(t->gfree);
 }
 
@@ -166,9 +230,9 @@ static inline int64_t tier_free_chunks(const Tier *t) { return t->n - tier_used(
 
 /* The chunk leaves the tier (evicted): its slot goes back to the pool. */
 static void tier_drop(Tier *t, int32_t s) {
-    map_del_at(&t->map, map_find(&t->map, t->ch[s].key));
-    if (t->ch[s].list) arc_unlink(t, s);
-    if (t->ch[s].hpos >= 0) lheap_remove(t, s);
+    map_del_at(&t->map, map_find(&t->map, t->keys[s]));
+    if (t->policy == POL_LRU) lru_del(t, s);
+    else if (t->ch[s].list) arc_unlink(t, s);
     t->ch[s].ref = 0;
     t->free_slots[t->nfree_list++] = s;
 }
@@ -177,7 +241,7 @@ static void tier_drop(Tier *t, int32_t s) {
 static void tier_pin(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     if (c->ref == 0) {
-        if (t->policy == POL_LRU && c->hpos >= 0) lheap_remove(t, s);
+        if (t->policy == POL_LRU) lru_del(t, s);
         t->num_evictable--;
     }
     c->ref++;
@@ -188,7 +252,7 @@ static void tier_unpin(Tier *t, int32_t s) {
     if (c->ref < 0) { c->ref = 0; t->num_pending--; }
     else if (--c->ref > 0) return;
     t->num_evictable++;
-    if (t->policy == POL_LRU) lheap_push(t, s);
+    if (t->policy == POL_LRU) lru_add(t, s);
 }
 
 /* ARC: a miss that is a ghost hit adapts target_t1 (arc.py _adapt_to_ghost_hit). */
@@ -214,7 +278,7 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
 static int32_t tier_insert(Tier *t, int64_t key, int64_t request_rank, int64_t position) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
-    c->key = key; c->ref = -1; c->hpos = -1; c->stamp = 0;
+    t->keys[s] = key; c->ref = -1; c->hpos = -1; c->stamp = 0;
     t->map.slots[map_find(&t->map, key)] = s;
     t->num_pending++;
     if (t->policy == POL_LRU) {
@@ -228,27 +292,37 @@ static int32_t tier_insert(Tier *t, int64_t key, int64_t request_rank, int64_t p
 }
 
 /* Evict n ready, unpinned chunks not stamped with t->stamp (the store's own offer); their keys
- * go to keys[] in eviction order (out[]: scratch of 2 * capacity + 2). 0, or -1 when n cannot be
+ * go to keys[] in eviction order (out[]: scratch of 3 * capacity + 3). 0, or -1 when n cannot be
  * found (nothing changed). */
 static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     if (n == 0) return 0;
     if (t->policy == POL_LRU) {
-        /* lru.py evict: smallest ranks first, protected ones skipped (and kept). */
+        /* lru.py evict: smallest ranks first (the heap and the list merged), protected ones
+         * skipped (and kept). */
         int64_t got = 0, nd = 0;
         int32_t *deferred = out + n;          /* caller sized out[] for n + num_evictable */
-        while (t->nheap && got < n) {
-            int32_t s = t->heap[0];
-            lheap_remove(t, s);
-            if (t->ch[s].stamp == t->stamp) deferred[nd++] = s;
-            else out[got++] = s;
+        int32_t head = (int32_t)t->n, cur = t->ch[head].next;
+        int8_t *from_heap = (int8_t *)(deferred + t->num_evictable + 1);
+        HeapEnt *top;
+        while (got < n && ((top = lheap_top(t)) || cur != head)) {
+            int use_heap = top && (cur == head || lru_rank_less(&t->ch[top->s], t->ch[cur].rank_hi,
+                                                                t->ch[cur].rank_lo));
+            int32_t s;
+            if (use_heap) { s = top->s; lheap_pop(t); t->ch[s].hpos = 2; }
+            else { s = cur; cur = t->ch[cur].next; }
+            if (t->ch[s].stamp == t->stamp) { if (use_heap) deferred[nd++] = s; continue; }
+            from_heap[got] = (int8_t)use_heap;
+            out[got++] = s;
         }
-        for (int64_t i = 0; i < nd; i++) lheap_push(t, deferred[i]);
+        for (int64_t i = 0; i < nd; i++) { t->ch[deferred[i]].hpos = 1; lheap_push_ent(t, deferred[i]); }
         if (got < n) {
-            for (int64_t i = 0; i < got; i++) lheap_push(t, out[i]);
+            for (int64_t i = 0; i < got; i++)
+                if (from_heap[i]) { t->ch[out[i]].hpos = 1; lheap_push_ent(t, out[i]); }
             return -1;
         }
+        for (int64_t i = 0; i < got; i++) if (from_heap[i]) { t->ch[out[i]].hpos = 1; }
         for (int64_t i = 0; i < got; i++) {
-            keys[i] = t->ch[out[i]].key;
+            keys[i] = t->keys[out[i]];
             t->num_evictable--;
             tier_drop(t, out[i]);
         }
@@ -284,7 +358,7 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     }
 #undef ARC_NEXT
     for (int64_t k = 0; k < got; k++) {
-        int64_t key = keys[k] = t->ch[out[k]].key;
+        int64_t key = keys[k] = t->keys[out[k]];
         int list = from_t1[k] ? 1 : 2;
         t->num_evictable--;
         tier_drop(t, out[k]);
@@ -341,8 +415,9 @@ typedef struct {
     int32_t *failed; int64_t nfailed;
     int32_t *flushed; int64_t nflushed;
     int32_t *done_rows; int8_t *done_store; int64_t ndone, done_cap;
-    int32_t *scratch;            /* 3 * capacity + max chunks per request + 4 */
+    int32_t *scratch;            /* 4 * capacity + max chunks per request + 8 */
     int64_t *ekeys;              /* evicted keys of one store (capacity) */
+    int64_t *kbuf; int32_t *sbuf;        /* one offer's keys and tier slots (chunks / request) */
     int64_t store_blocks, load_blocks;         /* this step's (steps columns) */
     /* Async scheduling (F11): non-empty steps scheduled / whose output was applied; a row's
      * blocks cannot be freed for a preemption while its last step is in flight. */
