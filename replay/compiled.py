@@ -108,7 +108,8 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
         # A core without the connector is only handed specs with it off (`unavailable`).
         if left.get("kv_offloading"):
             raise AssertionError("the compiled v1 core does not model CPU KV offloading")
-        for f in OFFLOAD_FIELDS:
+        # (kv_bytes_per_block: V1 reads it only to time offload transfers.)
+        for f in (*OFFLOAD_FIELDS, "kv_bytes_per_block"):
             left.pop(f, None)
     core = ext.new(arrays, left, cost_args(executor), keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
