@@ -89,16 +89,17 @@ def unavailable(engine: str, executor, keys, state: RequestState,
 
 
 def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys,
-             outputs: tuple, *, fields_in: dict | None = None):
+             outputs: tuple, *, fields_in: dict | None = None, keys_in: tuple | None = None):
     """(core handle, the spec fields it did not read) for one replay; raises if the core left a
     field unread that it does not declare not applicable (`fields_in` overrides the spec dict:
-    tests)."""
+    tests; `keys_in`: the keys already in `keys_args` form, arrays the caller fills in place as
+    rows arrive: replay/fleet.py)."""
     ext = CORES[engine]
     if keys is not None and type(keys) is TraceBlockKeys and keys.block_size != spec.block_size:
         raise ValueError("trace keys were built for another block size")
     if engine == "v0" and not spec.enable_prefix_caching:
         # Without prefix caching V0 never looks at keys: unique ones keep the core's lookups cheap.
-        keys = UniqueBlockKeys()
+        keys, keys_in = UniqueBlockKeys(), None
     arrays = (state.arrival_s, state.prompt_len, state.output_len, state.status,
               state.num_computed, state.num_output, state.num_preemptions, state.num_swaps,
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
@@ -111,7 +112,8 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
         # (kv_bytes_per_block: V1 reads it only to time offload transfers.)
         for f in (*OFFLOAD_FIELDS, "kv_bytes_per_block"):
             left.pop(f, None)
-    core = ext.new(arrays, left, cost_args(executor), keys_args(keys, state, spec.block_size))
+    core = ext.new(arrays, left, cost_args(executor),
+                   keys_in or keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
     if unread:
         raise AssertionError(f"the compiled {engine} core does not read spec field(s) {unread}: "
