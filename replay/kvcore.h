@@ -591,6 +591,8 @@ typedef struct {
     const uint8_t *pre_fallback; int64_t npre;
     const int32_t *rej_rows; int64_t nrej;
     int64_t nswap_out, nswap_in;          /* block pairs copied */
+    int64_t noffload;                     /* CPU offload transfers issued or reported done */
+    double wake_s;                        /* when the next offload transfer completes (NAN: none) */
 } Plan;
 
 /* Rejections, then each preemption (its swap-full fallback first); marks when and how the
@@ -749,14 +751,18 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
     }
     /* A request finishes with its last token (async: applied one step after it came). */
     for (int64_t j = 0; j < nfin; j++) q->finish[fin[j]] = lp->last_tok[fin[j]];
-    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in || nfin;
+    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in || nfin || pl->noffload;
     lp->idle_spins = progressed ? 0 : lp->idle_spins + 1;
     lp->t = end;
     lp->step++;
     if (lp->idle_spins >= 2) {
-        /* Nothing can move until something arrives: jump there, or stop. */
-        if (lp->cursor >= q->n) return 1;
-        if (q->arrival[lp->cursor] > lp->t) lp->t = q->arrival[lp->cursor];
+        /* Nothing can move until something arrives or a CPU offload transfer completes: jump
+         * there, or stop. */
+        int arrives = lp->cursor < q->n, wakes = !isnan(pl->wake_s);
+        if (!arrives && !wakes) return 1;
+        double w = arrives ? q->arrival[lp->cursor] : pl->wake_s;
+        if (wakes && pl->wake_s < w) w = pl->wake_s;
+        if (w > lp->t) lp->t = w;
         lp->idle_spins = 0;
     }
     return 0;

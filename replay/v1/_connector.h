@@ -370,21 +370,17 @@ static void oc_submit(Oc *o, Job *j, double *link_free_s) {
     *link_free_s = j->done_s;
 }
 
-/* An idle step while transfers are in flight (time mode): nothing can move before the next
- * transfer completes or the next request arrives, so the clock jumps to the earlier of the two. */
-static void oc_idle_wait(Core *c) {
-    Oc *o = &c->oc;
-    if (!o->live.n && !o->unsubmitted.n) return;
-    c->lp.idle_spins = 0;                 /* transfers in flight: the next steps can move */
-    if (o->tsteps) return;
-    double next = INFINITY;
-    JobList *fifos[2] = {&o->store_fifo, &o->load_fifo};
-    for (int f = 0; f < 2; f++)
-        if (fifos[f]->n && o->jobs[fifos[f]->d[0]].done_s < next) next = o->jobs[fifos[f]->d[0]].done_s;
-    if (o->unsubmitted.n && c->lp.t < next) next = c->lp.t;   /* submitted at the next step */
-    if (c->lp.cursor < c->q.n && c->q.arrival[c->lp.cursor] < next) next = c->q.arrival[c->lp.cursor];
-    if (isfinite(next) && next > c->lp.t) c->lp.t = next;
-    c->lp.idle_spins = 0;
+/* When the next transfer in flight completes (time mode; a step-mode transfer has no time:
+ * infinity), NAN when none is in a FIFO: the loop jumps there when it is idle. */
+static double oc_next_done_s(const Oc *o) {
+    double next = NAN;
+    const JobList *fifos[2] = {&o->store_fifo, &o->load_fifo};
+    for (int f = 0; f < 2; f++) {
+        if (!fifos[f]->n) continue;
+        double d = o->tsteps ? INFINITY : o->jobs[fifos[f]->d[0]].done_s;
+        if (isnan(next) || d < next) next = d;
+    }
+    return next;
 }
 
 /* The worker side of one step (offloading/worker.py over the oracle's StepTransferEngine):
@@ -434,6 +430,7 @@ static int oc_worker(Core *c) {
         Job *j = &o->jobs[o->step_stores.d[k]];
         if (!j->submitted && joblist_push(&o->unsubmitted, o->step_stores.d[k])) return -1;
     }
+    o->step_loads_n = o->step_loads.n; o->step_stores_n = o->step_stores.n;
     o->step_loads.n = o->step_stores.n = 0;
     JobList *fifos[2] = {&o->store_fifo, &o->load_fifo};
     for (int f = 0; f < 2; f++) {

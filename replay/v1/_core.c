@@ -876,10 +876,12 @@ static int one_step(void *core) {
     if (update(c) < 0) return -1;
     row.gpu_blocks_used = c->num_blocks - 1 - c->num_free;
     row.cpu_blocks_used = c->oc.on ? tier_used(&c->oc.tier) : c->host_used;
-    int rc = loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin,
-                              c->nfin);
-    if (rc == 0 && c->oc.on && !c->ns && !c->npre && !c->nrej && !c->nfin) oc_idle_wait(c);
-    return rc;
+    pl.wake_s = NAN;
+    if (c->oc.on) {
+        pl.noffload = c->oc.step_loads_n + c->oc.step_stores_n + c->oc.ndone;
+        pl.wake_s = oc_next_done_s(&c->oc);
+    }
+    return loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin, c->nfin);
 }
 
 static const CoreOps OPS = {add_request, has_unfinished, one_step};

@@ -408,6 +408,7 @@ typedef struct {
     Job *jobs; int64_t njobs_all, jobs_cap, next_id;
     JobList store_fifo, load_fifo, unsubmitted, step_loads, step_stores, live;
     JobList reported;            /* done in the worker, not yet applied (async: one step) */
+    int64_t step_loads_n, step_stores_n;       /* this step's transfers issued (loop progress) */
     /* This step's decisions (StepPlan.offload_*). */
     int32_t *lk_rows; int64_t *lk_tok; int64_t nlk;
     int32_t *hit_rows; int64_t *hit_g, *hit_c; int64_t nhit;
