@@ -48,9 +48,8 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
 }
 
 
-# The CPU KV offloading knobs (#16). A compiled core models the OffloadingConnector once its
-# module says so (`KV_OFFLOADING = 1`, a module constant); until then it does not read them and
-# `unavailable` refuses every replay with the connector on.
+# The CPU KV offloading knobs (#16): the compiled V1 core models vLLM's OffloadingConnector
+# (replay/v1/_connector.h; its module constant `KV_OFFLOADING = 1`) and reads them all.
 OFFLOAD_FIELDS = ("kv_offloading", "offload_prompt_only", "offload_eviction_policy",
                   "offload_blocks_per_chunk", "offload_transfer_steps",
                   "offload_host_link_bytes_per_s")
@@ -74,9 +73,6 @@ def unavailable(engine: str, executor, keys, state: RequestState,
     """Why the compiled core of `engine` cannot run this replay (None when it can)."""
     if CORES.get(engine) is None:
         return f"the compiled {engine} core is not built (no C compiler at install time?)"
-    if spec is not None and spec.kv_offloading and not has_offloading(engine):
-        return (f"the compiled {engine} core does not model CPU KV offloading "
-                "(--kv-offloading-size) yet")
     if type(executor) is not CostModel:
         return f"the {type(executor).__name__} executor is not the cost model the cores price with"
     if type(keys) is TokenBlockKeys and keys.all_tokens is None:
@@ -105,13 +101,6 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
               state.computed_at_preemption, *outputs, state.priority, state.cpu_hit_tokens)
     left = dict(spec_dict(spec) if fields_in is None else fields_in)
-    if engine == "v1" and not has_offloading(engine):
-        # A core without the connector is only handed specs with it off (`unavailable`).
-        if left.get("kv_offloading"):
-            raise AssertionError("the compiled v1 core does not model CPU KV offloading")
-        # (kv_bytes_per_block: V1 reads it only to time offload transfers.)
-        for f in (*OFFLOAD_FIELDS, "kv_bytes_per_block"):
-            left.pop(f, None)
     core = ext.new(arrays, left, cost_args(executor),
                    keys_in or keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
@@ -285,6 +274,16 @@ class StepCore:
     # ------------------------------------------------------------- the Scheduler protocol
     def add_request(self, row: int) -> None:
         self._ext.add(self._core, row)
+
+    def tell_time(self, now_s: float) -> None:
+        """The loop's clock (timed offload transfers): the step's start before schedule(), its
+        end before update()."""
+        if self.engine == "v1":
+            self._ext.tell_time(self._core, now_s)
+
+    def offload_next_done_s(self) -> float | None:
+        """When the next offload transfer in flight completes (the loop's idle jump)."""
+        return self._ext.next_done_s(self._core) if self.engine == "v1" else None
 
     def abort_request(self, row: int) -> None:
         if self.engine != "v0":

@@ -1190,6 +1190,31 @@ fail:
     return NULL;
 }
 
+/* tell_time(core, t): the loop's clock for timed offload transfers (replay/loop.py calls it
+ * with the step's start before schedule() and its end before update()). */
+static PyObject *core_tell_time(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    double t;
+    if (!PyArg_ParseTuple(args, "Od", &cap, &t)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    if (c->oc.told_start) c->oc.end_s = t;
+    else c->lp.t = t;
+    c->oc.told_start = !c->oc.told_start;
+    Py_RETURN_NONE;
+}
+
+/* offload_next_done_s(core): when the next transfer in flight completes, or None. */
+static PyObject *core_next_done(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    double d = c->oc.on ? oc_next_done_s(&c->oc) : NAN;
+    if (isnan(d)) Py_RETURN_NONE;
+    return PyFloat_FromDouble(d);
+}
+
 /* record_batches(core, on): keep every step's batch (results' b_* columns); off by default, so a
  * replay that does not ask pays nothing. */
 static PyObject *core_record_batches(PyObject *self, PyObject *args) {
@@ -1212,6 +1237,8 @@ static PyMethodDef methods[] = {
     {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
     {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},
     {"snapshot", core_snapshot, METH_VARARGS, "snapshot(core) -> queues, free blocks, tables"},
+    {"tell_time", core_tell_time, METH_VARARGS, "tell_time(core, t): step start, then end"},
+    {"next_done_s", core_next_done, METH_VARARGS, "next_done_s(core) -> float or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -425,6 +425,7 @@ typedef struct {
     int64_t *last_seq; int64_t sched_seq, proc_seq; int inflight_nonempty;
     /* Time mode (tsteps 0): this step's start and end, when each direction's link is free. */
     double now_s, end_s, store_free_s, load_free_s;
+    int told_start;              /* StepCore: tell_time gave this step's start (end next) */
 } Oc;
 
 static inline int joblist_push(JobList *l, int64_t j) {
