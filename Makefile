@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 .PHONY: report test venv bench notebooks clean timing-doc
 
 # setup.py builds the compiled replay cores (replay/v*/_core.c) into the source tree.
-$(STAMP): pyproject.toml setup.py replay/kvcore.h replay/v1/_core.c replay/v0/_core.c
+$(STAMP): pyproject.toml setup.py replay/kvcore.h replay/v1/_core.c replay/v1/_offload.h \
+		replay/v1/_connector.h replay/v0/_core.c
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@# torch first, pinned to the local CPU build (see ../shared/STACK.md), then the project in one call.
 	$(PY) -m pip install -q torch==2.13.0

@@ -52,6 +52,15 @@ CASES = {
     "mooncake_v1_nocache1500": ("mooncake", dict(enable_prefix_caching=False,
                                                  num_gpu_blocks_override=1500)),
     "conv_v1_none3000": ("conv", dict(preemption_mode="none", num_gpu_blocks_override=3000)),
+    # vLLM 0.33's CPU KV offloading (the OffloadingConnector, timed transfers over the host
+    # link) on the Mooncake conversation trace, whose prefix hashes make CPU hits: LRU with a
+    # tier of 64 GiB, ARC with a small tier under GPU pressure, prompt-only off.
+    "mooncake_v1_offload64": ("mooncake", dict(kv_offloading_size=64.0)),
+    "mooncake_v1_offload_arc8_3000": ("mooncake", dict(kv_offloading_size=8.0,
+                                                       kv_offloading_eviction_policy="arc",
+                                                       num_gpu_blocks_override=3000)),
+    "mooncake_v1_offload_full16": ("mooncake", dict(kv_offloading_size=16.0,
+                                                    offload_prompt_only=False)),
     "conv_v1_1000_seqs64": ("conv", dict(num_gpu_blocks_override=1000, max_num_seqs=64)),
     "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
     # Priority scheduling with preemption (the priority-mix scenario: interactive + batch).

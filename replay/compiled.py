@@ -48,9 +48,8 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
 }
 
 
-# The CPU KV offloading knobs (#16). A compiled core models the OffloadingConnector once its
-# module says so (`KV_OFFLOADING = 1`, a module constant); until then it does not read them and
-# `unavailable` refuses every replay with the connector on.
+# The CPU KV offloading knobs (#16): the compiled V1 core models vLLM's OffloadingConnector
+# (replay/v1/_connector.h; its module constant `KV_OFFLOADING = 1`) and reads them all.
 OFFLOAD_FIELDS = ("kv_offloading", "offload_prompt_only", "offload_eviction_policy",
                   "offload_blocks_per_chunk", "offload_transfer_steps",
                   "offload_host_link_bytes_per_s")
@@ -74,9 +73,6 @@ def unavailable(engine: str, executor, keys, state: RequestState,
     """Why the compiled core of `engine` cannot run this replay (None when it can)."""
     if CORES.get(engine) is None:
         return f"the compiled {engine} core is not built (no C compiler at install time?)"
-    if spec is not None and spec.kv_offloading and not has_offloading(engine):
-        return (f"the compiled {engine} core does not model CPU KV offloading "
-                "(--kv-offloading-size) yet")
     if type(executor) is not CostModel:
         return f"the {type(executor).__name__} executor is not the cost model the cores price with"
     if type(keys) is TokenBlockKeys and keys.all_tokens is None:
@@ -103,15 +99,8 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
     arrays = (state.arrival_s, state.prompt_len, state.output_len, state.status,
               state.num_computed, state.num_output, state.num_preemptions, state.num_swaps,
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
-              state.computed_at_preemption, *outputs, state.priority)
+              state.computed_at_preemption, *outputs, state.priority, state.cpu_hit_tokens)
     left = dict(spec_dict(spec) if fields_in is None else fields_in)
-    if engine == "v1" and not has_offloading(engine):
-        # A core without the connector is only handed specs with it off (`unavailable`).
-        if left.get("kv_offloading"):
-            raise AssertionError("the compiled v1 core does not model CPU KV offloading")
-        # (kv_bytes_per_block: V1 reads it only to time offload transfers.)
-        for f in (*OFFLOAD_FIELDS, "kv_bytes_per_block"):
-            left.pop(f, None)
     core = ext.new(arrays, left, cost_args(executor),
                    keys_in or keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
@@ -286,6 +275,16 @@ class StepCore:
     def add_request(self, row: int) -> None:
         self._ext.add(self._core, row)
 
+    def tell_time(self, now_s: float) -> None:
+        """The loop's clock (timed offload transfers): the step's start before schedule(), its
+        end before update()."""
+        if self.engine == "v1":
+            self._ext.tell_time(self._core, now_s)
+
+    def offload_next_done_s(self) -> float | None:
+        """When the next offload transfer in flight completes (the loop's idle jump)."""
+        return self._ext.next_done_s(self._core) if self.engine == "v1" else None
+
     def abort_request(self, row: int) -> None:
         if self.engine != "v0":
             raise NotImplementedError("client aborts are in the compiled V0 core only")
@@ -316,25 +315,30 @@ class StepCore:
         else:
             swap_out = np.full((p["nswap_out"], 2), -1, np.int64)
             swap_in = np.full((p["nswap_in"], 2), -1, np.int64)
+        off = _offload_plan(p.get("offload"))
         return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
                         num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
                         is_prefill=_col(p, "prefill", np.uint8).astype(bool),
                         kind=_col(p, "kind", np.int8).copy() if "kind" in p else None,
                         swap_out=swap_out, swap_in=swap_in, preempted=pre,
-                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej)
+                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej,
+                        **off)
 
     def update(self, plan):
         from replay.plan import StepOutput
-        sampled, fin = self._ext.update(self._core)
+        sampled, fin, *done = self._ext.update(self._core)
         return StepOutput(sampled=np.frombuffer(sampled, np.uint8).astype(bool),
-                          finished=np.frombuffer(fin, np.int32).astype(np.int64))
+                          finished=np.frombuffer(fin, np.int32).astype(np.int64),
+                          offload_done=tuple((r, "store" if s else "load")
+                                             for r, s in (done[0] if done else ())))
 
     def _snap(self) -> dict:
         return self._ext.snapshot(self._core)
 
     def has_unfinished(self) -> bool:
         s = self._snap()
-        return not self._aborted and bool(s["running"] or s["waiting"] or s.get("swapped"))
+        return not self._aborted and bool(s["running"] or s["waiting"] or s.get("swapped")
+                                          or s.get("unfinished"))
 
     @property
     def num_running(self) -> int:
@@ -373,13 +377,33 @@ class StepCore:
             waiting = sorted(waiting, key=lambda r: (prio[r], arr[r], r))
         usable = spec.num_gpu_blocks - 1
         host = spec.num_cpu_blocks if spec.preemption_mode == "swap" else None
-        return {"waiting": waiting, "running": s["running"], "swapped": [],
-                "free_gpu": s["free_gpu"],
-                "free_cpu": None if host is None else host - s["cpu_used"],
-                "blocks": s["tables"],
-                "computed": {r: int(self.state.num_computed[r]) for r in self._rows.tolist()},
-                "kv_usage": 0.0 if usable == 0 else 1.0 - s["free_gpu"] / usable,
-                "free_queue": s["free_queue"]}
+        out = {"waiting": waiting, "running": s["running"], "swapped": [],
+               "free_gpu": s["free_gpu"],
+               "free_cpu": None if host is None else host - s["cpu_used"],
+               "blocks": s["tables"],
+               "computed": {r: int(self.state.num_computed[r]) for r in self._rows.tolist()},
+               "kv_usage": 0.0 if usable == 0 else 1.0 - s["free_gpu"] / usable,
+               "free_queue": s["free_queue"]}
+        if s.get("offload") is not None:
+            # The OffloadingConnector's tier (tests/oracle_driver.py): loading rows, chunks
+            # being stored, the policy's order; free_cpu counts chunks holding no data.
+            out.update(s["offload"])
+        return out
+
+
+def _offload_plan(off: dict | None) -> dict:
+    """StepPlan's offload_* fields from a V1 core's schedule() (empty without the connector)."""
+    from replay.plan import OffloadTransfer
+    if off is None:
+        return {}
+
+    def transfers(jobs):
+        return tuple(OffloadTransfer(row=r, num_tokens=n, gpu_blocks=tuple(b), chunks=tuple(i),
+                                     keys=tuple(k)) for r, n, b, i, k in jobs)
+    return {"offload_lookups": tuple(off["lookups"]), "offload_hits": tuple(off["hits"]),
+            "offload_loads": transfers(off["loads"]), "offload_stores": transfers(off["stores"]),
+            "offload_evicted": tuple(off["evicted"]), "offload_store_failed": tuple(off["failed"]),
+            "offload_flushed": tuple(off["flushed"])}
 
 
 class _NoCost:

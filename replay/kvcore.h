@@ -65,7 +65,7 @@ static inline uint64_t mix64(uint64_t x) {
 /* ------------------------------------------------------------------ the run's tables */
 /* Event kinds: indices into replay.raw.EVENT_KINDS. */
 enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
-       EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5 };
+       EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5, EV_OFFLOAD_STORE = 6, EV_OFFLOAD_LOAD = 7 };
 /* Batch kinds: indices into replay.raw.BATCH_KINDS. */
 enum { BK_NEW = 0, BK_RESUMED = 1, BK_RUNNING = 2, BK_PREFILL = 3, BK_DECODE = 4 };
 
@@ -74,7 +74,8 @@ typedef struct {
     vecd start_s, duration_s;
     veci32 num_running, num_waiting, num_swapped, swap_out_blocks, swap_in_blocks, num_preempted,
         evicted_requests;
-    veci num_prefill_tokens, num_decode_tokens, gpu_blocks_used, cpu_blocks_used, evicted_blocks;
+    veci num_prefill_tokens, num_decode_tokens, gpu_blocks_used, cpu_blocks_used, evicted_blocks,
+        offload_store_blocks, offload_load_blocks;
     /* Events. */
     vecd ev_t; veci ev_step, ev_row, ev_blocks; veci8 ev_kind;
     /* Preemption stalls (mode 1 recompute, 2 swap). */
@@ -91,7 +92,7 @@ typedef struct {
     int32_t num_running, num_waiting, num_swapped, swap_out_blocks, swap_in_blocks,
         num_preempted, evicted_requests;
     int64_t num_prefill_tokens, num_decode_tokens, gpu_blocks_used, cpu_blocks_used,
-        evicted_blocks;
+        evicted_blocks, offload_store_blocks, offload_load_blocks;
 } StepRow;
 
 static int tables_step(Tables *o, const StepRow *r) {
@@ -106,7 +107,9 @@ static int tables_step(Tables *o, const StepRow *r) {
         pushi32(&o->swap_in_blocks, r->swap_in_blocks) ||
         pushi32(&o->num_preempted, r->num_preempted) ||
         pushi32(&o->evicted_requests, r->evicted_requests) ||
-        pushi(&o->evicted_blocks, r->evicted_blocks)) return -1;
+        pushi(&o->evicted_blocks, r->evicted_blocks) ||
+        pushi(&o->offload_store_blocks, r->offload_store_blocks) ||
+        pushi(&o->offload_load_blocks, r->offload_load_blocks)) return -1;
     return 0;
 }
 
@@ -132,7 +135,8 @@ static void tables_free(Tables *o) {
     void *ps[] = {o->start_s.d, o->duration_s.d, o->num_running.d, o->num_waiting.d,
                   o->num_swapped.d, o->swap_out_blocks.d, o->swap_in_blocks.d, o->num_preempted.d,
                   o->evicted_requests.d, o->num_prefill_tokens.d, o->num_decode_tokens.d,
-                  o->gpu_blocks_used.d, o->cpu_blocks_used.d, o->evicted_blocks.d, o->ev_t.d,
+                  o->gpu_blocks_used.d, o->cpu_blocks_used.d, o->evicted_blocks.d,
+                  o->offload_store_blocks.d, o->offload_load_blocks.d, o->ev_t.d,
                   o->ev_step.d, o->ev_row.d, o->ev_blocks.d, o->ev_kind.d, o->sl_row.d,
                   o->sl_pre.d, o->sl_res.d, o->sl_stall.d, o->sl_mode.d, o->tbt_v.d, o->tbt_w.d,
                   o->b_count.d, o->b_row.d, o->b_new.d, o->b_ctx.d, o->b_kind.d};
@@ -182,6 +186,8 @@ static PyObject *tables_dict(Tables *o) {
     COL(swap_out_blocks, o->swap_out_blocks, 4) COL(swap_in_blocks, o->swap_in_blocks, 4)
     COL(num_preempted, o->num_preempted, 4) COL(evicted_requests, o->evicted_requests, 4)
     COL(evicted_blocks, o->evicted_blocks, 8)
+    COL(offload_store_blocks, o->offload_store_blocks, 8)
+    COL(offload_load_blocks, o->offload_load_blocks, 8)
     COL(ev_t, o->ev_t, 8) COL(ev_step, o->ev_step, 8) COL(ev_row, o->ev_row, 8)
     COL(ev_kind, o->ev_kind, 1) COL(ev_blocks, o->ev_blocks, 8)
     COL(sl_row, o->sl_row, 8) COL(sl_pre, o->sl_pre, 8) COL(sl_res, o->sl_res, 8)
@@ -235,13 +241,14 @@ typedef struct {
     int64_t *num_computed, *num_output, *recomputed, *cached_prompt, *computed_at_pre;
     int32_t *num_pre, *num_swaps, *num_rec;
     double *first_sched, *first_tok, *finish, *max_tbt;
+    int64_t *cpu_hit;       /* V1 offloading: tokens loaded from the CPU tier at first admission */
 } Req;
 
 static int req_take(Views *vs, PyObject *arrays, Req *q) {
-    PyObject *a[17];
-    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+    PyObject *a[18];
+    if (!PyArg_ParseTuple(arrays, "OOOOOOOOOOOOOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
                           &a[6], &a[7], &a[8], &a[9], &a[10], &a[11], &a[12], &a[13], &a[14],
-                          &a[15], &a[16])) return -1;
+                          &a[15], &a[16], &a[17])) return -1;
     if (!(q->arrival = views_take(vs, a[0], -1, 8, 0, "arrival_s"))) return -1;
     int64_t n = q->n = vs->v[vs->n - 1].len / 8;
     if (!(q->prompt = views_take(vs, a[1], n, 8, 0, "prompt_len")) ||
@@ -259,7 +266,8 @@ static int req_take(Views *vs, PyObject *arrays, Req *q) {
         !(q->first_tok = views_take(vs, a[13], n, 8, 1, "first_token_s")) ||
         !(q->finish = views_take(vs, a[14], n, 8, 1, "finish_s")) ||
         !(q->max_tbt = views_take(vs, a[15], n, 8, 1, "max_tbt_s")) ||
-        !(q->prio = views_take(vs, a[16], n, 8, 0, "priority"))) return -1;
+        !(q->prio = views_take(vs, a[16], n, 8, 0, "priority")) ||
+        !(q->cpu_hit = views_take(vs, a[17], n, 8, 1, "cpu_hit_tokens"))) return -1;
     return 0;
 }
 
@@ -583,6 +591,8 @@ typedef struct {
     const uint8_t *pre_fallback; int64_t npre;
     const int32_t *rej_rows; int64_t nrej;
     int64_t nswap_out, nswap_in;          /* block pairs copied */
+    int64_t noffload;                     /* CPU offload transfers issued or reported done */
+    double wake_s;                        /* when the next offload transfer completes (NAN: none) */
 } Plan;
 
 /* Rejections, then each preemption (its swap-full fallback first); marks when and how the
@@ -741,14 +751,18 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
     }
     /* A request finishes with its last token (async: applied one step after it came). */
     for (int64_t j = 0; j < nfin; j++) q->finish[fin[j]] = lp->last_tok[fin[j]];
-    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in || nfin;
+    int progressed = pl->nrows || pl->npre || pl->nrej || pl->nswap_in || nfin || pl->noffload;
     lp->idle_spins = progressed ? 0 : lp->idle_spins + 1;
     lp->t = end;
     lp->step++;
     if (lp->idle_spins >= 2) {
-        /* Nothing can move until something arrives: jump there, or stop. */
-        if (lp->cursor >= q->n) return 1;
-        if (q->arrival[lp->cursor] > lp->t) lp->t = q->arrival[lp->cursor];
+        /* Nothing can move until something arrives or a CPU offload transfer completes: jump
+         * there, or stop. */
+        int arrives = lp->cursor < q->n, wakes = !isnan(pl->wake_s);
+        if (!arrives && !wakes) return 1;
+        double w = arrives ? q->arrival[lp->cursor] : pl->wake_s;
+        if (wakes && pl->wake_s < w) w = pl->wake_s;
+        if (w > lp->t) lp->t = w;
         lp->idle_spins = 0;
     }
     return 0;

@@ -61,6 +61,42 @@ def test_core_equals_reference(w, spec):
     assert np.all(np.isin(fast.state.status, [Status.FINISHED, Status.REJECTED]))
 
 
+@st.composite
+def offload_specs(draw):
+    """core_specs with vLLM 0.33's CPU KV offloading on (recompute preemption, as the config
+    requires): both eviction policies, prompt-only on/off, transfers in steps (1, 2: the oracle's
+    emulation) or in time over a slow or a fast host link (0)."""
+    spec = draw(core_specs())
+    return tiny_spec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__},
+                        "preemption_mode": "recompute", "kv_offloading": True,
+                        "num_cpu_blocks": draw(st.sampled_from([1, 3, 8, 24])),
+                        "offload_eviction_policy": draw(st.sampled_from(["lru", "arc"])),
+                        "offload_prompt_only": draw(st.booleans()),
+                        "offload_transfer_steps": draw(st.sampled_from([0, 1, 2])),
+                        "offload_host_link_bytes_per_s": draw(st.sampled_from([1e8, 1e10]))})
+
+
+@settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 150)) // 2, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads(), spec=offload_specs())
+def test_offloading_per_step_contract_equals_run_to_end(w, spec):
+    """With the OffloadingConnector: the core stepped through `StepCore` by the reference loop
+    (replay/loop.py: its clock told, offload events and columns, idle jumps to the next
+    transfer) == the core run to the end in C (kvcore.h's copy of that bookkeeping), with the
+    block pool's invariants checked; every request ends; the tier never exceeds its chunks."""
+    arrival, prompt, output, prio, hashes = w
+    stepped = run_stepped("v1", spec, arrival, prompt, output, hashes, prio)
+    fast = run_compiled("v1", spec, arrival, prompt, output, hashes, prio)
+    assert_identical(stepped, fast)
+    assert np.all(np.isin(fast.state.status, [Status.FINISHED, Status.REJECTED]))
+    assert fast.steps["cpu_blocks_used"].max(initial=0) <= spec.num_cpu_blocks
+    kinds = np.array(fast.events["kind"], dtype=object)
+    blocks = np.array(fast.events["blocks"], dtype=np.int64)
+    for kind, col in (("offload_store", "offload_store_blocks"), ("offload_load", "offload_load_blocks")):
+        assert blocks[kinds == kind].sum() == fast.steps[col].sum()
+    assert np.all(fast.state.cpu_hit_tokens <= fast.state.cached_prompt_tokens)
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_core_preempts_swaps_and_rehits(policy, mode):

@@ -1088,7 +1088,8 @@ static int one_step(void *core) {
                .prefill = c->b_prefill, .sampled = c->b_sampled, .nrows = c->nb_,
                .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
                .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
-               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
+               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in,
+               .wake_s = NAN};
     if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
     /* _swapped_in_blocks: the swap-in destinations in each swapped-in row's table (as the
      * tables stand after schedule()), each counted for the first such row only. */

@@ -72,6 +72,8 @@ static void map_del_at(map_t *m, uint64_t i) {
     }
 }
 
+#include "_offload.h"
+
 /* ------------------------------------------------------------------ the engine */
 /* One block's pool state in one cache line: popping or freeing a block touches all of it. */
 typedef struct {
@@ -131,6 +133,7 @@ typedef struct {
     int64_t nload;                                  /* admission: blocks found in the host tier */
     int32_t *rej_rows; int64_t nrej;
     int32_t *hits; int64_t hits_cap;
+    Oc oc;                                          /* CPU KV offloading (_connector.h) */
     Tables out;
 } Core;
 
@@ -206,6 +209,7 @@ static int pop_into(Core *c, int64_t row, int64_t n) {
         c->blk[b].ref = 1;
         if (c->caching && c->blk[b].hashed) cache_evict(c, b);
         c->tbl[row][h + i] = b;
+        if (c->oc.on) c->oc.alloc_stamp[b] = c->oc.astamp;     /* allocated in this batch */
     }
     c->held[row] = h + n;
     return 0;
@@ -254,6 +258,8 @@ static int64_t get_computed_blocks(Core *c, int64_t row, int64_t num_tokens) {
     }
     return nh;
 }
+
+#include "_connector.h"
 
 /* ---------------- scheduler */
 /* Waiting queue (queues.py): FCFS deque, or a heap ordered by (priority, arrival_s, row). */
@@ -371,8 +377,30 @@ static int64_t none_reserved(const Core *c) {
 
 /* Waiting-phase checks for the head (no side effects): new tokens, or -1. Leaves the hits in
  * c->hits[0:*nh]. */
+static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t nh,
+                              int64_t nload, int load_async);
+
+/* allocate_slots with an admission: touch the nh hit blocks (c->hits), they head the new
+ * table. */
+static int take_hits(Core *c, int64_t r, int64_t nh) {
+    if (nh > c->tcap[r]) {
+        int32_t *p = (int32_t *)realloc(c->tbl[r], (size_t)nh * sizeof(int32_t));
+        if (!p) return -1;
+        c->tbl[r] = p; c->tcap[r] = (int32_t)nh;
+    }
+    for (int64_t j = 0; j < nh; j++) {
+        int32_t b = c->hits[j];
+        if (c->blk[b].ref == 0) fq_unlink(c, b);
+        c->blk[b].ref++;
+        c->tbl[r][j] = b;
+    }
+    c->held[r] = nh;
+    c->ncached[r] = nh;
+    return 0;
+}
+
 static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t *nh_out) {
-    int64_t bs = c->bs, L = c->L;
+    int64_t bs = c->bs;
     int64_t nt = c->q.prompt[row] + c->q.num_output[row];
     int64_t nh = get_computed_blocks(c, row, nt);
     *nh_out = nh;
@@ -385,13 +413,26 @@ static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int6
             c->nload++;
         }
     }
-    int64_t n = nt - (nh + c->nload) * bs;
-    if (0 < thr && thr < n) n = thr;
-    if (!c->chunked && n > budget) return -1;
-    n = min64(n, budget);
+    return admission_fits(c, row, budget, thr, nh, c->nload, 0);
+}
+
+/* The admission checks for the head after a hit of nh GPU blocks (in c->hits) and nload blocks
+ * from a CPU tier: new tokens, or -1. `load_async`: the tier's blocks are loaded first (the
+ * OffloadingConnector, F4): nothing is computed this step, only the load's blocks allocated. */
+static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t nh,
+                              int64_t nload, int load_async) {
+    int64_t bs = c->bs, L = c->L;
+    int64_t nt = c->q.prompt[row] + c->q.num_output[row];
+    int64_t n = 0;
+    if (!load_async) {
+        n = nt - (nh + nload) * bs;
+        if (0 < thr && thr < n) n = thr;
+        if (!c->chunked && n > budget) return -1;
+        n = min64(n, budget);
+    }
     int64_t wm = c->nrun ? c->watermark_blocks : 0, free = c->num_free, evictable = 0;
     for (int64_t i = 0; i < nh; i++) evictable += c->blk[c->hits[i]].ref == 0;
-    int64_t total_computed = min64((nh + c->nload) * bs, L);
+    int64_t total_computed = min64((nh + nload) * bs, L);
     if (c->reserve_full_isl) {
         int64_t need_full = max64(cdiv(min64(nt, L), bs) - nh, 0) + evictable;
         if (need_full + wm > free) return -1;
@@ -444,10 +485,123 @@ static inline void sched_add(Core *c, int64_t row, int64_t n, int8_t kind) {
     c->s_new[c->ns++] = n;
 }
 
+/* ---------------- waiting phase with the OffloadingConnector (vLLM 0.33 scheduler.py with a KV
+ * connector; replay/v1/offload.py): requests holding blocks (loading from the CPU tier) are
+ * drained first; a request whose load is in flight, or whose lookup is deferred, is skipped for
+ * the step (not head-of-line); a CPU hit admits the request with its load's blocks only, in
+ * WAITING_FOR_REMOTE_KVS, using no token budget (F4). */
+static void oc_skip(Core *c, int64_t r, int from_kvh) {
+    Oc *o = &c->oc;
+    int64_t cap = c->q.n + 1;
+    if (from_kvh) { o->kvh_head = (o->kvh_head + 1) % cap; o->kvh_len--; }
+    else wq_pop(c);
+    if (c->held[r] > 0) o->skip_k[o->nskip_k++] = (int32_t)r;
+    else o->skip_w[o->nskip_w++] = (int32_t)r;
+}
+
+/* Blocks of the row's table allocated in this batch (flush detection, F9). */
+static inline void oc_stamp_table(Core *c, int64_t r) {
+    for (int64_t k = 0; k < c->held[r]; k++) c->oc.alloc_stamp[c->tbl[r][k]] = c->oc.astamp;
+}
+
+static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
+    Oc *o = &c->oc;
+    int64_t bs = c->bs, L = c->L, budget = *budget_io, cap = c->q.n + 1;
+    o->nskip_w = o->nskip_k = 0;
+    while (budget > 0 && (o->kvh_len || c->wq_len) && c->nrun < c->max_active) {
+        int from_kvh = o->kvh_len > 0;
+        int64_t r = from_kvh ? kvh_at(o, 0, cap) : wq_peek(c);
+        int64_t nt = c->q.prompt[r] + c->q.num_output[r];
+        if (o->loading[r]) {
+            if (!o->recv_done[r]) { oc_skip(c, r, from_kvh); continue; }
+            /* _update_waiting_for_remote_kv: the loaded blocks are cached now; a whole-prompt
+             * hit recomputes its last token (F5). */
+            cache_blocks(c, r, c->q.num_computed[r]);
+            if (c->q.num_computed[r] == nt) c->q.num_computed[r] = nt - 1;
+            o->loading[r] = o->recv_done[r] = 0;
+        }
+        int8_t kind = c->q.num_pre[r] > 0 ? BK_RESUMED : BK_NEW;
+        if (c->q.num_computed[r] > 0) {
+            /* Its load is done: schedule the rest on the blocks it holds. */
+            int64_t cc = c->q.num_computed[r], n = nt - cc;
+            if (0 < thr && thr < n) n = thr;
+            if (!c->chunked && n > budget) break;
+            n = min64(n, budget);
+            int64_t wm = c->nrun ? c->watermark_blocks : 0;
+            if (c->reserve_full_isl &&
+                max64(cdiv(min64(nt, L), bs) - c->held[r], 0) + wm > c->num_free) break;
+            int64_t need = max64(cdiv(min64(cc + n, L), bs) - c->held[r], 0);
+            if (need + wm > c->num_free) break;
+            if (need > 0 && pop_into(c, r, need) < 0) return -1;
+            oc_stamp_table(c, r);
+            cache_blocks(c, r, min64(cc + n, nt));
+            if (from_kvh) { o->kvh_head = (o->kvh_head + 1) % cap; o->kvh_len--; } else wq_pop(c);
+            c->running[c->nrun++] = (int32_t)r;
+            c->q.status[r] = ST_RUNNING;
+            c->prefilling[r] = 1;
+            sched_add(c, r, n, kind);
+            budget -= n;
+            continue;
+        }
+        int64_t nh = get_computed_blocks(c, r, nt);
+        int64_t ext = oc_lookup(c, r, nh * bs);
+        o->lk_rows[o->nlk] = (int32_t)r;
+        o->lk_tok[o->nlk++] = ext;
+        if (ext < 0) { oc_skip(c, r, from_kvh); continue; }
+        int64_t nload = ext / bs;
+        int load = ext > 0;
+        int64_t n = admission_fits(c, r, budget, thr, nh, nload, load);
+        if (n < 0) {
+            if (c->nrun || c->ns || o->kvh_len || o->nskip_k) break;
+            wq_pop(c);
+            c->q.status[r] = ST_REJECTED;
+            c->rej_rows[c->nrej++] = (int32_t)r;
+            continue;
+        }
+        if (take_hits(c, r, nh) < 0) return -1;
+        int64_t computed = (nh + nload) * bs;
+        int64_t n_new = cdiv(min64(computed + n, L), bs) - nh;
+        if (n_new > 0 && pop_into(c, r, n_new) < 0) return -1;
+        oc_stamp_table(c, r);
+        o->hit_rows[o->nhit] = (int32_t)r;
+        o->hit_g[o->nhit] = nh * bs;
+        o->hit_c[o->nhit++] = ext;
+        int64_t hit = computed;
+        if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
+        else { c->q.cached_prompt[r] = hit; c->q.cpu_hit[r] = ext; }
+        if (load) {
+            /* WAITING_FOR_REMOTE_KVS: its blocks are cached when the load is done. */
+            c->q.num_computed[r] = computed;
+            if (oc_plan_load(c, r, ext) < 0) return -1;
+            o->loading[r] = 1;
+            oc_skip(c, r, from_kvh);
+            continue;
+        }
+        cache_blocks(c, r, min64(computed + n, nt));
+        wq_pop(c);
+        c->running[c->nrun++] = (int32_t)r;
+        c->q.status[r] = ST_RUNNING;
+        c->q.num_computed[r] = hit;
+        c->prefilling[r] = 1;
+        sched_add(c, r, n, kind);
+        budget -= n;
+    }
+    /* Skipped requests go back to the front of their queues, in order. */
+    for (int64_t k = o->nskip_k - 1; k >= 0; k--) {
+        o->kvh_head = (o->kvh_head + cap - 1) % cap;
+        o->kvh[o->kvh_head] = o->skip_k[k];
+        o->kvh_len++;
+    }
+    for (int64_t k = o->nskip_w - 1; k >= 0; k--) wq_prepend(c, o->skip_w[k]);
+    *budget_io = budget;
+    return 0;
+}
+
 /* One schedule(): rejections of new arrivals, running phase, waiting phase. -1 on error. */
 static int schedule(Core *c) {
     int64_t bs = c->bs, L = c->L;
     c->ns = c->npre = c->nrej = c->nsi = c->nswap_out = c->nswap_in = 0;
+    if (c->oc.on) oc_begin_step(&c->oc, c->lp.t);
     for (int64_t i = 0; i < c->narrived; i++) {
         int32_t r = c->arrived[i];
         if (never_runs(c, r)) {
@@ -494,6 +648,7 @@ static int schedule(Core *c) {
                         : c->q.arrival[x] != c->q.arrival[y] ? c->q.arrival[x] > c->q.arrival[y]
                         : x > y) vi = j;
                 }
+                if (oc_cannot_free(c, c->running[vi])) break;
                 victim = c->running[vi];
                 memmove(c->running + vi, c->running + vi + 1,
                         (size_t)(c->nrun - vi - 1) * sizeof(int32_t));
@@ -509,6 +664,7 @@ static int schedule(Core *c) {
                     break;
                 }
             } else {
+                if (oc_cannot_free(c, c->running[c->nrun - 1])) break;
                 victim = c->running[--c->nrun];
             }
             preempt(c, victim);
@@ -523,7 +679,9 @@ static int schedule(Core *c) {
         i++;
     }
     /* Waiting phase, only when nothing was preempted. */
-    if (c->npre == 0) {
+    if (c->npre == 0 && c->oc.on) {
+        if (oc_waiting_phase(c, &budget, thr) < 0) return -1;
+    } else if (c->npre == 0) {
         while (budget > 0 && c->wq_len && c->nrun < c->max_active) {
             int64_t r = wq_peek(c), nh;
             int64_t n = admission(c, r, budget, thr, &nh);
@@ -537,19 +695,7 @@ static int schedule(Core *c) {
             }
             int64_t nt = c->q.prompt[r] + c->q.num_output[r];
             /* allocate_slots with the admission: touch the hits, they head the new table. */
-            if (nh > c->tcap[r]) {
-                int32_t *p = (int32_t *)realloc(c->tbl[r], (size_t)nh * sizeof(int32_t));
-                if (!p) return -1;
-                c->tbl[r] = p; c->tcap[r] = (int32_t)nh;
-            }
-            for (int64_t j = 0; j < nh; j++) {
-                int32_t b = c->hits[j];
-                if (c->blk[b].ref == 0) fq_unlink(c, b);
-                c->blk[b].ref++;
-                c->tbl[r][j] = b;
-            }
-            c->held[r] = nh;
-            c->ncached[r] = nh;
+            if (take_hits(c, r, nh) < 0) return -1;
             int64_t nload = c->nload, computed = (nh + nload) * bs;
             int64_t n_new = cdiv(min64(computed + n, L), bs) - nh;
             if (n_new > 0 && pop_into(c, r, n_new) < 0) return -1;
@@ -584,6 +730,12 @@ static int schedule(Core *c) {
             budget -= n;
         }
     }
+    if (c->oc.on && oc_meta(c) < 0) return -1;
+    if (c->oc.on && c->async_sched && c->ns) {
+        /* The step in flight writes its rows' blocks (F11: defer_block_free). */
+        c->oc.sched_seq++;
+        for (int64_t j = 0; j < c->ns; j++) c->oc.last_seq[c->s_rows[j]] = c->oc.sched_seq;
+    }
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
         c->s_before[j] = c->q.num_computed[r];
@@ -607,7 +759,11 @@ static void add_request(void *core, int32_t r) {
 
 static int has_unfinished(const void *core) {
     const Core *c = (const Core *)core;
-    return c->nrun || c->wq_len;
+    const Oc *o = &c->oc;
+    /* With the connector: also while requests load, finishes wait for their last stores or
+     * transfers are in flight (vLLM's has_requests). */
+    return c->nrun || c->wq_len ||
+           (o->on && (o->kvh_len || o->nfin_rows || o->live.n || o->unsubmitted.n));
 }
 
 /* update(): one token for every row whose chunk reached the end of its known tokens; finish at
@@ -615,6 +771,7 @@ static int has_unfinished(const void *core) {
  * placeholders and the stop checks apply the previous step's (scheduler.py). -1 on error. */
 static int update(Core *c) {
     c->nfin = 0;
+    if (c->oc.on && oc_worker(c) < 0) return -1;
     int64_t ng = 0;
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
@@ -624,6 +781,11 @@ static int update(Core *c) {
         c->prefilling[r] = 0;
         if (c->async_sched) { c->ph[r]++; c->fl_next[ng++] = (int32_t)r; continue; }
         if (out >= c->q.out_len[r] || c->q.prompt[r] + out >= c->L) c->fin[c->nfin++] = (int32_t)r;
+    }
+    if (c->async_sched && c->oc.on) {
+        /* The output applied now is the previous step's: its block writes are done. */
+        c->oc.proc_seq += c->oc.inflight_nonempty;
+        c->oc.inflight_nonempty = c->ns > 0;
     }
     if (c->async_sched) {
         /* This step's tokens are placeholders; the previous step's output is applied now. */
@@ -645,6 +807,12 @@ static int update(Core *c) {
     int any_running = 0;
     for (int64_t j = 0; j < c->nfin; j++) {
         int32_t r = c->fin[j];
+        if (c->oc.on) {
+            /* The connector stores its last chunks from these blocks at the next step. */
+            c->oc.fin_blocks[r] = c->q.status[r] == ST_RUNNING ? c->held[r] : 0;
+            c->oc.fin_wait[r] = 1;
+            c->oc.fin_rows[c->oc.nfin_rows++] = r;
+        }
         if (c->q.status[r] == ST_RUNNING) {
             kv_free(c, r);
             any_running = 1;
@@ -655,8 +823,9 @@ static int update(Core *c) {
         }
         c->q.status[r] = ST_FINISHED;
         /* A finished request never holds blocks again: its table goes now, not at the end of
-         * the run (10M requests' tables were gigabytes). */
-        free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0;
+         * the run (10M requests' tables were gigabytes); with offloading once the connector
+         * has stored from it. */
+        if (!c->oc.on) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
     }
     if (any_running) {
         int64_t w = 0;
@@ -683,16 +852,35 @@ static int one_step(void *core) {
     if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
     for (int64_t j = 0; j < c->nsi; j++)
         if (event(c, EV_SWAP_IN, c->si_rows[j], c->si_blocks[j])) return -1;
+    if (c->oc.on) {
+        /* One event per transfer issued, loads then stores (replay/loop.py). */
+        const Oc *o = &c->oc;
+        for (int64_t j = 0; j < o->step_loads.n; j++) {
+            const Job *x = &o->jobs[o->step_loads.d[j]];
+            if (event(c, EV_OFFLOAD_LOAD, x->row, x->nblocks)) return -1;
+        }
+        for (int64_t j = 0; j < o->step_stores.n; j++) {
+            const Job *x = &o->jobs[o->step_stores.d[j]];
+            if (event(c, EV_OFFLOAD_STORE, x->row, x->nblocks)) return -1;
+        }
+    }
     loop_evictions(&c->lp, &pl);
     StepSums sums = loop_sums(&c->lp, &c->q, &pl);
     StepRow row = {
         .duration_s = cost_step(&c->cost, &sums, c->nswap_out + c->nswap_in),
-        .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)c->wq_len,
+        .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)(c->wq_len + c->oc.kvh_len),
         .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
-        .num_decode_tokens = sums.num_decode};
+        .num_decode_tokens = sums.num_decode, .offload_store_blocks = c->oc.store_blocks,
+        .offload_load_blocks = c->oc.load_blocks};
+    c->oc.end_s = c->lp.t + row.duration_s;   /* the worker reports what is done by then */
     if (update(c) < 0) return -1;
     row.gpu_blocks_used = c->num_blocks - 1 - c->num_free;
-    row.cpu_blocks_used = c->host_used;
+    row.cpu_blocks_used = c->oc.on ? tier_used(&c->oc.tier) : c->host_used;
+    pl.wake_s = NAN;
+    if (c->oc.on) {
+        pl.noffload = c->oc.step_loads_n + c->oc.step_stores_n + c->oc.ndone;
+        pl.wake_s = oc_next_done_s(&c->oc);
+    }
     return loop_finish_step(&c->lp, &c->out, &c->q, &pl, &row, sums.num_sampled, c->fin, c->nfin);
 }
 
@@ -704,6 +892,7 @@ static void core_free(Core *c) {
     views_release(&c->views);
     tables_free(&c->out);
     loop_free(&c->lp);
+    oc_free(&c->oc, c->q.n);
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next,
@@ -745,6 +934,23 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_bool(spec, "async_scheduling", &asy) ||
         spec_choice(spec, "preemption_mode", MODE_NAMES, &mode) ||
         spec_choice(spec, "policy", POLICY_NAMES, &policy)) goto fail;
+    /* CPU KV offloading (vLLM 0.33's OffloadingConnector, _connector.h). */
+    int off, prompt_only, evict;
+    int64_t bpc, tsteps;
+    double link;
+    if (spec_bool(spec, "kv_offloading", &off) ||
+        spec_bool(spec, "offload_prompt_only", &prompt_only) ||
+        spec_choice(spec, "offload_eviction_policy", EVICTION_NAMES, &evict) ||
+        spec_int(spec, "offload_blocks_per_chunk", &bpc) ||
+        spec_int(spec, "offload_transfer_steps", &tsteps) ||
+        spec_float(spec, "offload_host_link_bytes_per_s", &link)) goto fail;
+    int64_t block_bytes;          /* time mode: a transfer's bytes per block, per GPU */
+    if (spec_int(spec, "kv_bytes_per_block", &block_bytes)) goto fail;
+    if (off && (mode != MODE_RECOMPUTE || bpc < 1 || tsteps < 0)) {
+        PyErr_SetString(PyExc_ValueError, "core: CPU KV offloading runs with recompute "
+                        "preemption, offload_blocks_per_chunk >= 1, offload_transfer_steps >= 0");
+        goto fail;
+    }
     c->policy = policy;
     c->num_cpu = mode == MODE_SWAP ? ncpu : 0;
     c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
@@ -784,6 +990,28 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     c->hprev[c->num_cpu] = c->hnext[c->num_cpu] = (int32_t)c->num_cpu;
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
     CALLOC(c->hits, c->hits_cap, int32_t);
+    if (off) {
+        Oc *o = &c->oc;
+        o->on = 1; o->prompt_only = prompt_only; o->policy = evict;
+        o->bpc = bpc; o->tpc = bpc * bs; o->tsteps = tsteps; o->link_bps = link;
+        o->block_bytes = block_bytes;
+        if (tier_init(&o->tier, ncpu, evict) < 0) { PyErr_NoMemory(); goto fail; }
+        CALLOC(o->ra, n, uint8_t *); CALLOC(o->ra_cap, n, int64_t); CALLOC(o->rank, n, int64_t);
+        CALLOC(o->next_stored, n, int64_t); CALLOC(o->local_tok, n, int64_t);
+        CALLOC(o->fin_blocks, n, int64_t); CALLOC(o->njobs, n, int32_t);
+        CALLOC(o->loading, n, uint8_t); CALLOC(o->recv_done, n, uint8_t);
+        CALLOC(o->fin_wait, n, uint8_t); CALLOC(o->kvh, n + 1, int32_t);
+        CALLOC(o->skip_w, n, int32_t); CALLOC(o->skip_k, n, int32_t);
+        CALLOC(o->fin_rows, n, int32_t); CALLOC(o->alloc_stamp, nb + 1, uint32_t);
+        CALLOC(o->lk_rows, n, int32_t); CALLOC(o->lk_tok, n, int64_t);
+        CALLOC(o->hit_rows, n, int32_t); CALLOC(o->hit_g, n, int64_t); CALLOC(o->hit_c, n, int64_t);
+        CALLOC(o->failed, n, int32_t); CALLOC(o->flushed, n, int32_t);
+        o->done_cap = 0;
+        CALLOC(o->scratch, 4 * ncpu + cdiv(L, o->tpc) + 8, int32_t);
+        CALLOC(o->ekeys, ncpu + 1, int64_t);
+        CALLOC(o->kbuf, cdiv(L, o->tpc) + 8, int64_t); CALLOC(o->sbuf, cdiv(L, o->tpc) + 8, int32_t);
+        CALLOC(o->last_seq, n, int64_t);
+    }
     PyObject *cap = PyCapsule_New(c, "kvcap.core", capsule_free);
     if (!cap) goto fail;
     return cap;
@@ -887,8 +1115,10 @@ static PyObject *core_schedule(PyObject *self, PyObject *args) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;
     }
+    PyObject *off = c->oc.on ? oc_plan_dict(c) : (Py_INCREF(Py_None), Py_None);
+    if (!off) return NULL;
     return Py_BuildValue(
-        "{sNsNsNsNsNsNsNsNsNsNsNsNsLsL}",
+        "{sNsNsNsNsNsNsNsNsNsNsNsNsLsLsN}",
         "rows", bytes_of(c->s_rows, c->ns, 4), "num_new", bytes_of(c->s_new, c->ns, 8),
         "num_computed", bytes_of(c->s_before, c->ns, 8), "prefill", bytes_of(c->s_prefill, c->ns, 1),
         "kind", bytes_of(c->s_kind, c->ns, 1),
@@ -897,7 +1127,7 @@ static PyObject *core_schedule(PyObject *self, PyObject *args) {
         "pre_fallback", bytes_of(c->pre_fallback, c->npre, 1),
         "rej_rows", bytes_of(c->rej_rows, c->nrej, 4), "si_rows", bytes_of(c->si_rows, c->nsi, 4),
         "si_blocks", bytes_of(c->si_blocks, c->nsi, 8), "nswap_out", (long long)c->nswap_out,
-        "nswap_in", (long long)c->nswap_in);
+        "nswap_in", (long long)c->nswap_in, "offload", off);
 }
 
 static PyObject *core_update(PyObject *self, PyObject *args) {
@@ -906,7 +1136,12 @@ static PyObject *core_update(PyObject *self, PyObject *args) {
     Core *c = core_of(cap);
     if (!c) return NULL;
     if (update(c) < 0) return NULL;
-    return Py_BuildValue("(NN)", bytes_of(c->s_sampled, c->ns, 1), bytes_of(c->fin, c->nfin, 4));
+    /* The transfers reported done, in the worker's order: (row, 1 store / 0 load). */
+    PyObject *done = PyList_New(c->oc.on ? c->oc.ndone : 0);
+    for (int64_t k = 0; done && c->oc.on && k < c->oc.ndone; k++)
+        PyList_SET_ITEM(done, k, Py_BuildValue("(ii)", c->oc.done_rows[k], c->oc.done_store[k]));
+    return Py_BuildValue("(NNN)", bytes_of(c->s_sampled, c->ns, 1), bytes_of(c->fin, c->nfin, 4),
+                         done);
 }
 
 /* Queues (waiting as stored: FCFS front to back, or the heap array), free blocks, the running
@@ -916,13 +1151,16 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
     Core *c = core_of(cap);
     if (!c) return NULL;
-    PyObject *waiting = PyList_New((Py_ssize_t)c->wq_len), *tables = PyDict_New();
+    int64_t nk = c->oc.on ? c->oc.kvh_len : 0;
+    PyObject *waiting = PyList_New((Py_ssize_t)(nk + c->wq_len)), *tables = PyDict_New();
     if (!waiting || !tables) goto fail;
+    for (int64_t i = 0; i < nk; i++)      /* kv_holding_waiting first (loading requests) */
+        PyList_SET_ITEM(waiting, (Py_ssize_t)i, PyLong_FromLong(kvh_at(&c->oc, i, c->q.n + 1)));
     for (int64_t i = 0; i < c->wq_len; i++) {
         int32_t r = c->policy ? c->wq[i] : c->wq[(c->wq_head + i) % c->wq_cap];
         PyObject *x = PyLong_FromLong(r);
         if (!x) goto fail;
-        PyList_SET_ITEM(waiting, (Py_ssize_t)i, x);
+        PyList_SET_ITEM(waiting, (Py_ssize_t)(nk + i), x);
     }
     for (int64_t i = 0; i < c->nrun; i++) {
         int32_t r = c->running[i];
@@ -939,13 +1177,42 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
     PyObject *free_queue = list_i32(fq, nf);
     free(fq);
     if (!free_queue) goto fail;
-    return Py_BuildValue("{sNsNsNsNsLsLsL}", "running", list_i32(c->running, c->nrun),
+    PyObject *off = c->oc.on ? oc_snapshot(c) : (Py_INCREF(Py_None), Py_None);
+    if (!off) goto fail;
+    return Py_BuildValue("{sNsNsNsNsLsLsLsNsi}", "running", list_i32(c->running, c->nrun),
                          "free_queue", free_queue,
                          "waiting", waiting, "tables", tables, "free_gpu", (long long)c->num_free,
-                         "cpu_used", (long long)c->host_used, "num_swapped", (long long)c->nswapped);
+                         "cpu_used", (long long)(c->oc.on ? tier_used(&c->oc.tier) : c->host_used),
+                         "num_swapped", (long long)c->nswapped, "offload", off,
+                         "unfinished", has_unfinished(c));
 fail:
     Py_XDECREF(waiting); Py_XDECREF(tables);
     return NULL;
+}
+
+/* tell_time(core, t): the loop's clock for timed offload transfers (replay/loop.py calls it
+ * with the step's start before schedule() and its end before update()). */
+static PyObject *core_tell_time(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    double t;
+    if (!PyArg_ParseTuple(args, "Od", &cap, &t)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    if (c->oc.told_start) c->oc.end_s = t;
+    else c->lp.t = t;
+    c->oc.told_start = !c->oc.told_start;
+    Py_RETURN_NONE;
+}
+
+/* offload_next_done_s(core): when the next transfer in flight completes, or None. */
+static PyObject *core_next_done(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    double d = c->oc.on ? oc_next_done_s(&c->oc) : NAN;
+    if (isnan(d)) Py_RETURN_NONE;
+    return PyFloat_FromDouble(d);
 }
 
 /* record_batches(core, on): keep every step's batch (results' b_* columns); off by default, so a
@@ -970,6 +1237,8 @@ static PyMethodDef methods[] = {
     {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
     {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},
     {"snapshot", core_snapshot, METH_VARARGS, "snapshot(core) -> queues, free blocks, tables"},
+    {"tell_time", core_tell_time, METH_VARARGS, "tell_time(core, t): step start, then end"},
+    {"next_done_s", core_next_done, METH_VARARGS, "next_done_s(core) -> float or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -977,4 +1246,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core",
                                     "kvcap's compiled V1 replay core", -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__core(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__core(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* This core models vLLM 0.33's OffloadingConnector (replay.compiled.has_offloading). */
+    if (m && PyModule_AddIntConstant(m, "KV_OFFLOADING", 1) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}
