@@ -13,7 +13,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 def _register() -> None:
     # Imported here, after `app` exists, so each command module stays importable on its own.
-    from capacity.cli import calibrate, evidence, offload, plan, replay, trace, tune
+    from capacity.cli import calibrate, evidence, fleet, offload, plan, replay, trace, tune
     app.add_typer(trace.app, name="trace")
     app.command("replay")(replay.replay_cmd)
     app.command("runs")(replay.runs_cmd)
@@ -28,6 +28,8 @@ def _register() -> None:
     app.command("tune")(tune.tune_cmd)
     app.command("headroom")(tune.headroom_cmd)
     app.command("alerts")(tune.alerts_cmd)
+    app.command("fleet")(fleet.fleet_cmd)
+    app.command("plan")(fleet.plan_cmd)
 
 
 _register()

@@ -212,16 +212,22 @@ def engine_flags(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from replay.config import EngineConfig
         flags = {k: kwargs.pop(k) for k in list(kwargs) if k in ENGINE_FLAGS}
         try:
-            engine = EngineConfig(**flags)
+            engine = engine_config(flags)
         except (ValueError, TypeError) as e:
             fail(str(e).splitlines()[0])
         return fn(*args, engine=engine, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)
     return wrapper
+
+
+def engine_config(flags: dict):
+    """The EngineConfig of the ENGINE_FLAGS values `flags`; ValueError with one line when they
+    do not make an engine (`--kv-offloading-size` is the connector's EngineConfig field)."""
+    from replay.config import EngineConfig
+    return EngineConfig(**flags)
 
 
 def load_trace_file(path: Path, *, trace_format: str | None = None):
