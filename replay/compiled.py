@@ -40,7 +40,7 @@ SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two s
 _BYTES = "events' bytes are blocks x kv_bytes_per_block, computed here (the executor prices swaps)"
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "v1": {"on_swap_full": "V0 only: V1 recomputes a victim the host tier cannot take",
-           "v0_watermark": "V0's block-manager watermark", "kv_bytes_per_block": _BYTES},
+           "v0_watermark": "V0's block-manager watermark"},
     "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
            "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
            "async_scheduling": "V1 knob (V0's async output processing is not modelled)",
@@ -109,7 +109,8 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
         # A core without the connector is only handed specs with it off (`unavailable`).
         if left.get("kv_offloading"):
             raise AssertionError("the compiled v1 core does not model CPU KV offloading")
-        for f in OFFLOAD_FIELDS:
+        # (kv_bytes_per_block: V1 reads it only to time offload transfers.)
+        for f in (*OFFLOAD_FIELDS, "kv_bytes_per_block"):
             left.pop(f, None)
     core = ext.new(arrays, left, cost_args(executor),
                    keys_in or keys_args(keys, state, spec.block_size))

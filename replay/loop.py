@@ -74,6 +74,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     evicted = np.zeros(n, np.int64)      # blocks of each swap-preempted request not yet resumed
     evicted_total = evicted_count = 0
 
+    # A V1 scheduler with timed CPU offload transfers reads the clock: the step's start before
+    # schedule(), its end before update() (replay/v1/offload.py).
+    tell_time = getattr(scheduler, "tell_time", None)
+    next_transfer_s = getattr(scheduler, "offload_next_done_s", None)
+
     def event(kind: str, row: int, blocks: int) -> None:
         ev["t_s"].append(t); ev["step"].append(step); ev["row"].append(row)
         ev["kind"].append(kind); ev["blocks"].append(blocks)
@@ -90,6 +95,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             t = max(t, float(arrival[cursor]))     # idle gap: jump to the next arrival
             continue
 
+        if tell_time is not None:
+            tell_time(t)
         plan = scheduler.schedule()
         if plan.abort is not None:
             a = plan.abort
@@ -145,6 +152,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             batch_parts.append((np.full(len(rows), step, np.int64), rows,
                                 plan.num_new_tokens, plan.num_computed_tokens, kind))
         dt = executor.step_s(plan, num_sampled)
+        if tell_time is not None:
+            tell_time(t + dt)
         out = scheduler.update(plan)
         sampled = rows[out.sampled]
         if len(sampled) != num_sampled:
@@ -173,14 +182,20 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             # A request finishes with its last token (async: applied one step after it came).
             finish[out.finished] = last_tok[out.finished]
         progressed = (len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
-                      or len(out.finished))
+                      or len(out.finished) or plan.offload_loads or plan.offload_stores
+                      or out.offload_done)
         idle_spins = 0 if progressed else idle_spins + 1
         t = end
         step += 1
         if idle_spins >= 2:
-            # Nothing can move until something arrives; jump there or give up.
-            if cursor < n:
-                t = max(t, float(arrival[cursor]))
+            # Nothing can move until something arrives or a CPU offload transfer completes;
+            # jump there or give up.
+            wake = [float(arrival[cursor])] if cursor < n else []
+            done_s = next_transfer_s() if next_transfer_s is not None else None
+            if done_s is not None:
+                wake.append(done_s)
+            if wake:
+                t = max(t, min(wake))
                 idle_spins = 0
             else:
                 break

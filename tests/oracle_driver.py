@@ -134,6 +134,7 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
     out: list[dict] = []
     name = lambda rows: [ids[r] for r in rows]  # noqa: E731
     offloading = spec.kv_offloading
+    tell = getattr(sched, "tell_time", None)
     chunk_names: dict[int, str] = {}     # offload key -> "R:i", named by its first storer
 
     def chunks(t) -> list[str]:
@@ -150,6 +151,8 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
         was_preempted = {r for r in range(state.n) if state.status[r] == Status.WAITING
                          and state.num_preemptions[r] > 0}
         was_waiting = {r for r in range(state.n) if state.status[r] == Status.WAITING}
+        if tell is not None:
+            tell(step - 1.0)     # step k runs from time k-1 to k (timed offload transfers)
         plan = sched.schedule()
         snap = sched.snapshot()
         if plan.abort is not None:
@@ -196,6 +199,8 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
             line["cpu_evict"] = [chunk_names[k] for k in plan.offload_evicted]
             line["cpu_store_failed"] = name(plan.offload_store_failed)
             line["cpu_flush"] = name(plan.offload_flushed)
+        if tell is not None:
+            tell(float(step))
         res = sched.update(plan)
         end = sched.snapshot()
         line["finished"] = name(res.finished.tolist())

@@ -128,3 +128,43 @@ def test_new_columns_are_stored(tmp_path):
         assert con.execute("SELECT kv_offloading FROM runs").fetchall() == [(False,)]
     finally:
         con.close()
+
+
+def test_replay_with_offloading_end_to_end(tmp_path):
+    """`kvcap replay --kv-offloading-size`: a conversation's second turn, whose prefix a filler
+    pushed out of the GPU, is loaded from the CPU tier (cpu_hit_tokens), the run records the
+    connector and the implementation, and the fall back to the reference is said on stderr."""
+    import json
+
+    import duckdb
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]}\n'
+                 '{"timestamp": 10000, "input_length": 2048, "output_length": 4, '
+                 '"hash_ids": [10, 11, 12, 13]}\n'
+                 '{"timestamp": 60000, "input_length": 1500, "output_length": 4, '
+                 '"hash_ids": [1, 2, 3]}\n')
+    db = tmp_path / "k.duckdb"
+    res = runner.invoke(app, ["replay", str(f), "--db", str(db), "--json",
+                              "--kv-offloading-size", "1", "--num-gpu-blocks-override", "140"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["requests_finished"] == 3 and out["cpu_hit_tokens"] > 0
+    if not compiled.has_offloading("v1"):
+        assert "does not model CPU KV offloading" in res.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        (impl, on, chunks), = con.execute(
+            "SELECT implementation, kv_offloading, num_cpu_blocks FROM runs").fetchall()
+        assert on and chunks == 512 and impl == ("compiled" if compiled.has_offloading("v1")
+                                                 else "reference")
+        hits = con.execute("SELECT gpu_hit_tokens, cpu_hit_tokens FROM requests "
+                           "ORDER BY request_id").fetchall()
+        # The third request hits its 1024-token prefix: the GPU still holds its head, the tier
+        # the rest (only the first turn's prompt was stored).
+        assert hits[0] == (0, 0) and sum(hits[2]) == 1024 and hits[2][1] == out["cpu_hit_tokens"]
+        kinds = dict(con.execute("SELECT kind, sum(blocks) FROM events GROUP BY kind").fetchall())
+        assert kinds["offload_load"] * 16 == out["cpu_hit_tokens"]
+        assert con.execute("SELECT sum(offload_load_blocks), sum(offload_store_blocks) FROM steps"
+                           ).fetchall() == [(kinds["offload_load"], kinds["offload_store"])]
+    finally:
+        con.close()

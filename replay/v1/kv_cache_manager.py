@@ -113,10 +113,11 @@ class KVCacheManager:
         return new
 
     def allocate_slots(self, row: int, num_new_tokens: int, num_tokens: int,
-                       adm: Admission) -> list[int] | None:
+                       adm: Admission, *, delay_cache: bool = False) -> list[int] | None:
         """Admit `row`: touch its hits (they head its new table), give it slots for
         `num_new_tokens` tokens after them; None (and no change) if they do not fit. Returns the
-        newly popped blocks (loaded host blocks first, in table order)."""
+        newly popped blocks (loaded host blocks first, in table order). `delay_cache`: blocks a
+        CPU load will fill are registered once the load is done (vLLM `delay_cache_blocks`)."""
         if self.num_blocks_needed(row, num_new_tokens, adm) is None:
             return None
         pool = self.pool
@@ -133,7 +134,29 @@ class KVCacheManager:
         if new:
             table.extend(new)
             self.held[row] += len(new)
-        self.cache_blocks(row, min(computed + num_new_tokens, num_tokens))
+        if not delay_cache:
+            self.cache_blocks(row, min(computed + num_new_tokens, num_tokens))
+        return new
+
+    def extend_held(self, row: int, num_new_tokens: int, num_computed: int, num_tokens: int,
+                    adm: Admission) -> list[int] | None:
+        """`allocate_slots` for a waiting request that already holds blocks (its CPU load is done,
+        vLLM's kv_holding_waiting): the full-ISL gate and the watermark as at any admission, its
+        held blocks count as allocated. None (and no change) if the slots do not fit."""
+        pool, held = self.pool, self.held[row]
+        free = pool.num_free
+        if adm.full_sequence_must_fit:
+            need_full = max(self._cdiv(min(adm.num_tokens, self.max_model_len)) - held, 0)
+            if need_full + adm.watermark_blocks > free:
+                return None
+        end = min(num_computed + num_new_tokens, self.max_model_len)
+        need = max(self._cdiv(end) - held, 0)
+        if need + adm.watermark_blocks > free:
+            return None
+        new = pool.pop_new(need)
+        self.tables[row].extend(new)
+        self.held[row] += need
+        self.cache_blocks(row, min(num_computed + num_new_tokens, num_tokens))
         return new
 
     def cache_blocks(self, row: int, num_tokens: int) -> None:

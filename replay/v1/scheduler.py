@@ -25,6 +25,7 @@ from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
 from replay.v1.host_tier import HostTier
 from replay.v1.kv_cache_manager import Admission, KVCacheManager
+from replay.v1.offload import Connector
 from replay.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
@@ -33,8 +34,6 @@ _NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "ru
 
 class V1Scheduler:
     def __init__(self, spec: SchedulerSpec, state: RequestState, keys: BlockKeys) -> None:
-        if spec.kv_offloading:
-            raise NotImplementedError("CPU KV offloading is not in the V1 reference scheduler yet")
         self.spec = spec
         self.state = state
         self.block_size = spec.block_size
@@ -73,6 +72,15 @@ class V1Scheduler:
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
+        # CPU KV offloading (vLLM 0.33 OffloadingConnector, replay/v1/offload.py): waiting rows
+        # that hold blocks, their CPU load in flight or done (vLLM kv_holding_waiting; drained
+        # before `waiting`); the rows of the step in flight (async, F11); the connector output
+        # of the step in flight (async: applied one step late); the clock (`tell_time`).
+        self.conn = Connector(spec, keys, self._prompt) if spec.kv_offloading else None
+        self.loading: list[int] = []
+        self._rows_in_flight: set[int] = set()
+        self._conn_in_flight: list = []
+        self._now_s = self._step_start_s = 0.0
 
     # ---------------------------------------------------------------- queue API
     def add_request(self, row: int) -> None:
@@ -83,10 +91,17 @@ class V1Scheduler:
     def abort_request(self, row: int) -> None:
         """Client abort (test hook): leave whichever queue, free the blocks."""
         st = int(self.state.status[row])
+        nt = self._prompt[row] + int(self.state.num_output[row])
+        if self.conn is not None and st in (Status.RUNNING, Status.WAITING):
+            # vLLM calls the connector's request_finished for an aborted request too.
+            self.conn.request_finished(row, self.kv.tables.get(row, []), nt)
         if st == Status.RUNNING:
             self.running.remove(row)
             self._prefill_rows.discard(row)
             self._release(row)
+        elif row in self.loading:
+            self.loading.remove(row)
+            self.kv.free(row)
         elif st == Status.WAITING:
             self.waiting.remove(row)
             if row in self._arrived:
@@ -103,7 +118,7 @@ class V1Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.loading)
 
     @property
     def num_swapped(self) -> int:
@@ -117,19 +132,42 @@ class V1Scheduler:
         return self.kv.pool.num_used
 
     def cpu_blocks_used(self) -> int:
+        if self.conn is not None:
+            return self.conn.tier.num_used
         return 0 if self.host is None else self.host.num_used
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return (bool(self.running) or len(self.waiting) > 0 or bool(self.loading)
+                or (self.conn is not None and self.conn.busy()))
+
+    def tell_time(self, now_s: float) -> None:
+        """The replay loop's clock: the step's start before `schedule()`, its end before
+        `update()`. Only timed CPU offload transfers (offload_transfer_steps 0) read it."""
+        self._now_s = now_s
+
+    def offload_next_done_s(self) -> float | None:
+        """When the next CPU offload transfer in flight completes (timed transfers), so a loop
+        with nothing to schedule can jump there."""
+        return None if self.conn is None else self.conn.next_done_s()
 
     def snapshot(self) -> dict:
         pool = self.kv.pool
-        return {"waiting": self.waiting.rows(), "running": list(self.running),
+        snap = {"waiting": self.loading + self.waiting.rows(), "running": list(self.running),
                 "swapped": [], "free_gpu": pool.num_free,
                 "free_cpu": None if self.host is None else self.host.num_blocks - self.host.num_used,
                 "blocks": {r: list(self.kv.tables.get(r, [])) for r in self.running},
                 "computed": {r: int(self.state.num_computed[r]) for r in self._last_rows.tolist()},
                 "kv_usage": pool.usage(), "free_queue": pool.free_order()}
+        if self.conn is not None:
+            tier = self.conn.tier
+            snap["free_cpu"] = tier.capacity - tier.num_used
+            snap["waiting_for_kv"] = [r for r in self.loading if self.conn.load_done(r) is None]
+            snap["cpu_pending"] = tier.num_pending
+            if tier.lru is not None:
+                snap["cpu_lru"] = tier.lru_order()
+            else:
+                snap["cpu_arc"] = tier.arc_state()
+        return snap
 
     # ---------------------------------------------------------------- helpers
     def _cdiv(self, n: int) -> int:
@@ -166,10 +204,24 @@ class V1Scheduler:
 
     def _admission(self, row: int, budget: int, thr: int):
         """The waiting-phase checks for the head `row` without side effects on the pool:
-        (num_new_tokens, Admission, host keys to load) or None when it cannot be admitted now."""
+        (num_new_tokens, Admission, host keys to load, CPU-hit tokens to load), None when it
+        cannot be admitted now, or "skip" when the connector defers its lookup (F10)."""
         spec, kv, bs = self.spec, self.kv, self.block_size
         nt = self._prompt[row] + int(self.state.num_output[row])
         hits = kv.get_computed_blocks(row, nt)
+        if self.conn is not None:
+            cpu = self.conn.lookup(row, len(hits) * bs, nt)
+            if cpu is None:
+                return "skip"
+            if cpu:
+                # A CPU hit: blocks for the hit and the load now, no tokens this step (F4).
+                adm = Admission(hit_blocks=tuple(hits), num_tokens=nt,
+                                full_sequence_must_fit=spec.scheduler_reserve_full_isl,
+                                watermark_blocks=self.watermark_blocks if self.running else 0,
+                                num_loaded_blocks=cpu // bs)
+                if kv.num_blocks_needed(row, 0, adm) is None:
+                    return None
+                return 0, adm, [], cpu
         load_keys: list[int] = []
         if self.host is not None and self.host.num_used:
             # The offload tier continues the GPU hit (connector: longer external match).
@@ -197,10 +249,12 @@ class V1Scheduler:
             need = max(whole - len(hits), 0) + kv.pool.num_evictable(hits)
             if need + self._none_reserved() > kv.pool.num_free:
                 return None
-        return n, adm, load_keys
+        return n, adm, load_keys, 0
 
     def _preempt(self, row: int, preempted: list, swap_out: list) -> None:
         st, kv = self.state, self.kv
+        if self.conn is not None:
+            self.conn.preempted(row)
         c = int(st.num_computed[row])
         st.computed_at_preemption[row] = c
         mode = "recompute"
@@ -242,6 +296,10 @@ class V1Scheduler:
                     rejected.append(Rejection(row=r, reason=reason))
             self._arrived.clear()
         budget = spec.max_num_batched_tokens
+        conn = self.conn
+        if conn is not None:
+            conn.begin_step()
+            self._step_start_s = self._now_s
         # 0.33: the long-prefill cap is skipped when only one request exists.
         thr = (spec.long_prefill_token_threshold
                if len(self.running) + len(self.waiting) > 1 else 0)
@@ -265,12 +323,26 @@ class V1Scheduler:
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
         self._last_rows = rows
+        offload = {}
+        if conn is not None:
+            # build_connector_meta: write-through stores of the scheduled requests (batch
+            # order), then the finishes since the last step and the flushes.
+            tables = self.kv.tables
+            for r, c in zip(rows.tolist(), st.num_computed[rows].tolist()):
+                conn.plan_stores(r, c, self._prompt[r] + int(st.num_output[r]), tables[r])
+            conn.end_schedule()
+            offload = dict(offload_lookups=tuple(conn.lookups), offload_hits=tuple(conn.hits),
+                           offload_loads=tuple(conn.loads), offload_stores=tuple(conn.stores),
+                           offload_evicted=tuple(conn.evicted),
+                           offload_store_failed=tuple(conn.store_failed),
+                           offload_flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
             is_prefill=self.prefilling[rows], kind=kind,
             swap_out=np.array(swap_out, dtype=_I64).reshape(-1, 2),
             swap_in=np.array(swap_in, dtype=_I64).reshape(-1, 2),
-            preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected))
+            preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected),
+            **offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
                       preempted: list, swap_out: list) -> int:
@@ -295,6 +367,7 @@ class V1Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            blocked = False
             while True:
                 new = kv.grow(r, n, c, nt)
                 if new is not None:
@@ -307,6 +380,14 @@ class V1Scheduler:
                     # Equal (priority, arrival): the later trace row, as vLLM's receipt
                     # timestamps (distinct, in trace order) would rank them.
                     victim = max(running, key=lambda x: (prio[x], arr[x], x))
+                else:
+                    victim = running[-1]
+                if victim in self._rows_in_flight:
+                    # F11 (O6 step 6): async scheduling with a KV connector defers block frees,
+                    # and a victim whose last step is still in flight cannot be preempted.
+                    blocked = True
+                    break
+                if priority:
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:
@@ -318,6 +399,10 @@ class V1Scheduler:
                 self._preempt(victim, preempted, swap_out)
                 if victim == r:
                     break
+            if blocked:
+                break
+            if new and self.conn is not None:
+                self.conn.allocated(r, new)
             if new is None:
                 if priority and st.status[r] == Status.WAITING:
                     continue   # it preempted itself; higher-priority requests after it may fit
@@ -331,11 +416,19 @@ class V1Scheduler:
                        swap_in: list, swapped_in: list) -> int:
         st, kv, L = self.state, self.kv, self.spec.max_model_len
         running, waiting = self.running, self.waiting
+        if self.loading:
+            budget = self._loaded_phase(sched, budget, thr, rejected)
+            if budget is None:
+                return 0
+        skipped: list[int] = []      # lookups the connector deferred: back in front afterwards
         while budget > 0 and len(waiting) and len(running) < self.max_active:
             r = waiting.peek()
             got = self._admission(r, budget, thr)
+            if got == "skip":
+                skipped.append(waiting.pop())
+                continue
             if got is None:
-                if running or sched:
+                if running or sched or self.loading or skipped:
                     break
                 # Nothing runs and the head still does not fit: it never will (vLLM hangs).
                 waiting.pop()
@@ -344,12 +437,29 @@ class V1Scheduler:
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
-            n, adm, load_keys = got
-            new = kv.allocate_slots(r, n, adm.num_tokens, adm)
+            n, adm, load_keys, cpu = got
+            new = kv.allocate_slots(r, n, adm.num_tokens, adm, delay_cache=cpu > 0)
             assert new is not None
             waiting.pop()
+            gpu = (len(adm.hit_blocks) + len(load_keys)) * self.block_size
+            # Tokens not computed: a whole-sequence CPU hit still recomputes its last one (F5).
+            hit = min(gpu + cpu, adm.num_tokens - 1) if cpu else gpu
+            if self.conn is not None:
+                self.conn.allocated(r, new)
+                self.conn.admitted(r, len(adm.hit_blocks) * self.block_size, cpu)
+            if st.num_preemptions[r] > 0:
+                st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
+            else:
+                st.cached_prompt_tokens[r] = hit
+                st.cpu_hit_tokens[r] = hit - gpu
+            if cpu:
+                # F4: WAITING_FOR_REMOTE_KVS, holding its blocks; it computes once the load is
+                # reported done. The load takes no token budget.
+                self.conn.plan_load(r, len(adm.hit_blocks) * self.block_size, cpu,
+                                    new[: cpu // self.block_size])
+                self.loading.append(r)
+                continue
             running.append(r)
-            hit = (len(adm.hit_blocks) + len(load_keys)) * self.block_size
             if load_keys:
                 hosts = self.host.load(load_keys)
                 swap_in.extend(zip(hosts, new[: len(load_keys)]))
@@ -359,18 +469,87 @@ class V1Scheduler:
                 whole = self._cdiv(min(self._prompt[r] + self._out_len[r], L))
                 self._promised[r] = whole
                 self._promised_total += whole
-            self._admitted[r] = _RESUMED if st.num_preemptions[r] > 0 else _NEW
-            if st.num_preemptions[r] > 0:
-                st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
-            else:
-                st.cached_prompt_tokens[r] = hit
-            st.status[r] = Status.RUNNING
-            st.num_computed[r] = hit
-            self.prefilling[r] = True
-            self._prefill_rows.add(r)
-            sched[r] = n
+            self._start(r, hit, n, sched)
+            budget -= n
+        for r in reversed(skipped):
+            waiting.prepend(r)
+        return budget
+
+    def _start(self, r: int, computed: int, n: int, sched: dict[int, int]) -> None:
+        """An admitted request runs from `computed` tokens on, `n` of them this step."""
+        st = self.state
+        self._admitted[r] = _RESUMED if st.num_preemptions[r] > 0 else _NEW
+        st.status[r] = Status.RUNNING
+        st.num_computed[r] = computed
+        self.prefilling[r] = True
+        self._prefill_rows.add(r)
+        sched[r] = n
+
+    def _loaded_phase(self, sched: dict[int, int], budget: int, thr: int,
+                      rejected: list) -> int | None:
+        """vLLM drains kv_holding_waiting first: a request whose CPU load is done is admitted
+        (no new lookup) with the GPU-hit and loaded tokens computed, less one when that is its
+        whole sequence (F5: its last token is recomputed for its logits); one still loading is
+        skipped. Returns the budget left, or None when a loaded request does not fit (head-of-line
+        blocking: the waiting queue is not tried either)."""
+        st, kv, conn, spec = self.state, self.kv, self.conn, self.spec
+        for r in list(self.loading):
+            if budget <= 0 or len(self.running) >= self.max_active:
+                return budget
+            done = conn.load_done(r)
+            if done is None:
+                continue
+            nt = self._prompt[r] + int(st.num_output[r])
+            computed = min(done, nt - 1)
+            kv.cache_blocks(r, computed)
+            n = nt - computed
+            if 0 < thr < n:
+                n = thr
+            adm = Admission(num_tokens=nt, full_sequence_must_fit=spec.scheduler_reserve_full_isl,
+                            watermark_blocks=self.watermark_blocks if self.running else 0)
+            new = None
+            if spec.enable_chunked_prefill or n <= budget:
+                n = min(n, budget)
+                new = kv.extend_held(r, n, computed, nt, adm)
+            stuck = new is None and not self.running and not sched
+            if stuck and len(self.loading) > 1 and n <= budget:
+                # Stuck: nothing runs, and the blocks the head needs are held by requests that
+                # loaded behind it (real vLLM waits forever). kvcap hands theirs back; they
+                # wait again (their chunks stay in the tier) and the head runs.
+                for other in [x for x in self.loading
+                              if x != r and conn.load_done(x) is not None]:
+                    self._unload(other)
+                new = kv.extend_held(r, n, computed, nt, adm)
+            if new is None and stuck and (len(self.loading) == 1 or n > budget):
+                # Nothing runs and it still does not fit: it never will (vLLM hangs).
+                self.loading.remove(r)
+                kv.free(r)
+                conn.dropped(r)
+                st.status[r] = Status.REJECTED
+                rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
+                                          "GPU pool free"))
+                continue
+            if new is None:
+                return None
+            conn.allocated(r, new)
+            conn.start_computing(r)
+            self.loading.remove(r)
+            self.running.append(r)
+            self._start(r, computed, n, sched)
             budget -= n
         return budget
+
+    def _unload(self, row: int) -> None:
+        """A loaded request gives its GPU blocks back and waits at the front again; its next
+        admission counts its hit (and recompute) afresh."""
+        st = self.state
+        if st.num_preemptions[row] > 0:
+            hit = min(self.conn.load_done(row), self._prompt[row] + int(st.num_output[row]) - 1)
+            st.recomputed_tokens[row] -= int(st.computed_at_preemption[row]) - hit
+        self.loading.remove(row)
+        self.kv.free(row)
+        self.conn.unloaded(row)
+        self.waiting.prepend(row)
 
     def update(self, plan: StepPlan) -> StepOutput:
         """One sampled token for every scheduled request whose chunk reached the end of its known
@@ -400,7 +579,11 @@ class V1Scheduler:
                 raise AssertionError("async scheduling: a request was scheduled again after "
                                      "its last token")
             running = []
+            conn = self.conn
             for r in fin:
+                if conn is not None:
+                    conn.request_finished(r, self.kv.tables.get(r, []),
+                                          self._prompt[r] + int(st.num_output[r]))
                 if st.status[r] == Status.RUNNING:
                     self._release(r)
                     running.append(r)
@@ -411,4 +594,13 @@ class V1Scheduler:
             st.status[finished] = Status.FINISHED
             gone = set(running)
             self.running = [r for r in self.running if r not in gone]
-        return StepOutput(sampled=sampled, finished=finished)
+        if self.conn is None:
+            return StepOutput(sampled=sampled, finished=finished)
+        # The worker runs the step's connector metadata; its output (transfers done) is applied
+        # now, or one step late with async scheduling (O6: cpu_done a step later than O1).
+        done = self.conn.execute(self._step_start_s, self._now_s)
+        if self.async_scheduling:
+            done, self._conn_in_flight = self._conn_in_flight, done
+            self._rows_in_flight = set(rows.tolist())
+        return StepOutput(sampled=sampled, finished=finished,
+                          offload_done=tuple(self.conn.apply(done)))
