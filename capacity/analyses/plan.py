@@ -150,15 +150,12 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                            precision=precision, **kw)
     sizing = offload = None
     if config.scheduler == "v1":
-        from capacity.analyses.offload import not_replayable
-        if not_replayable() is None:
-            # The baseline is the sweep's size-0 point unless it already runs a CPU tier.
-            offload = size_offload(trace, config, planner=planner,
-                                   baseline=None if config.kv_offloading_size else base_tables)
+        # The baseline is the sweep's size-0 point unless it already runs a CPU tier.
+        offload = size_offload(trace, config, planner=planner,
+                               baseline=None if config.kv_offloading_size else base_tables)
         modes = compare_modes(trace, config, planner=planner, **kw,
-                              kv_offloading_size_gib=(offload.recommended_kv_offloading_size_gib
-                                                      if offload else None),
-                              include_host_tier=offload is not None and offload.needed)
+                              kv_offloading_size_gib=offload.recommended_kv_offloading_size_gib,
+                              include_host_tier=offload.needed)
     else:
         sizing = size_swap(trace, config, planner=planner, baseline=base_tables)
         modes = compare_modes(trace, config, planner=planner, **kw,
@@ -212,9 +209,6 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
 
 def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,
                     offload: OffloadSizing | None, modes: ModeComparison) -> str:
-    if chosen.scheduler == "v1" and offload is None:
-        from capacity.analyses.offload import not_replayable
-        return f"CPU offloading: not sized — this build cannot replay it yet ({not_replayable()})"
     if offload is not None:                  # V1: CPU KV offloading
         if chosen.kv_offloading_size:
             return f"CPU offloading ({offload.engine_words()}): {offload.words()}"
