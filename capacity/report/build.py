@@ -54,7 +54,11 @@ def result_dict(plan: Plan, name: str) -> dict:
 def host_tier_sections(plan: Plan) -> list:
     """The host tier's sections: V0 swap sizing or V1 CPU offloading, then both side by side."""
     v1 = plan.baseline.run.get("scheduler") == "v1"
-    first = offload_section(plan.offload) if v1 else swap_section(plan.sizing)
+    if v1 and plan.offload is None and plan.modes is not None:     # sustainable, not sized
+        from capacity.analyses.plan import NOT_SIZED
+        first = offload_section(None, f"CPU offloading {NOT_SIZED}.")
+    else:
+        first = offload_section(plan.offload) if v1 else swap_section(plan.sizing)
     moved = migration_section(plan.migration)
     return [first] + ([moved] if moved else [])
 

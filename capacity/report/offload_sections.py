@@ -28,9 +28,10 @@ POINT_HEADER = ["--kv-offloading-size", "CPU chunks", "CPU-hit tokens", "prefill
                 "stall p99", "host RAM pinned"]
 
 
-def offload_section(z: OffloadSizing | None) -> Section:
+def offload_section(z: OffloadSizing | None, note: str = NOT_DERIVED) -> Section:
+    """`note`: what the section says without a sizing (overloaded, or not sized)."""
     if z is None:
-        return Section(title="CPU offloading sizing", anchor="offload-sizing", body=text(NOT_DERIVED))
+        return Section(title="CPU offloading sizing", anchor="offload-sizing", body=text(note))
     body = (text(f"vLLM 0.33's `--kv-offloading-size` is a write-through second prefix cache: "
                  f"its size sets how much prefill a request loads from the host instead of "
                  f"recomputing, not whether a preemption can happen. The trace was replayed on "
