@@ -51,10 +51,8 @@ def test_size_swap_on_v1_refuses_in_one_line_pointing_at_size_offload(conv800):
 def test_compare_modes_never_recommends_a_loser_or_queue_only(conv800, engine, host_tier):
     out = kvcap_json("compare-modes", conv800, *OVERLOAD, *engine)
     variants = [m["variant"] for m in out["modes"]]
-    # V1 (0.33) has no swap: its host tier is CPU offloading (once the engine replays it)
-    from capacity.analyses.offload import not_replayable
-    tier = [host_tier] if engine or not_replayable() is None else []
-    assert variants == [*tier, "recompute+prefix-cache", "recompute", "queue-only"]
+    # V1 (0.33) has no swap: its host tier is CPU offloading
+    assert variants == [host_tier, "recompute+prefix-cache", "recompute", "queue-only"]
     assert out["engine"] == ("v0" if engine else "v1")
     assert out["scheduler_loop"] == ("sync" if engine else "async")
     assert out["recommended"] in variants[:-1] and out["reason"]

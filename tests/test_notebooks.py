@@ -29,7 +29,8 @@ SMALL_FLASH = {"duration_s": 120, "rate_rps": 4.0, "surge_start_s": 40, "ramp_s"
 PARAMS = {
     "01-explore-trace": {},   # trace_path: a small Mooncake file written by the test (prefix reuse)
     "02-replay-and-preemption": {"scenario_params": SMALL_FLASH},
-    "03-swap-space-sizing": {"scenario_params": SMALL_FLASH, "sweep_fractions": [0.5]},
+    "03-swap-space-sizing": {"scenario_params": SMALL_FLASH, "sweep_fractions": [0.5],
+                             "offload_sizes": [4.0]},
     "04-max-num-seqs": {"scenario_params": SMALL_FLASH, "max_num_seqs_grid": [32, 64]},
     "05-priority-and-fairness": {"scenario_params": {"duration_s": 90, "rate_rps": 3.0,
                                                      "batch_job_interval_s": 30,

@@ -62,8 +62,8 @@ def render_scrapes(run, folder: Path, *, every_s=10.0, lead_s=0.0, extra_preempt
         c["vllm:prompt_tokens"].labels(m, e).inc(int(steps["num_prefill_tokens"].to_numpy()[done].sum()))
         c["vllm:generation_tokens"].labels(m, e).inc(int(steps["num_decode_tokens"].to_numpy()[done].sum()))
         bpb = run.run["kv_bytes_per_block"] * run.run["tp"]
-        c["vllm:kv_offload_store_bytes"].labels(m, e).inc(int(steps["swap_out_blocks"].to_numpy()[done].sum()) * bpb)
-        c["vllm:kv_offload_load_bytes"].labels(m, e).inc(int(steps["swap_in_blocks"].to_numpy()[done].sum()) * bpb)
+        c["vllm:kv_offload_store_bytes"].labels(m, e).inc(int(steps["offload_store_blocks"].to_numpy()[done].sum()) * bpb)
+        c["vllm:kv_offload_load_bytes"].labels(m, e).inc(int(steps["offload_load_blocks"].to_numpy()[done].sum()) * bpb)
         for x in (req["first_token_s"] - req["arrival_s"]).to_numpy()[(first > prev) & (first <= t)]:
             ttft_h.labels(m, e).observe(float(x))
         for d, n in zip(steps["duration_s"].to_numpy()[done], steps["num_decode_tokens"].to_numpy()[done]):
@@ -77,9 +77,9 @@ def render_scrapes(run, folder: Path, *, every_s=10.0, lead_s=0.0, extra_preempt
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("pv")
     trace = synthesize("poisson", rate_rps=4.0, duration_s=60, seed=1)
-    # V1 with the host offload tier: preemptions store KV to it, resumes load it back
-    run = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=500, preemption_mode="swap",
-                                     swap_space=1.0))
+    # V1 with CPU KV offloading: prompt blocks are written through, resumes load them back
+    run = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=500,
+                                     kv_offloading_size=1.0))
     db = d / "ev.duckdb"
     write_run(db, run.tables())
     render_scrapes(run, d / "same")
@@ -95,7 +95,7 @@ def test_a_replay_against_its_own_scrapes_has_no_error(setup):
     assert run.events.filter(pl.col("kind").str.starts_with("preempt_")).height > 0   # something to compare
     c = compare_prometheus(db, run.run["run_id"], server="same")
     assert c.divergences == [] and c.windows >= 6
-    assert run.steps["swap_out_blocks"].sum() > 0 and run.steps["swap_in_blocks"].sum() > 0
+    assert run.steps["offload_store_blocks"].sum() > 0 and run.steps["offload_load_blocks"].sum() > 0
     for name in ("running", "waiting", "gpu_kv_usage", "preemptions", "prompt_throughput_tps",
                  "generation_throughput_tps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
                  "offload_store_bytes", "offload_load_bytes"):

@@ -120,6 +120,11 @@ def meets_slo(lat: pl.DataFrame, *, ttft_s: float | None, tbt_s: float | None) -
     return lat.select(ok.alias("ok"))["ok"]
 
 
+def _sum(df: pl.DataFrame, name: str) -> int:
+    """Sum of an integer column, 0 when absent (tables stored before it existed)."""
+    return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
+
+
 def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
             slo_tbt_s: float | None = None) -> dict:
     """The replay summary (DESIGN §7 keys and more)."""
@@ -162,6 +167,9 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         "swap_full_events": count["swap_full_fallback"] + count["swap_full_abort"],
         "swap_full_fallbacks": count["swap_full_fallback"],
         "preempted_requests": int((req["num_preemptions"] > 0).sum()),
+        # Prefix hits at first admission (V1): the GPU prefix cache, the CPU offloading tier.
+        "gpu_hit_tokens": _sum(req, "gpu_hit_tokens"),
+        "cpu_hit_tokens": _sum(req, "cpu_hit_tokens"),
         "peak_swapped_gib": peak_cpu * bpb / GIB,
         "peak_gpu_kv_usage": peak_gpu / run["num_gpu_blocks"] if run["num_gpu_blocks"] else 0.0,
         "abort_s": run["abort_s"],

@@ -308,12 +308,6 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
     host tier helps at this load)."""
     planner = planner or Planner()
     gpu = resolve(config).gpu
-    missing = ""
-    if config.scheduler == "v1" and include_host_tier:
-        from capacity.analyses.offload import not_replayable
-        if not_replayable():                            # the engine lacks the connector
-            include_host_tier = False
-            missing = f"; CPU offloading not compared: this build cannot replay it ({not_replayable()})"
     names = [n for n, _ in variants(config.scheduler)
              if include_host_tier or n not in ("swap", OFFLOAD)]
     cfgs = {name: variant_config(config, name, swap_space_gib, kv_offloading_size_gib)
@@ -325,7 +319,6 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
     default = ("recompute+prefix-cache" if resolve(config).spec.enable_prefix_caching
                else "recompute")
     rec, reason, note = recommend(results, default)
-    reason += missing
     run0 = runs[0].tables()["runs"].row(0, named=True)
     return ModeComparison(results=tuple(results), recommended=rec, reason=reason,
                           config=cfgs[rec], queue_only_note=note, scheduler=config.scheduler,

@@ -25,7 +25,6 @@ when not given, a reference server of the GPU (`REFERENCE_HOST_RAM`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -271,27 +270,6 @@ def point(size_gib: float, tables: dict[str, pl.DataFrame], config: EngineConfig
         throughput_rps=s["throughput_rps"], run_id=s["run_id"])
 
 
-@functools.cache
-def not_replayable() -> str | None:
-    """Why this build cannot replay CPU KV offloading (None: it can). A one-request probe, run
-    once per process: the V1 engines gain the connector in stages (issue 16)."""
-    from replay.run import replay
-    probe = pl.DataFrame({"request_id": [0], "arrival_s": [0.0],
-                          "prompt_tokens": pl.Series([32], dtype=pl.Int32),
-                          "output_tokens": pl.Series([2], dtype=pl.Int32),
-                          "priority": pl.Series([0], dtype=pl.Int32),
-                          "tenant": pl.Series([None], dtype=pl.Utf8),
-                          "prefix_hashes": pl.Series([None], dtype=pl.List(pl.UInt64))})
-    try:
-        # The reference first: every engine models what it models (the compiled core falls
-        # back to it), and it says nothing on stderr.
-        replay(probe, EngineConfig(kv_offloading_size=1.0, num_gpu_blocks_override=64,
-                                   max_model_len=1024), implementation="reference")
-    except NotImplementedError as e:
-        return str(e).splitlines()[0] if str(e) else "CPU KV offloading is not modelled yet"
-    return None
-
-
 def check_v1(config: EngineConfig) -> None:
     if config.scheduler != "v1":
         raise ValueError("size-offload: --kv-offloading-size is vLLM V1's CPU offloading; V0's "
@@ -311,9 +289,6 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
     connector, when the caller has them."""
     check_v1(config)
     check_tolerance(tolerance)                       # before any replay
-    why = not_replayable()
-    if why:
-        raise ValueError(f"size-offload: this build cannot replay CPU KV offloading yet ({why})")
     planner = planner or Planner()
     sizes = tuple(sorted({0.0, *(float(s) for s in (sizes or default_sizes(trace, config)))}))
     for s in sizes:

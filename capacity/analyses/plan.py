@@ -98,6 +98,18 @@ class Plan:
     recommendation: Recommendation
 
 
+# The plan sizes V1's CPU tier only where the compiled core replays the connector: a sweep on
+# the Python reference takes minutes per point on a real trace (`kvcap size-offload` still runs
+# there when asked).
+NOT_SIZED = ("not sized in the plan — this build replays CPU offloading on the Python reference "
+             "only (tens of times slower); `kvcap size-offload` sizes it there")
+
+
+def fast_offloading() -> bool:
+    from replay.compiled import has_offloading
+    return has_offloading("v1")
+
+
 def default_grid(max_num_seqs: int) -> list[int]:
     """Candidates around the engine's max_num_seqs: its 1/8, 1/4, 1/2 and itself."""
     return sorted({max(1, max_num_seqs // d) for d in (8, 4, 2, 1)})
@@ -150,8 +162,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                            precision=precision, **kw)
     sizing = offload = None
     if config.scheduler == "v1":
-        from capacity.analyses.offload import not_replayable
-        if not_replayable() is None:
+        if fast_offloading():
             # The baseline is the sweep's size-0 point unless it already runs a CPU tier.
             offload = size_offload(trace, config, planner=planner,
                                    baseline=None if config.kv_offloading_size else base_tables)
@@ -213,8 +224,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
 def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,
                     offload: OffloadSizing | None, modes: ModeComparison) -> str:
     if chosen.scheduler == "v1" and offload is None:
-        from capacity.analyses.offload import not_replayable
-        return f"CPU offloading: not sized — this build cannot replay it yet ({not_replayable()})"
+        return f"CPU offloading: {NOT_SIZED}"
     if offload is not None:                  # V1: CPU KV offloading
         if chosen.kv_offloading_size:
             return f"CPU offloading ({offload.engine_words()}): {offload.words()}"

@@ -50,9 +50,15 @@ def summary_table(s: dict, db: str) -> Table:
         ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} tok/s"),
         ("TTFT p50 / p99", f"{fmt(s['ttft_p50_s'], ' s')} / {fmt(s['ttft_p99_s'], ' s')}"),
         ("TBT p50 / p99", f"{fmt(s['tbt_p50_s'], ' s')} / {fmt(s['tbt_p99_s'], ' s')}"),
-        ("preemptions recompute / swap", f"{s['preemptions_recompute']:,} / {s['preemptions_swap']:,}"),
-        ("swap-full events", fmt(s["swap_full_events"])),
-        ("peak swapped", fmt(s["peak_swapped_gib"], " GiB")),
+        *((("engine", f"V1 (0.33), {s['scheduler_loop']} scheduling loop"),
+           ("preemptions (recompute)", f"{s['preemptions_recompute']:,}"),
+           ("prompt tokens hit: GPU / CPU tier", f"{s.get('gpu_hit_tokens', 0):,} / "
+                                                 f"{s.get('cpu_hit_tokens', 0):,}"))
+          if s.get("scheduler") == "v1" else
+          (("engine", "V0 (0.10.1.1), synchronous loop"),
+           ("preemptions recompute / swap", f"{s['preemptions_recompute']:,} / {s['preemptions_swap']:,}"),
+           ("swap-full events", fmt(s["swap_full_events"])),
+           ("peak swapped", fmt(s["peak_swapped_gib"], " GiB")))),
         ("peak GPU KV usage", f"{100 * s['peak_gpu_kv_usage']:.1f} %"),
         ("wall time", fmt(s["wall_seconds"], " s")),
         ("database", db),

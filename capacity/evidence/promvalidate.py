@@ -41,9 +41,9 @@ PROM_METRICS = {
     "ttft_p99_s": (("vllm:time_to_first_token_seconds",), "p99", "ttft"),
     "itl_p50_s": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p50", "itl"),
     "itl_p99_s": (("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), "p99", "itl"),
-    # V1 offload tier (OffloadingConnector): bytes stored to / loaded from host memory
-    "offload_store_bytes": (("vllm:kv_offload_store_bytes_total",), "increase", "swap_out_blocks"),
-    "offload_load_bytes": (("vllm:kv_offload_load_bytes_total",), "increase", "swap_in_blocks"),
+    # V1 CPU KV offloading (OffloadingConnector): bytes stored to / loaded from host memory
+    "offload_store_bytes": (("vllm:kv_offload_store_bytes_total",), "increase", "offload_store_blocks"),
+    "offload_load_bytes": (("vllm:kv_offload_load_bytes_total",), "increase", "offload_load_blocks"),
 }
 # Differences below these never flag a window (a request or two, 5 points of KV usage, ...).
 FLOOR = {"running": 2.0, "waiting": 2.0, "swapped": 2.0, "gpu_kv_usage": 0.05, "preemptions": 2.0,
@@ -165,7 +165,7 @@ def compare_run(run_t: dict[str, pl.DataFrame], evidence_db: Path, *, server: st
                        for m in ((step_end > a) & (step_end <= b) for a, b in zip(frm, to))]
             rep = np.array([np.nan if (v := _replay_quantile(o, np.ones(len(o)) if wt is None else wt, le, q)) is None
                             else v for o, wt in obs])
-        elif what in ("swap_out_blocks", "swap_in_blocks"):
+        elif what in ("offload_store_blocks", "offload_load_blocks"):
             # blocks moved by steps ending in the window, in bytes over all TP ranks (the connector
             # sums its workers' transfer stats)
             per_block = float(run["kv_bytes_per_block"] or 0) * int(run["tp"] or 1)

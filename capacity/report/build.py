@@ -55,9 +55,8 @@ def host_tier_sections(plan: Plan) -> list:
     """The host tier's sections: V0 swap sizing or V1 CPU offloading, then both side by side."""
     v1 = plan.baseline.run.get("scheduler") == "v1"
     if v1 and plan.offload is None and plan.modes is not None:     # sustainable, not sized
-        from capacity.analyses.offload import not_replayable
-        first = offload_section(None, f"Not sized: this build cannot replay CPU KV offloading "
-                                      f"yet ({not_replayable()}).")
+        from capacity.analyses.plan import NOT_SIZED
+        first = offload_section(None, f"CPU offloading {NOT_SIZED}.")
     else:
         first = offload_section(plan.offload) if v1 else swap_section(plan.sizing)
     moved = migration_section(plan.migration)

@@ -29,7 +29,7 @@ POINT_HEADER = ["--kv-offloading-size", "CPU chunks", "CPU-hit tokens", "prefill
 
 
 def offload_section(z: OffloadSizing | None, note: str = NOT_DERIVED) -> Section:
-    """`note`: what the section says when there is no sizing."""
+    """`note`: what the section says without a sizing (overloaded, or not sized)."""
     if z is None:
         return Section(title="CPU offloading sizing", anchor="offload-sizing", body=text(note))
     body = (text(f"vLLM 0.33's `--kv-offloading-size` is a write-through second prefix cache: "

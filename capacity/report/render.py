@@ -238,14 +238,26 @@ def baseline_metric_rows(s: dict) -> list[list]:
         ["TBT p50 / p99 (fleet)", f"{seconds(s['tbt_p50_s'])} / {seconds(s['tbt_p99_s'])}"],
         ["TPOT p50", seconds(s["tpot_p50_s"])],
         ["E2E p50", seconds(s["e2e_p50_s"])],
-        ["preemptions recompute / swap", f"{s['preemptions_recompute']:,} / "
-                                         f"{s['preemptions_swap']:,}"],
-        ["preempted requests", s["preempted_requests"]],
-        ["swap-full events (fallbacks)", f"{s['swap_full_events']:,} "
-                                         f"({s['swap_full_fallbacks']:,})"],
-        ["peak swapped KV (per GPU)", gib(s["peak_swapped_gib"])],
+        *(_v1_host_rows(s) if s.get("scheduler") == "v1" else _v0_host_rows(s)),
         ["peak GPU KV usage", pct(s["peak_gpu_kv_usage"])],
     ]
+
+
+def _v0_host_rows(s: dict) -> list[list]:
+    return [["preemptions recompute / swap", f"{s['preemptions_recompute']:,} / "
+                                             f"{s['preemptions_swap']:,}"],
+            ["preempted requests", s["preempted_requests"]],
+            ["swap-full events (fallbacks)", f"{s['swap_full_events']:,} "
+                                             f"({s['swap_full_fallbacks']:,})"],
+            ["peak swapped KV (per GPU)", gib(s["peak_swapped_gib"])]]
+
+
+def _v1_host_rows(s: dict) -> list[list]:
+    """V1 recomputes (no swap); its host tier is the CPU offloading connector."""
+    return [["preemptions (recompute)", f"{s['preemptions_recompute']:,}"],
+            ["preempted requests", s["preempted_requests"]],
+            ["prompt tokens hit: GPU prefix cache / CPU tier",
+             f"{s.get('gpu_hit_tokens', 0):,} / {s.get('cpu_hit_tokens', 0):,}"]]
 
 
 def baseline_section(run: RunResult, s: dict) -> Section:
