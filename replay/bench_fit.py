@@ -16,7 +16,6 @@ Imports no capacity/, duckdb or torch (replay.run, for one replay, brings polars
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,77 +48,80 @@ class Bench:
 
 
 def read_bench(path: str | Path) -> Bench:
-    """The per-request columns of a bench result; a problem is one line naming the file and key."""
+    """The per-request columns of a bench result (traces.vllm_bench reads the file: the result
+    JSON or its per-request rows); a problem is one line naming the file and key."""
+    from traces.schema import TraceError
+    from traces.vllm_bench import read_runs
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--from-bench: {path}: no such file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"--from-bench: {path}: no such file") from None
+        runs = read_runs(path)
     except (OSError, UnicodeError) as exc:
         raise ValueError(f"--from-bench: cannot read {path} ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--from-bench: {path}, line {exc.lineno}, column {exc.colno}: invalid "
-                         f"JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
+    except TraceError as exc:
+        raise ValueError(f"--from-bench: {exc}") from None
+    if runs is None:
         raise ValueError(f"--from-bench: {path}: expected the JSON object `vllm bench serve "
                          "--save-result` writes")
+    if len(runs) > 1:
+        raise ValueError(f"--from-bench: {path} holds {len(runs)} runs (--append-result); fit one: "
+                         "split the file a line per run")
+    run = runs[0]
     need = ("input_lens", "output_lens", "ttfts", "itls")
-    missing = [k for k in need if not isinstance(data.get(k), list)]
+    missing = [k for k in need if k not in run.saved]
     if missing:
         raise ValueError(f"--from-bench: {path}: no per-request {missing}; rerun `vllm bench "
                          "serve` with --save-result --save-detailed")
-    n = len(data["input_lens"])
-    starts = data.get("start_times")
-    if starts is None:
-        if data.get("request_rate") not in ("inf", None) or data.get("max_concurrency"):
+    start = run.start_s
+    if "start_times" not in run.saved:
+        meta = run.raw
+        if meta.get("request_rate") not in ("inf", None) or meta.get("max_concurrency"):
             raise ValueError(f"--from-bench: {path}: no start_times (a newer `vllm bench serve "
                              "--save-detailed` writes them); needed unless all requests were "
                              "sent at once (request_rate inf, no max_concurrency)")
-        starts = [0.0] * n
-    for k in need + ("start_times",):
-        v = data.get(k, starts) if k == "start_times" else data[k]
-        if len(v) != n:
-            raise ValueError(f"--from-bench: {path}, {k}: {len(v)} entries, input_lens has {n}")
-    errors = data.get("errors") or [""] * n
-    ok, rows = [], []
-    for i in range(n):
-        vals = (starts[i], data["input_lens"][i], data["output_lens"][i], data["ttfts"][i])
-        if errors[i] or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                and math.isfinite(v) for v in vals) or vals[2] < 1:
-            continue
-        itl = data["itls"][i]
-        if not isinstance(itl, list) or not all(isinstance(v, (int, float)) for v in itl):
-            raise ValueError(f"--from-bench: {path}, itls[{i}]: expected a list of seconds")
-        ok.append(i)
-        out = int(vals[2])
-        rows.append((float(vals[0]), int(vals[1]), out, float(vals[3]),
-                     sum(itl) / (out - 1) if out > 1 else math.nan))
-    if len(rows) < 2:
+        start = np.zeros(run.n)
+    ok = (~run.failed & np.isfinite(start) & np.isfinite(run.input_len)
+          & np.isfinite(run.output_len) & np.isfinite(run.ttft_s) & (run.output_len >= 1))
+    if ok.sum() < 2:
         raise ValueError(f"--from-bench: {path}: fewer than 2 successful requests")
-    a = np.array(rows, dtype=float)
-    order = np.argsort(a[:, 0], kind="stable")
-    a = a[order]
-    tpot = a[:, 4]
-    med = data.get("median_tpot_ms")
+    out = run.output_len
+    itl_sum = np.add.reduceat(np.append(run.itl_s, 0.0), run.itl_offsets[:-1])
+    itl_sum = np.where(np.diff(run.itl_offsets) > 0, itl_sum, 0.0)
+    tpot = np.where(out > 1, itl_sum / np.maximum(out - 1, 1), np.nan)
+    order = np.argsort(start[ok], kind="stable")
+    arrival = start[ok][order]
+    tpot = tpot[ok][order]
+    med = run.raw.get("median_tpot_ms")
     if not isinstance(med, (int, float)) or isinstance(med, bool):
         med = float(np.nanmedian(tpot) * 1e3)
-    return Bench(path=str(path), model_id=data.get("model_id"), arrival_s=a[:, 0] - a[0, 0],
-                 prompt_len=a[:, 1].astype(np.int64), output_len=a[:, 2].astype(np.int64),
-                 ttft_s=a[:, 3], tpot_s=tpot, median_tpot_ms=float(med))
+    return Bench(path=str(path), model_id=run.raw.get("model_id"), arrival_s=arrival - arrival[0],
+                 prompt_len=run.input_len[ok][order].astype(np.int64),
+                 output_len=out[ok][order].astype(np.int64), ttft_s=run.ttft_s[ok][order],
+                 tpot_s=tpot, median_tpot_ms=float(med))
 
 
-def replay_bench(bench: Bench, config: EngineConfig, tables: step_profile.MeasuredTables):
-    """One replay of the bench's requests (compiled core where it can run)."""
+def replay_state(state: RequestState, keys, config: EngineConfig,
+                 tables: step_profile.MeasuredTables):
+    """One replay of (a copy of) `state` on `tables` (compiled core where it can run): (raw run,
+    swap seconds per block)."""
     from replay.run import run_engine
     eng = resolve(config)
     cm = CostModel(shape=model_shape(eng.model), constants=catalog_constants(eng.gpu),
                    tp=eng.tensor_parallel_size, kv_bytes_per_token=eng.kv_bytes_per_token,
                    kv_bytes_per_block=eng.kv_bytes_per_block, measured=tables)
-    state = RequestState(arrival_s=bench.arrival_s.copy(), prompt_len=bench.prompt_len.copy(),
-                         output_len=bench.output_len.copy(), priority=None)
-    raw = run_engine(config.scheduler, eng.spec, state, UniqueBlockKeys(), cm,
+    fresh = RequestState(arrival_s=state.arrival_s.copy(), prompt_len=state.prompt_len.copy(),
+                         output_len=state.output_len.copy(), priority=state.priority.copy())
+    raw = run_engine(config.scheduler, eng.spec, fresh, keys, cm,
                      kv_bytes_per_block=eng.kv_bytes_per_block)
     return raw, cm._swap_per_block
+
+
+def replay_bench(bench: Bench, config: EngineConfig, tables: step_profile.MeasuredTables):
+    """One replay of the bench's requests (arrivals as sent; no prefix sharing known)."""
+    state = RequestState(arrival_s=bench.arrival_s, prompt_len=bench.prompt_len,
+                         output_len=bench.output_len, priority=None)
+    return replay_state(state, UniqueBlockKeys(), config, tables)
 
 
 def _features(raw, swap_per_block: float, t: step_profile.MeasuredTables, bench: Bench):
@@ -191,13 +193,14 @@ def fit(bench: Bench, config: EngineConfig, base: step_profile.MeasuredTables,
 
 
 def profile_json(base_json: dict, t: step_profile.MeasuredTables, report: dict,
-                 bench: Bench) -> dict:
-    """The shipped profile with the fitted constants and how they were fitted."""
+                 source: dict) -> dict:
+    """The shipped profile with the fitted constants and how they were fitted (`source`: what
+    the fit read, e.g. {"from_bench": path})."""
     out = dict(base_json)
     out["name"] = f"{base_json['name']}--calibrated"
     out["constants"] = {"overhead_s": t.overhead_s, "overhead_per_row_s": 0.0,
                         "kernel_scale": t.kernel_scale}
-    out["calibration"] = {"from_bench": bench.path, **report}
+    out["calibration"] = {**source, **report}
     return out
 
 

@@ -89,16 +89,17 @@ def unavailable(engine: str, executor, keys, state: RequestState,
 
 
 def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys,
-             outputs: tuple, *, fields_in: dict | None = None):
+             outputs: tuple, *, fields_in: dict | None = None, keys_in: tuple | None = None):
     """(core handle, the spec fields it did not read) for one replay; raises if the core left a
     field unread that it does not declare not applicable (`fields_in` overrides the spec dict:
-    tests)."""
+    tests; `keys_in`: the keys already in `keys_args` form, arrays the caller fills in place as
+    rows arrive: replay/fleet.py)."""
     ext = CORES[engine]
     if keys is not None and type(keys) is TraceBlockKeys and keys.block_size != spec.block_size:
         raise ValueError("trace keys were built for another block size")
     if engine == "v0" and not spec.enable_prefix_caching:
         # Without prefix caching V0 never looks at keys: unique ones keep the core's lookups cheap.
-        keys = UniqueBlockKeys()
+        keys, keys_in = UniqueBlockKeys(), None
     arrays = (state.arrival_s, state.prompt_len, state.output_len, state.status,
               state.num_computed, state.num_output, state.num_preemptions, state.num_swaps,
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
@@ -111,7 +112,8 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
         # (kv_bytes_per_block: V1 reads it only to time offload transfers.)
         for f in (*OFFLOAD_FIELDS, "kv_bytes_per_block"):
             left.pop(f, None)
-    core = ext.new(arrays, left, cost_args(executor), keys_args(keys, state, spec.block_size))
+    core = ext.new(arrays, left, cost_args(executor),
+                   keys_in or keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
     if unread:
         raise AssertionError(f"the compiled {engine} core does not read spec field(s) {unread}: "
@@ -147,7 +149,7 @@ def cost_args(ex: CostModel) -> tuple:
     return (ex._linear_per_token, ex._lm_head_per_sample, ex._attn_per_unit, ex._flops_rate,
             ex._bytes_rate, ex._weight_bytes, ex.constants.overhead_s, ex._ar_fixed,
             ex._ar_per_token, ex.kv_bytes_per_token, ex.kv_bytes_per_block, ex._swap_per_block,
-            None if ex.measured is None else ex.measured.c_args())
+            None if ex.measured is None else ex.measured.c_args(), bool(ex.async_scheduling))
 
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
@@ -387,6 +389,7 @@ class _NoCost:
     _weight_bytes = _ar_fixed = _ar_per_token = _swap_per_block = 0.0
     kv_bytes_per_token = kv_bytes_per_block = 0
     measured = None
+    async_scheduling = False
     constants = type("C", (), {"overhead_s": 0.0})()
 
 

@@ -10,9 +10,14 @@ Per step (formulas and units in docs/cost-model.md):
     allreduce_s  = (tp > 1) * 2 * L * (allreduce_latency_s + 2 * (tp-1)/tp * T * h * act_bytes / interconnect_bytes_per_s)
     swap_s       = swap_blocks * kv_block_bytes / host_link_bytes_per_s
     step_s       = overhead_s + max(compute_s, memory_s) + allreduce_s + swap_s
+    step_s       = max(overhead_s, max(compute_s, memory_s) + allreduce_s) + swap_s   (async)
 
 with T = scheduled tokens, S = rows that sample, n_i / c_i = new / context tokens of row i, W = weight
-bytes per GPU, kv_token_bytes = KV bytes per token per GPU. This is the one Python copy of the
+bytes per GPU, kv_token_bytes = KV bytes per token per GPU. With V1 async scheduling
+(`async_scheduling=True`, vLLM 0.33's default) the engine schedules step k+1 and prepares its
+inputs while step k's forward runs, so the CPU-side overhead is hidden behind the forward pass and
+a step costs the longer of the two; host-link copies (V0 swap, the V1 host tier) still add, as the
+copy precedes the forward (docs/design.md "Async cost overlap"). This is the one Python copy of the
 formula; the compiled cores' one copy is `cost_step_s` in replay/kvcore.h, with the same operation
 order, so both agree to the last bit (the differential tests rely on it).
 
@@ -146,9 +151,11 @@ class CostModel:
 
     def __init__(self, *, shape: ModelShape, constants: CostConstants, tp: int,
                  kv_bytes_per_token: int, kv_bytes_per_block: int,
-                 measured: MeasuredTables | None = None) -> None:
+                 measured: MeasuredTables | None = None, async_scheduling: bool = False) -> None:
         self.shape, self.constants, self.tp = shape, constants, tp
         self.measured = measured
+        # The engine loop this prices: async scheduling overlaps the CPU overhead with the forward.
+        self.async_scheduling = async_scheduling
         self.kv_bytes_per_token = kv_bytes_per_token
         self.kv_bytes_per_block = kv_bytes_per_block
         c, s = constants, shape
@@ -173,6 +180,9 @@ class CostModel:
         compute = (tokens * self._linear_per_token + samples * self._lm_head_per_sample
                    + attn_units * self._attn_per_unit) / self._flops_rate
         memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
+        if self.async_scheduling:
+            forward = max(compute, memory) + (self._ar_fixed + tokens * self._ar_per_token)
+            return max(self.constants.overhead_s, forward) + swap_blocks * self._swap_per_block
         return (self.constants.overhead_s + max(compute, memory)
                 + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
 
@@ -185,5 +195,5 @@ class CostModel:
         swaps = len(plan.swap_out) + len(plan.swap_in)
         if self.measured is not None:
             return self.measured.step_s(tokens, num_sampled, *step_aggregates(n, c), swaps,
-                                        self._swap_per_block)
+                                        self._swap_per_block, self.async_scheduling)
         return self._step_s(tokens, num_sampled, attn, kv, swaps)

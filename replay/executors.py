@@ -58,4 +58,5 @@ def cost_model_for(eng, *, calibration: str | None = None) -> CostModel:
                      tp=eng.spec_tp if hasattr(eng, "spec_tp") else eng.tensor_parallel_size,
                      kv_bytes_per_token=eng.kv_bytes_per_token,
                      kv_bytes_per_block=eng.kv_bytes_per_block,
-                     measured=measured_for(eng, calibration))
+                     measured=measured_for(eng, calibration),
+                     async_scheduling=bool(getattr(eng.spec, "async_scheduling", False)))

@@ -423,6 +423,7 @@ typedef struct {
     double lin_per_token, lm_per_sample, attn_per_unit, flops_rate, bytes_rate, weight_bytes,
         overhead_s, ar_fixed, ar_per_token, swap_per_block;
     int64_t kv_bytes_per_token, kv_bytes_per_block;
+    int async_overlap;         /* async scheduling: the CPU overhead hides behind the forward */
     Measured m;
 } Cost;
 
@@ -486,10 +487,12 @@ static int measured_parse(PyObject *args, Measured *m) {
 static int cost_parse(PyObject *cost, Cost *c) {
     long long kvbpt, kvbpb;
     PyObject *measured = Py_None;
-    if (!PyArg_ParseTuple(cost, "dddddddddLLd|O", &c->lin_per_token, &c->lm_per_sample,
+    int async_overlap = 0;
+    if (!PyArg_ParseTuple(cost, "dddddddddLLd|Op", &c->lin_per_token, &c->lm_per_sample,
                           &c->attn_per_unit, &c->flops_rate, &c->bytes_rate, &c->weight_bytes,
                           &c->overhead_s, &c->ar_fixed, &c->ar_per_token, &kvbpt, &kvbpb,
-                          &c->swap_per_block, &measured)) return -1;
+                          &c->swap_per_block, &measured, &async_overlap)) return -1;
+    c->async_overlap = async_overlap;
     c->kv_bytes_per_token = kvbpt;
     c->kv_bytes_per_block = kvbpb;
     c->m.on = 0;
@@ -502,6 +505,10 @@ static inline double cost_step_s(const Cost *c, int64_t tokens, int64_t samples,
                       + (double)attn * c->attn_per_unit) / c->flops_rate;
     double memory = (c->weight_bytes + (double)(kv * c->kv_bytes_per_token)) / c->bytes_rate;
     double m = memory > compute ? memory : compute;
+    if (c->async_overlap) {
+        double fwd = m + (c->ar_fixed + (double)tokens * c->ar_per_token);
+        return (c->overhead_s > fwd ? c->overhead_s : fwd) + (double)swaps * c->swap_per_block;
+    }
     return c->overhead_s + m + (c->ar_fixed + (double)tokens * c->ar_per_token)
            + (double)swaps * c->swap_per_block;
 }
@@ -658,6 +665,10 @@ static inline double cost_measured_s(const Cost *c, const StepSums *s, int64_t s
     }
     if (s->dec_rows > 0)
         kern += tab2_at(&m->da, (double)s->dec_rows, (double)s->dec_kv / (double)s->dec_rows);
+    if (c->async_overlap) {
+        double cpu = m->overhead_s + (double)s->rows * m->per_row_s, gpu = m->scale * kern;
+        return (cpu > gpu ? cpu : gpu) + (double)swaps * c->swap_per_block;
+    }
     return m->overhead_s + (double)s->rows * m->per_row_s + m->scale * kern
            + (double)swaps * c->swap_per_block;
 }

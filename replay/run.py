@@ -160,9 +160,19 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
                      kv_bytes_per_block=eng.kv_bytes_per_block,
                      implementation=implementation, scheduler=scheduler, on_progress=on_progress,
                      record_batches=record_batches, spill_dir=spill_dir)
+    return result_of(raw, trace, config, eng, executor=executor, label=label,
+                     trace_name=trace_name, wall0=wall0, stub_options=stub_options)
+
+
+def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, executor: str,
+              label: str | None, trace_name: str, wall0: float, stub_options: dict | None = None,
+              run_id: str | None = None) -> RunResult:
+    """The result tables of a finished replay of `trace` (sorted) under `config` (resolved:
+    `eng`); `run_id` overrides the content hash (a fleet's replicas: replay/fleet.py)."""
     sha = trace_sha256(trace)
     cfg_json = config.config_json()
-    run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)
+    run_id = run_id or run_id_for(trace, config, executor=executor, stub_options=stub_options,
+                                  sha=sha)
     tables = build_tables(raw, trace, run_id)
     if config.scheduler == "v0":
         tables["events"] = with_v0_warnings(tables["events"])

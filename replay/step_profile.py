@@ -100,8 +100,10 @@ class MeasuredTables:
     allreduce: Table1 | None
 
     def step_s(self, tokens: int, samples: int, rows: int, decode_rows: int, decode_kv: int,
-               prefill_rows: int, prefill_work: int, swaps: int, swap_per_block: float) -> float:
-        """kvcore.h `cost_measured_s`: the same terms in the same order (bit-identical)."""
+               prefill_rows: int, prefill_work: int, swaps: int, swap_per_block: float,
+               async_scheduling: bool = False) -> float:
+        """kvcore.h `cost_measured_s`: the same terms in the same order (bit-identical). Async
+        scheduling hides the CPU-side overhead (fixed + per row) behind the forward pass."""
         kern = 0.0
         if tokens > 0:
             kern += self.linear.at(float(tokens))
@@ -115,6 +117,9 @@ class MeasuredTables:
         if decode_rows > 0:
             kern += self.decode_attention.at(float(decode_rows),
                                              float(decode_kv) / float(decode_rows))
+        if async_scheduling:
+            cpu = self.overhead_s + float(rows) * self.overhead_per_row_s
+            return max(cpu, self.kernel_scale * kern) + float(swaps) * swap_per_block
         return (self.overhead_s + float(rows) * self.overhead_per_row_s + self.kernel_scale * kern
                 + float(swaps) * swap_per_block)
 

@@ -51,6 +51,10 @@ SCHEMA = {
     # place in the batch (vLLM's order), kind new/resumed/running (V1) or prefill/decode (V0).
     "batches": """run_id VARCHAR, step BIGINT, seq INTEGER, request_id BIGINT,
         num_new_tokens BIGINT, num_computed_tokens BIGINT, kind VARCHAR""",
+    # `kvcap fleet` / `kvcap plan`: one row per replica of a fleet replay; each replica is a run
+    # of its own (run_id) in the tables above, so `JOIN fleets USING (run_id)` adds `replica`.
+    "fleets": """fleet_id VARCHAR, replica INTEGER, run_id VARCHAR, router VARCHAR,
+        num_replicas INTEGER, trace_name VARCHAR""",
 }
 
 
@@ -191,8 +195,13 @@ def write_run(path: str | Path, tables: dict) -> None:
 
     A failure leaves the database as it was (a database this call created is removed again) and
     raises `StoreError` with DuckDB's real reason; Ctrl-C raises `WriteInterrupted`."""
-    run_id = tables["runs"]["run_id"][0]
-    _check_int32(tables)
+    write_runs(path, [tables])
+
+
+def write_runs(path: str | Path, runs: list[dict]) -> None:
+    """`write_run` for several runs in one transaction (a fleet's replicas): all or none."""
+    for tables in runs:
+        _check_int32(tables)
     created = not Path(path).exists()
     committed = False
     try:
@@ -202,14 +211,16 @@ def write_run(path: str | Path, tables: dict) -> None:
             con.execute(f"SET memory_limit = '{WRITE_MEMORY_LIMIT}'")
             con.execute("BEGIN TRANSACTION")
             try:
-                for table in SCHEMA:
-                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-                    df = tables.get(table)
-                    if df is None or df.height == 0:
-                        continue
-                    # A spilled table (results.SpilledTable) goes in batches: bounded memory.
-                    for part in (df,) if isinstance(df, pl.DataFrame) else df.batches():
-                        _insert(con, table, part)
+                for tables in runs:
+                    run_id = tables["runs"]["run_id"][0]
+                    for table in SCHEMA:
+                        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                        df = tables.get(table)
+                        if df is None or df.height == 0:
+                            continue
+                        # A spilled table (results.SpilledTable) goes in batches: bounded memory.
+                        for part in (df,) if isinstance(df, pl.DataFrame) else df.batches():
+                            _insert(con, table, part)
                 with _interrupt_deferred() as pending:
                     con.execute("COMMIT")
                     committed = True

@@ -39,7 +39,9 @@ def make_engine(engine, spec, arrival, prompt, output, hashes, priority=None):
     keys = (UniqueBlockKeys() if hashes is None else
             TraceBlockKeys(block_size=spec.block_size, prompt_len=prompt, prefix_hashes=hashes,
                            hash_block_tokens=8))
-    return state, keys, tiny_cost_model(block_size=spec.block_size)
+    # Priced as the engine loop runs: async scheduling overlaps the step overhead (both sides).
+    return state, keys, tiny_cost_model(block_size=spec.block_size,
+                                        async_scheduling=spec.async_scheduling)
 
 
 def run_compiled(engine, spec, arrival, prompt, output, hashes=None, priority=None, **kw):

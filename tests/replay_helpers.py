@@ -15,10 +15,12 @@ TINY_CONST = CostConstants(flops_per_s=1e12, hbm_bytes_per_s=1e10, host_link_byt
                            interconnect_bytes_per_s=1e10, overhead_s=0.002)
 
 
-def tiny_cost_model(kv_bytes_per_token: int = 4096, block_size: int = 4) -> CostModel:
+def tiny_cost_model(kv_bytes_per_token: int = 4096, block_size: int = 4, *,
+                    async_scheduling: bool = False) -> CostModel:
     return CostModel(shape=TINY_SHAPE, constants=TINY_CONST, tp=1,
                      kv_bytes_per_token=kv_bytes_per_token,
-                     kv_bytes_per_block=kv_bytes_per_token * block_size)
+                     kv_bytes_per_block=kv_bytes_per_token * block_size,
+                     async_scheduling=async_scheduling)
 
 
 def tiny_spec(**kw) -> SchedulerSpec:

@@ -93,7 +93,7 @@ def test_the_profile_reproduces_the_median_tpot_through_calibration(fitted):
 
 @pytest.mark.parametrize("patch,msg", [
     (lambda d: d.pop("itls"), r"no per-request \['itls'\].*--save-detailed"),
-    (lambda d: d["ttfts"].pop(), r"ttfts: 119 entries, input_lens has 120"),
+    (lambda d: d["ttfts"].pop(), r"key 'ttfts': 119 entries, 'input_lens' has 120"),
     (lambda d: d.pop("start_times"), r"no start_times"),
 ])
 def test_a_bench_without_the_detail_is_refused_in_one_line(tmp_path, patch, msg):

@@ -93,3 +93,17 @@ def test_client_timings_from_rows_and_append_match_the_result_json():
     late = both.filter(pl.col("request_id") == "12")["send_epoch_s"][0]
     early = both.filter(pl.col("request_id") == "0")["send_epoch_s"][0]
     assert late - early == pytest.approx(300.0)     # each run anchored by its own date
+
+
+def test_one_reader_serves_trace_client_timings_and_calibration():
+    """traces.vllm_bench reads the file for all three consumers: the per-request rows give the
+    calibration the same requests as the result JSON, and an --append-result file is refused
+    there in one line (a fit is of one run)."""
+    from replay.bench_fit import read_bench
+    a, b = read_bench(BENCH), read_bench(ROWS)
+    for k in ("arrival_s", "prompt_len", "output_len", "ttft_s"):
+        assert np.array_equal(getattr(a, k), getattr(b, k)), k
+    assert np.allclose(a.tpot_s, b.tpot_s, equal_nan=True)
+    assert len(a.output_len) == load_trace(BENCH).height == 11
+    with pytest.raises(ValueError, match="holds 2 runs"):
+        read_bench(APPEND)

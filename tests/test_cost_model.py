@@ -1,6 +1,7 @@
 """The analytic cost model against hand-computed values (docs/cost-model.md)."""
 import numpy as np
 import pytest
+from dataclasses import replace
 
 from replay.cost_model import CostConstants, CostModel, ModelShape
 from replay.plan import StepPlan
@@ -61,6 +62,25 @@ def test_tensor_parallel_divides_work_and_adds_allreduce():
     memory_two = (1e6 + 1000 * 1000) / 5e8
     assert one == pytest.approx(0.001 + max(compute_one, (2e6 + 1e6) / 5e8), rel=1e-12)
     assert two == pytest.approx(0.001 + max(compute_one / 2, memory_two) + 2 * 2 * 3e-5, rel=1e-12)
+
+
+def test_async_scheduling_hides_the_overhead_behind_the_forward():
+    """Async scheduling (vLLM 0.33's default) prepares step k+1 on the CPU while step k's forward
+    runs: a step costs the longer of overhead and forward; host-link copies still add."""
+    sync = model()
+    asy = CostModel(shape=SHAPE, constants=CONST, tp=1, kv_bytes_per_token=1000,
+                    kv_bytes_per_block=16_000, async_scheduling=True)
+    # Memory-bound decode (forward 4.804e-3 s > overhead 1e-3 s): the overhead disappears.
+    assert asy.step_s(plan([1, 1], [100, 300]), num_sampled=2) == pytest.approx(4.804e-3, rel=1e-12)
+    assert sync.step_s(plan([1, 1], [100, 300]), num_sampled=2) == pytest.approx(5.804e-3, rel=1e-12)
+    # A forward shorter than the overhead (an empty step: weights only, 2e6 / 5e8 = 4e-3 s, with
+    # a 10 ms overhead) costs the overhead.
+    slow_cpu = CostModel(shape=SHAPE, constants=replace(CONST, overhead_s=0.01), tp=1,
+                         kv_bytes_per_token=1000, kv_bytes_per_block=16_000, async_scheduling=True)
+    assert slow_cpu.step_s(plan([], []), num_sampled=0) == 0.01
+    # Swap copies are not overlapped: 5 blocks * 16,000 B / 1e8 B/s on top.
+    got = asy.step_s(plan([1], [10], swap_out=3, swap_in=2), num_sampled=1)
+    assert got - asy.step_s(plan([1], [10]), num_sampled=1) == pytest.approx(8e-4, rel=1e-9)
 
 
 def test_calibration_profile_overrides_constants(tmp_path):

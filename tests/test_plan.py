@@ -88,7 +88,9 @@ def test_overloaded_trace_gets_overloaded_a_sustainable_load_and_no_flags(conv80
 @pytest.mark.parametrize("cfg", [
     EngineConfig(), EngineConfig(scheduler="v0"), EngineConfig(enable_prefix_caching=False),
     EngineConfig(scheduler="v0", preemption_mode="swap", swap_space=2.5),
-    EngineConfig(preemption_mode="swap", swap_space=3.0, tensor_parallel_size=2),
+    EngineConfig(kv_offloading_size=24.0, tensor_parallel_size=2),
+    EngineConfig(kv_offloading_size=8.0, kv_offloading_eviction_policy="arc",
+                 offload_prompt_only=False, async_scheduling=False),
     EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096, scheduling_policy="priority"),
 ])
 def test_flags_round_trip_to_the_same_engine(cfg):
@@ -96,6 +98,19 @@ def test_flags_round_trip_to_the_same_engine(cfg):
                                     tensor_parallel_size=cfg.tensor_parallel_size), vllm_flags(cfg))
     assert resolve(back).spec == resolve(cfg).spec
     assert back.preemption_mode == cfg.preemption_mode
+    assert back.kv_offloading_size == cfg.kv_offloading_size
+
+
+def test_v1_flags_spell_the_cpu_tier_and_the_loop_as_vllm_033():
+    flags = vllm_flags(EngineConfig(kv_offloading_size=24.0, tensor_parallel_size=2))
+    # the size is in total over the TP group, as vLLM's flag; async is 0.33's default loop
+    assert " ".join(flags).endswith("--async-scheduling --kv-offloading-size 24 "
+                                    "--kv-offloading-backend native")
+    assert "--swap-space" not in flags and "--preemption-mode" not in flags
+    assert "--kv-offloading-size" not in vllm_flags(EngineConfig())
+    # a base that ran a CPU tier loses it when the flags do not name one
+    assert apply_flags(EngineConfig(kv_offloading_size=8.0), vllm_flags(EngineConfig())
+                       ).kv_offloading_size is None
 
 
 def test_queue_only_has_no_flags():

@@ -39,7 +39,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def inputs():
     """A small real workload with tiny pools: swap preemptions, a full host pool, recompute."""
     trace = default_trace().head(300)
-    base = EngineConfig(num_gpu_blocks_override=500)
+    base = EngineConfig(scheduler="v0", num_gpu_blocks_override=500)   # V0: the engine with swap
     run = replay(trace, dataclasses.replace(base, preemption_mode="swap",
                                             on_swap_full="recompute", num_cpu_blocks_override=100))
     # Sizing refuses an overloaded run (this one is: the pool is tiny); measure it on a larger
@@ -88,8 +88,11 @@ def test_index_has_every_section_and_the_flags(report):
 def test_baseline_says_which_engine_and_loop_it_replayed(report, inputs):
     from capacity.report.render import engine_words
     words = engine_words(inputs["run"].run)
-    assert words.startswith("vLLM V1 (0.33), ") and "scheduling" in words
+    assert words == "vLLM V0 (0.10.1.1), synchronous engine loop"    # the fixture swaps: V0
     assert words in report.read_text()
+    assert engine_words({"scheduler": "v1", "async_scheduling": True}) == \
+        "vLLM V1 (0.33), async scheduling (the 0.33 default)"
+    assert "--no-async-scheduling" in engine_words({"scheduler": "v1", "async_scheduling": False})
 
 
 def test_text_is_escaped(report):

@@ -24,7 +24,7 @@ def test_every_preemption_stall_is_attributed_and_slow_steps_are_separate():
     assert a.preemption_spikes == int((a.stalls["stall_s"] > 0.05).sum())
     # slow steps are steps longer than the threshold that carried decodes
     assert (a.slow_steps["duration_s"] > 0.05).all() and (a.slow_steps["num_decode_tokens"] > 0).all()
-    assert set(a.slow_steps["cause"].unique()) <= {"swap traffic in the step",
+    assert set(a.slow_steps["cause"].unique()) <= {"host KV traffic in the step (swap / CPU offloading)",
                                                     "prefill batched with decodes",
                                                     "large decode batch / long contexts"}
 

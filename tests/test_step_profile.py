@@ -4,6 +4,7 @@ field, and the compiled cores pricing a measured profile bit for bit like the Py
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -68,6 +69,12 @@ def test_measured_step_by_hand():
     ar = step_profile.Table1(x=(1.0, 2.0), y=(1.0, 1.0))
     assert _tables(allreduce=ar).step_s(22, 2, rows, dr, dk, pr, pw, 0, 0.5) == pytest.approx(
         want - 2.0 + 2.0 * 1.0, rel=1e-12)
+    # Async scheduling: max(CPU overhead (fixed + per row), kernels) + swaps.
+    args = (22, 2, rows, dr, dk, pr, pw, 4, 0.5)
+    assert _tables().step_s(*args, True) == pytest.approx(max(0.001 + 3e-5, 2.0 * kern) + 2.0,
+                                                          rel=1e-12)
+    slow_cpu = replace(_tables(), overhead_s=1.0)
+    assert slow_cpu.step_s(*args, True) == pytest.approx(1.0 + 3e-5 + 2.0, rel=1e-12)
 
 
 def _engine(**kw):
@@ -152,19 +159,28 @@ def test_a_measured_calibration_profile_replaces_the_shipped_one(tmp_path):
 
 
 # ------------------------------------------------------------------ compiled == reference
-def _profile_model(name: str, block_size: int) -> CostModel:
+def _profile_model(name: str, block_size: int, async_scheduling: bool) -> CostModel:
+    name, _, overhead = name.partition("+")
+    tables = step_profile.load(step_profile.PROFILE_DIR / f"{name}.json")
+    if overhead:
+        # A calibrated CPU overhead (shipped profiles have none) comparable with the kernels,
+        # so that async scheduling's max(overhead, forward) takes both sides.
+        tables = replace(tables, overhead_s=float(overhead), overhead_per_row_s=2e-5)
     return CostModel(shape=TINY_SHAPE, constants=TINY_CONST, tp=1, kv_bytes_per_token=4096,
-                     kv_bytes_per_block=4096 * block_size,
-                     measured=step_profile.load(step_profile.PROFILE_DIR / f"{name}.json"))
+                     kv_bytes_per_block=4096 * block_size, measured=tables,
+                     async_scheduling=async_scheduling)
 
 
-@pytest.mark.parametrize("profile", ["h100--llama-3.1-8b--bf16--tp1", "h200--llama-3.1-8b--bf16--tp2"])
+@pytest.mark.parametrize("profile", ["h100--llama-3.1-8b--bf16--tp1", "h200--llama-3.1-8b--bf16--tp2",
+                                     "h100--llama-3.1-8b--bf16--tp1+0.006"])
 @pytest.mark.parametrize("engine,mode", MODES)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(), data=st.data())
 def test_compiled_prices_a_measured_profile_like_the_reference(profile, engine, mode, w, data):
     arrival, prompt, output, prio, hashes = w
     spec = spec_for(engine, mode, data)
+    if engine == "v1":
+        spec = replace(spec, async_scheduling=data.draw(st.booleans()))
     runs = []
     for impl in ("compiled", "reference"):
         state = RequestState(arrival_s=np.asarray(arrival, float), prompt_len=prompt,
@@ -172,6 +188,7 @@ def test_compiled_prices_a_measured_profile_like_the_reference(profile, engine, 
         keys = (UniqueBlockKeys() if hashes is None else
                 TraceBlockKeys(block_size=spec.block_size, prompt_len=prompt,
                                prefix_hashes=hashes, hash_block_tokens=8))
-        runs.append(run_engine(engine, spec, state, keys, _profile_model(profile, spec.block_size),
+        model = _profile_model(profile, spec.block_size, spec.async_scheduling)
+        runs.append(run_engine(engine, spec, state, keys, model,
                                kv_bytes_per_block=spec.kv_bytes_per_block, implementation=impl))
     assert_same(*runs)

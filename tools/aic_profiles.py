@@ -233,6 +233,22 @@ TPOT and per-request TPOT / TTFT errors, and writes the profile (`--calibration 
 accepts it) only when the median TPOT is within `--max-error-pct` (5 %); otherwise it says so
 and exits 1. TTFT is reported, not fitted (a request's TTFT hangs on which step it arrived in).
 
+`kvcap calibrate --from-logs SERVER.log --trace TRACE -o PROFILE.json --gpu GPU [--tp N ...]`
+fits a server's log instead, when the trace it served is known. A stats line gives the
+interval's prompt and generation throughput and the requests running at its end, but no request
+ids, so the trace is first placed on the log's clock: the offset whose replayed prompt tokens per
+interval (counted at each request's first token, as vLLM counts them) best match the logged
+prompt throughput. Below saturation the generation throughput is what the clients asked for,
+whatever the step time; what the step time decides is how many requests run at once (Little's
+law). So the fit is the `kernel_scale` at which the replay runs as many requests at the logged
+instants as the server did (geometric bisection, one replay per probe; placed again with the
+fitted replay when the queue moved the first tokens), with the profile's `overhead_s` kept: 5-10 s
+averages cannot separate the two constants, and the scale absorbs a small overhead. It refuses
+(exit 1, nothing written) when no scale in the profile's range matches or when the median stats
+line's running count is off by more than `--max-error-pct` (15 %); a data-parallel log (several
+engines) is refused, its split of the trace is unknown. On a log synthesised from a replay with
+`kernel_scale` 1.15 it recovers 1.149 (4 req/s) and 1.171 (10 req/s, queueing throughout).
+
 ## Validation on held-out points
 
 """

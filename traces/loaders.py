@@ -93,9 +93,9 @@ def _panic_reports_hidden():
 def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
           time_unit: str | None, timestamp_format: str | None) -> tuple[pl.DataFrame, LoadReport]:
     if format in (None, formats.VLLM_BENCH) and not mapping and path.is_file():
-        objs = vllm_bench.result_objects(path)
-        if objs is not None:
-            df, report = vllm_bench.load_result(path, objs)
+        runs = vllm_bench.read_runs(path, rows=False)
+        if runs is not None:
+            df, report = vllm_bench.load_result(path, runs)
             return df, LoadReport(**report)
     if format == formats.VLLM_BENCH:
         raise TraceError(f"{path}: not a vllm bench result (a JSON object with 'input_lens', "

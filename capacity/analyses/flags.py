@@ -5,6 +5,14 @@ caching, chunked prefill, scheduling policy, preemption mode and the host tier),
 `apply_flags(base, vllm_flags(config))` replays exactly like `config` (tested). Flags are argv
 tokens (["--max-num-seqs", "128", ...]). Queue-only (preemption_mode="none") has no vLLM
 spelling: `vllm_flags` refuses it and callers say so in words.
+
+The host tier: V0 `--preemption-mode swap --swap-space GiB` (per GPU); V1 (0.33) has no swap, its
+tier is CPU KV offloading, `--kv-offloading-size GiB --kv-offloading-backend native` (in total over
+the TP group). V1 also states its loop, `--async-scheduling` (0.33's default) or
+`--no-async-scheduling`. The offloading connector's eviction policy and `offload_prompt_only` are
+set in vLLM through `--kv-transfer-config` (kv_connector_extra_config); kvcap leaves them out at
+vLLM's defaults (LRU, prompts only) and otherwise spells them as kvcap's own flags
+(`--kv-offloading-eviction-policy arc`, `--no-offload-prompt-only`), which `kvcap replay` reads.
 """
 from __future__ import annotations
 
@@ -32,12 +40,19 @@ def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
         out += ["--preemption-mode", config.preemption_mode]
         if config.preemption_mode == "swap":
             out += ["--swap-space", f"{config.swap_space:g}"]
-    else:
-        out.append("--async-scheduling" if spec.async_scheduling else "--no-async-scheduling")
-    if config.scheduler == "v1" and config.preemption_mode == "swap":
-        # V1's host tier is sized in total over the TP group (reference B8).
-        out += ["--kv-offloading-size", f"{config.swap_space * config.tensor_parallel_size:g}",
+        return tuple(out)
+    if config.preemption_mode == "swap":
+        raise NotExpressible("vLLM V1 has no swap preemption; its host tier is CPU KV offloading "
+                             "(--kv-offloading-size)")
+    out.append("--async-scheduling" if spec.async_scheduling else "--no-async-scheduling")
+    if config.kv_offloading_size:
+        # In total over the TP group (oracle README F12).
+        out += ["--kv-offloading-size", f"{config.kv_offloading_size:g}",
                 "--kv-offloading-backend", KV_OFFLOADING_BACKEND]
+        if config.kv_offloading_eviction_policy != "lru":
+            out += ["--kv-offloading-eviction-policy", config.kv_offloading_eviction_policy]
+        if not config.offload_prompt_only:
+            out.append("--no-offload-prompt-only")
     return tuple(out)
 
 
@@ -45,13 +60,17 @@ _VALUED = {"--max-num-seqs": ("max_num_seqs", int),
            "--max-num-batched-tokens": ("max_num_batched_tokens", int),
            "--scheduling-policy": ("scheduling_policy", str),
            "--preemption-mode": ("preemption_mode", str),
-           "--swap-space": ("swap_space", float)}
+           "--swap-space": ("swap_space", float),
+           "--kv-offloading-size": ("kv_offloading_size", float),
+           "--kv-offloading-eviction-policy": ("kv_offloading_eviction_policy", str)}
 _SWITCHES = {"--enable-prefix-caching": ("enable_prefix_caching", True),
              "--no-enable-prefix-caching": ("enable_prefix_caching", False),
              "--enable-chunked-prefill": ("enable_chunked_prefill", True),
              "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
              "--async-scheduling": ("async_scheduling", True),
-             "--no-async-scheduling": ("async_scheduling", False)}
+             "--no-async-scheduling": ("async_scheduling", False),
+             "--offload-prompt-only": ("offload_prompt_only", True),
+             "--no-offload-prompt-only": ("offload_prompt_only", False)}
 
 
 def apply_flags(base: EngineConfig, flags: list[str] | tuple[str, ...]) -> EngineConfig:
@@ -70,15 +89,14 @@ def apply_flags(base: EngineConfig, flags: list[str] | tuple[str, ...]) -> Engin
         if flag in _VALUED:
             name, cast = _VALUED[flag]
             changes[name] = cast(value)
-        elif flag == "--kv-offloading-size":
-            changes.update(preemption_mode="swap",
-                           swap_space=float(value) / base.tensor_parallel_size)
         elif flag == "--kv-offloading-backend":
             if value != KV_OFFLOADING_BACKEND:
                 raise ValueError(f"--kv-offloading-backend: kvcap models {KV_OFFLOADING_BACKEND!r} "
                                  f"only, got {value!r}")
         else:
             raise ValueError(f"{flag}: not a flag kvcap recommends")
-    if base.scheduler == "v1" and "--kv-offloading-size" not in flags:
-        changes["preemption_mode"] = "recompute"     # no host tier: V1 only recomputes
+    if base.scheduler == "v1":
+        changes["preemption_mode"] = "recompute"     # vLLM V1 only recomputes
+        if "--kv-offloading-size" not in flags:
+            changes["kv_offloading_size"] = None     # no CPU tier
     return dataclasses.replace(base, **changes)

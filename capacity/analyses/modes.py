@@ -1,16 +1,21 @@
-"""Swap vs. recompute vs. queue-only on the same trace (issue: compare-modes).
+"""The preemption choices on the same trace (issue: compare-modes).
 
-Runs the trace under: swap (host pool of the configured --swap-space; V1: the offload tier),
-recompute with prefix caching on, recompute with prefix caching off, and none (queue only). For
-each: recomputed tokens and their share of all prefill work, swapped GiB and host-link seconds,
-TTFT / TBT p99 for preempted requests and for all, throughput, high-priority TTFT; then one
-sentence of recommendation with its reason.
+V0 (0.10): swap (host pool of the configured --swap-space), recompute with prefix caching on,
+recompute with prefix caching off, and none (queue only). V1 (0.33) has no swap: its choices are
+recompute with prefix caching on, off, queue-only, and recompute with CPU KV offloading of a given
+size (`--kv-offloading-size`, the OffloadingConnector: a write-through second prefix cache that a
+preempted or later request reloads prompt blocks from; capacity/analyses/offload.py sizes it).
+For each: recomputed tokens and their share of all prefill work, swapped / offloaded GiB and
+host-link seconds, CPU-hit tokens, TTFT / TBT p99 for preempted requests and for all, throughput,
+high-priority TTFT; then one sentence of recommendation with its reason.
 
 The stated criterion: the preempted requests' P99 stall (their worst inter-token gap), then fleet
-TBT p99, TTFT p99, throughput; swap must shorten the stalls by at least 5% over recompute with
-prefix caching to be worth its host memory. Only modes vLLM can be configured for are recommended
-(each maps to flags, capacity/analyses/flags.py); queue-only is reported in words when it is no
-worse on every criterion, never dropped, never put in the flags.
+TBT p99, TTFT p99, throughput; a host tier must pay for its host memory against recompute with
+prefix caching: V0's swap must shorten the stalls by at least 5%; V1's CPU offloading must shorten
+the stalls or TTFT p99 by at least 5% (a prefix cache's gain is mostly TTFT) without raising
+either, or TBT p99, by more than 5%. Only modes vLLM can be configured for are recommended (each
+maps to flags, capacity/analyses/flags.py); queue-only is reported in words when it is no worse on
+every criterion, never dropped, never put in the flags.
 """
 from __future__ import annotations
 
@@ -30,6 +35,22 @@ VARIANTS = (
     ("recompute", dict(preemption_mode="recompute", enable_prefix_caching=False)),
     ("queue-only", dict(preemption_mode="none")),
 )
+OFFLOAD = "recompute+cpu-offload"
+# V1: no swap; the host tier is the offloading connector (its size set by variant_config).
+VARIANTS_V1 = (
+    (OFFLOAD, dict(preemption_mode="recompute")),
+    ("recompute+prefix-cache", dict(preemption_mode="recompute", enable_prefix_caching=True,
+                                    kv_offloading_size=None)),
+    ("recompute", dict(preemption_mode="recompute", enable_prefix_caching=False,
+                       kv_offloading_size=None)),
+    ("queue-only", dict(preemption_mode="none", kv_offloading_size=None)),
+)
+# A host tier must buy at least this much (relative) to be recommended.
+HOST_TIER_GAIN = 0.05
+
+
+def variants(scheduler: str) -> tuple:
+    return VARIANTS_V1 if scheduler == "v1" else VARIANTS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +64,10 @@ class ModeResult:
     recomputed_tokens: int
     prefill_tokens: int
     recomputed_share: float
-    swapped_gib: float
+    swapped_gib: float               # V0: KV swapped out to the host
+    offloaded_gib: float             # V1: KV written through to the CPU tier
+    host_tier_gib: float             # the host tier replayed (V0 per GPU, V1 in total); 0: none
+    cpu_hit_tokens: int              # V1: prompt tokens loaded from the CPU tier
     host_link_s: float
     ttft_p99_s: float | None
     tbt_p99_s: float | None
@@ -63,12 +87,20 @@ class ModeComparison:
     reason: str
     config: EngineConfig            # the recommended variant's engine (flags.vllm_flags spells it)
     queue_only_note: str            # "" or why queue-only would be better, in words
+    scheduler: str = "v1"           # the engine every variant replayed
+    scheduler_loop: str = "sync"    # and its loop ("async" | "sync")
 
     def table(self) -> pl.DataFrame:
         return pl.DataFrame([dataclasses.asdict(r) for r in self.results])
 
+    def engine_words(self) -> str:
+        return (f"vLLM {self.scheduler.upper()} ({'0.33' if self.scheduler == 'v1' else '0.10'}), "
+                f"{self.scheduler_loop} scheduling loop")
+
     def as_dict(self) -> dict:
-        return {"recommended": self.recommended, "reason": self.reason,
+        return {"engine": self.scheduler, "scheduler_loop": self.scheduler_loop,
+                "engine_words": self.engine_words(),
+                "recommended": self.recommended, "reason": self.reason,
                 "queue_only_note": self.queue_only_note,
                 "modes": [dataclasses.asdict(r) for r in self.results]}
 
@@ -87,7 +119,11 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
     bpb = run["kv_bytes_per_block"]
     prefill = int(steps["num_prefill_tokens"].sum() or 0)
     recomputed = int(req["recomputed_tokens"].sum() or 0)
-    swap_blocks = int((steps["swap_out_blocks"].sum() or 0) + (steps["swap_in_blocks"].sum() or 0))
+    swap_blocks = _sum(steps, "swap_out_blocks") + _sum(steps, "swap_in_blocks")
+    stored = _sum(steps, "offload_store_blocks")
+    host_blocks = swap_blocks + stored + _sum(steps, "offload_load_blocks")
+    cfg = tables["runs"]["config_json"][0] if "config_json" in tables["runs"].columns else None
+    tier = _host_tier_gib(cfg)
     pre = req.filter(pl.col("num_preemptions") > 0)
     top = req.filter(pl.col("priority") == req["priority"].min()) if req.height else req
     return ModeResult(
@@ -95,14 +131,31 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
         preemptions=s["preemptions_recompute"] + s["preemptions_swap"],
         preempted_requests=s["preempted_requests"], recomputed_tokens=recomputed,
         prefill_tokens=prefill, recomputed_share=recomputed / prefill if prefill else 0.0,
-        swapped_gib=int(steps["swap_out_blocks"].sum() or 0) * bpb / GIB,
-        host_link_s=swap_blocks * bpb / host_link_bytes_per_s,
+        swapped_gib=_sum(steps, "swap_out_blocks") * bpb / GIB, offloaded_gib=stored * bpb / GIB,
+        host_tier_gib=tier, cpu_hit_tokens=_sum(req, "cpu_hit_tokens"),
+        host_link_s=host_blocks * bpb / host_link_bytes_per_s,
         ttft_p99_s=s["ttft_p99_s"], tbt_p99_s=s["tbt_p99_s"],
         ttft_p99_preempted_s=nearest_rank(pre["ttft_s"].to_numpy(), 0.99),
         max_tbt_p99_preempted_s=nearest_rank(pre["max_tbt_s"].to_numpy(), 0.99),
         high_priority_ttft_p99_s=nearest_rank(top["ttft_s"].to_numpy(), 0.99),
         throughput_rps=s["throughput_rps"], output_tokens_per_s=s["output_tokens_per_s"],
         swap_full_fallbacks=s["swap_full_fallbacks"], meets_slo=meets)
+
+
+def _sum(df: pl.DataFrame, name: str) -> int:
+    return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
+
+
+def _host_tier_gib(config_json: str | None) -> float:
+    """The host tier a run replayed, from its stored config: V1's --kv-offloading-size (total),
+    V0's --swap-space (per GPU) in swap mode; 0 without one."""
+    import json
+    if not config_json:
+        return 0.0
+    c = json.loads(config_json)
+    if c.get("scheduler") == "v1":
+        return float(c.get("kv_offloading_size") or 0.0)
+    return float(c["swap_space"]) if c.get("preemption_mode") == "swap" else 0.0
 
 
 def _ms(x: float | None) -> str:
@@ -121,15 +174,79 @@ def _no_worse(q: ModeResult, best: ModeResult) -> bool:
             and q.throughput_rps >= best.throughput_rps)
 
 
+def _queue_note(q: ModeResult | None, best: ModeResult) -> str:
+    if q is not None and _no_worse(q, best):
+        return (f"admitting only what fits (queue-only, no preemption) would keep TTFT p99 at "
+                f"{_ms(q.ttft_p99_s)} (vs {_ms(best.ttft_p99_s)}) without preemption stalls, but "
+                f"vLLM has no flag for it; the nearest vLLM setting is a --max-num-seqs small "
+                f"enough that the KV cache never runs out (see the tuning)")
+    if q is not None and q.ttft_p99_s is not None and best.ttft_p99_s is not None:
+        return (f"queue-only would avoid the stalls but raise TTFT p99 from {_ms(best.ttft_p99_s)} "
+                f"to {_ms(q.ttft_p99_s)}")
+    return ""
+
+
+def _slo_miss(results: list[ModeResult]) -> str:
+    if all(r.meets_slo is False for r in results):
+        return ("; every mode misses the SLOs at this load, so the fix is capacity (GPUs, a "
+                "lower --max-num-seqs or rate limiting), not the preemption mode")
+    return ""
+
+
+def _gain(base: float | None, new: float | None) -> float:
+    """Relative reduction from `base` to `new` (0 when either is missing or base is 0)."""
+    if not base or new is None:
+        return 0.0
+    return (base - new) / base
+
+
+def offload_pays(off: ModeResult, rc: ModeResult) -> bool:
+    """CPU offloading pays for its host memory against recompute with prefix caching: it
+    shortens the preempted requests' P99 stall or TTFT p99 by >= 5% (and > 1 ms), and raises
+    neither, nor TBT p99, by more than 5%."""
+    stall = _gain(rc.max_tbt_p99_preempted_s, off.max_tbt_p99_preempted_s)
+    ttft = _gain(rc.ttft_p99_s, off.ttft_p99_s)
+    ms = lambda a, b: (a or 0.0) - (b or 0.0) > 0.001  # noqa: E731
+    better = ((stall >= HOST_TIER_GAIN and ms(rc.max_tbt_p99_preempted_s, off.max_tbt_p99_preempted_s))
+              or (ttft >= HOST_TIER_GAIN and ms(rc.ttft_p99_s, off.ttft_p99_s)))
+    worse = min(stall, ttft, _gain(rc.tbt_p99_s, off.tbt_p99_s)) < -HOST_TIER_GAIN
+    return off.status == "completed" and better and not worse
+
+
+def _recommend_v1(results: list[ModeResult], default_variant: str) -> tuple[str, str, str]:
+    by = {r.variant: r for r in results}
+    off, rc, q = by[OFFLOAD], by.get("recompute+prefix-cache"), by.get("queue-only")
+    slo_miss = _slo_miss(results)
+    plain = [r for r in results if r.variant not in ("queue-only", OFFLOAD)]
+    if all(r.preemptions == 0 for r in plain):
+        best = by[default_variant]
+        why = "no preemption happens under recompute at this load"
+    else:
+        best = min([r for r in plain if r.status == "completed"] or plain, key=_stall_key)
+        why = (f"{best.variant} gives the shortest preemption stalls of the modes vLLM can run "
+               f"without a host tier (P99 {_ms(best.max_tbt_p99_preempted_s)}, recomputing "
+               f"{best.recomputed_share:.1%} of prefill work)")
+    if rc is not None and offload_pays(off, rc):
+        return OFFLOAD, (
+            f"CPU offloading of {off.host_tier_gib:g} GiB (--kv-offloading-size) loads "
+            f"{off.cpu_hit_tokens:,} prompt tokens from the host instead of recomputing them: TTFT "
+            f"p99 {_ms(off.ttft_p99_s)} vs {_ms(rc.ttft_p99_s)} and the preempted requests' P99 "
+            f"stall {_ms(off.max_tbt_p99_preempted_s)} vs {_ms(rc.max_tbt_p99_preempted_s)} with "
+            f"recompute and prefix caching alone" + slo_miss), _queue_note(q, off)
+    tier = (f"; CPU offloading of {off.host_tier_gib:g} GiB changes TTFT p99 to "
+            f"{_ms(off.ttft_p99_s)} and the stall P99 to {_ms(off.max_tbt_p99_preempted_s)}, not "
+            f"the {HOST_TIER_GAIN:.0%} gain that would pay for its host memory" if rc else "")
+    return best.variant, why + tier + slo_miss, _queue_note(q, best)
+
+
 def recommend(results: list[ModeResult], default_variant: str) -> tuple[str, str, str]:
     """(recommended variant, reason, queue-only note). See the module docstring for the rule."""
     by = {r.variant: r for r in results}
+    if OFFLOAD in by:
+        return _recommend_v1(results, default_variant)
     preempting = [r for r in results if r.variant != "queue-only"]
     q = by.get("queue-only")
-    slo_miss = ""
-    if all(r.meets_slo is False for r in results):
-        slo_miss = ("; every mode misses the SLOs at this load, so the fix is capacity (GPUs, a "
-                    "lower --max-num-seqs or rate limiting), not the preemption mode")
+    slo_miss = _slo_miss(results)
     if all(r.preemptions == 0 for r in preempting):
         return default_variant, ("no preemption happens under any mode at this load, so keep "
                                  "vLLM's default and spend no host memory on swap" + slo_miss), ""
@@ -145,15 +262,7 @@ def recommend(results: list[ModeResult], default_variant: str) -> tuple[str, str
             swap_gain = (f" (swap's stalls are only {gain * 1000:,.0f} ms shorter, under the 5% "
                          f"that would pay for its host memory)")
             best = rc
-    note = ""
-    if q is not None and _no_worse(q, best):
-        note = (f"admitting only what fits (queue-only, no preemption) would keep TTFT p99 at "
-                f"{_ms(q.ttft_p99_s)} (vs {_ms(best.ttft_p99_s)}) without preemption stalls, but "
-                f"vLLM has no flag for it; the nearest vLLM setting is a --max-num-seqs small "
-                f"enough that the KV cache never runs out (see the tuning)")
-    elif q is not None and q.ttft_p99_s is not None and best.ttft_p99_s is not None:
-        note = (f"queue-only would avoid the stalls but raise TTFT p99 from {_ms(best.ttft_p99_s)} "
-                f"to {_ms(q.ttft_p99_s)}")
+    note = _queue_note(q, best)
     if best.variant == "swap" and rc is not None:
         gain = (rc.max_tbt_p99_preempted_s or 0) - (best.max_tbt_p99_preempted_s or 0)
         return "swap", (f"swap keeps the preempted requests' P99 stall {gain * 1000:,.0f} ms shorter "
@@ -165,23 +274,50 @@ def recommend(results: list[ModeResult], default_variant: str) -> tuple[str, str
                           f"{best.recomputed_share:.1%} of prefill work){swap_gain}" + slo_miss), note
 
 
-def variant_config(config: EngineConfig, variant: str, swap_space_gib: float | None = None
-                   ) -> EngineConfig:
-    """The engine a variant replays: the swap variant with the host tier `swap_space_gib` (the
-    sized recommendation) and the configured behaviour when it is full."""
-    changes = dict(VARIANTS)[variant]
+def default_offload_gib(config: EngineConfig) -> float:
+    """The CPU tier compare-modes replays when no size is given: --kv-offloading-size if set,
+    else as large as the GPU KV pool (total over TP; a write-through tier smaller than that
+    mostly holds copies of what the GPU still caches)."""
+    from capacity.analyses.offload import nice_gib
+    if getattr(config, "kv_offloading_size", None):
+        return float(config.kv_offloading_size)
+    eng = resolve(dataclasses.replace(config, preemption_mode="recompute"))
+    return nice_gib(eng.num_gpu_blocks * eng.kv_bytes_per_block * config.tensor_parallel_size / GIB)
+
+
+def variant_config(config: EngineConfig, variant: str, swap_space_gib: float | None = None,
+                   kv_offloading_size_gib: float | None = None) -> EngineConfig:
+    """The engine a variant replays: V0's swap variant with the host tier `swap_space_gib` (the
+    sized recommendation) and the configured behaviour when it is full; V1's offload variant with
+    a CPU tier of `kv_offloading_size_gib` (default: `default_offload_gib`)."""
+    changes = dict(variants(config.scheduler))[variant]
     if variant == "swap":
         changes = dict(preemption_mode="swap", swap_space=swap_space_gib or config.swap_space,
                        num_cpu_blocks_override=None)
+    elif variant == OFFLOAD:
+        changes = dict(changes, num_cpu_blocks_override=None,
+                       kv_offloading_size=kv_offloading_size_gib or default_offload_gib(config))
     return dataclasses.replace(config, **changes)
 
 
 def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner | None = None,
-                  swap_space_gib: float | None = None, slo_ttft_p99_s: float | None = None,
+                  swap_space_gib: float | None = None, kv_offloading_size_gib: float | None = None,
+                  include_host_tier: bool = True, slo_ttft_p99_s: float | None = None,
                   slo_tbt_p99_s: float | None = None) -> ModeComparison:
+    """`include_host_tier=False` leaves the swap / offload variant out (a sizing found that no
+    host tier helps at this load)."""
     planner = planner or Planner()
     gpu = resolve(config).gpu
-    cfgs = {name: variant_config(config, name, swap_space_gib) for name, _ in VARIANTS}
+    missing = ""
+    if config.scheduler == "v1" and include_host_tier:
+        from capacity.analyses.offload import not_replayable
+        if not_replayable():                            # the engine lacks the connector
+            include_host_tier = False
+            missing = f"; CPU offloading not compared: this build cannot replay it ({not_replayable()})"
+    names = [n for n, _ in variants(config.scheduler)
+             if include_host_tier or n not in ("swap", OFFLOAD)]
+    cfgs = {name: variant_config(config, name, swap_space_gib, kv_offloading_size_gib)
+            for name in names}
     runs = planner.run([Job(trace=trace, config=c, label=f"compare-modes {name}",
                             trace_name=planner.trace_name) for name, c in cfgs.items()])
     results = [mode_result(name, r.tables(), gpu.host_link_bandwidth_bytes_per_s,
@@ -189,5 +325,8 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
     default = ("recompute+prefix-cache" if resolve(config).spec.enable_prefix_caching
                else "recompute")
     rec, reason, note = recommend(results, default)
+    reason += missing
+    run0 = runs[0].tables()["runs"].row(0, named=True)
     return ModeComparison(results=tuple(results), recommended=rec, reason=reason,
-                          config=cfgs[rec], queue_only_note=note)
+                          config=cfgs[rec], queue_only_note=note, scheduler=config.scheduler,
+                          scheduler_loop="async" if run0.get("async_scheduling") else "sync")

@@ -3,8 +3,9 @@
 Order (each step only when the previous allows it):
 1. replay the baseline and classify its stability; an overloaded baseline gets its sustainable
    load (search) and the nearest fixes, and nothing else: no flags, no swap size, no alert rule;
-2. swap sizing (the host tier the swap mode would need), then the preemption modes (the swap
-   variant with that tier);
+2. the host tier: V0's swap sizing (the pool the swap mode would need), V1's CPU offloading
+   sizing (the knee of the `--kv-offloading-size` curve), and the other engine's answer beside it
+   (migration.py); then the preemption modes (the swap / offload variant with that tier);
 3. max-num-seqs tuning on the chosen mode, by margin;
 4. the recommended configuration = the chosen mode with the chosen max-num-seqs; its flags are
    `flags.vllm_flags`, and *the replay of those flags* (parsed back by `flags.apply_flags`) gives
@@ -23,7 +24,9 @@ from capacity.analyses.classify import AlertRule, Classification, alert_rule, cl
 from capacity.analyses.criteria import Budget, evaluate
 from capacity.analyses.flags import apply_flags, vllm_flags
 from capacity.analyses.headroom import Headroom, headroom, sustainable_load
+from capacity.analyses.migration import Migration, migration
 from capacity.analyses.modes import ModeComparison, compare_modes
+from capacity.analyses.offload import OffloadSizing, size_offload
 from capacity.analyses.planner import Planner
 from capacity.analyses.search import PRECISION, ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
@@ -80,7 +83,9 @@ class Plan:
     baseline: RunResult
     stability: Stability
     sustainable_load: ScaleSearch | None
-    sizing: SwapSizing | None
+    sizing: SwapSizing | None               # V0's swap pool (V1 plans: None)
+    offload: OffloadSizing | None           # V1's CPU tier (V0 plans: None)
+    migration: Migration | None             # both engines' host tier, side by side
     modes: ModeComparison | None
     tuning: Tuning | None
     headroom: Headroom | None
@@ -126,7 +131,8 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
                                       f"evidence: {st.evidence}",
                                       "no flags, no swap size and no alert rule are derived from "
                                       "an overloaded run"]))
-    return Plan(baseline=base, stability=st, sustainable_load=search, sizing=None, modes=None,
+    return Plan(baseline=base, stability=st, sustainable_load=search, sizing=None, offload=None,
+                migration=None, modes=None,
                 tuning=tn, headroom=None, recommended_run=None, stall_drill=None, classification=None, alert=None,
                 recommendation=rec)
 
@@ -142,9 +148,23 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     if not st.sustainable:
         return _overloaded(trace, config, base, st, planner, budget=budget, grid=grid,
                            precision=precision, **kw)
-    sizing = size_swap(trace, config, planner=planner, baseline=base_tables)
-    modes = compare_modes(trace, config, planner=planner, **kw,
-                          swap_space_gib=sizing.recommended_swap_space_gib if sizing.needed else None)
+    sizing = offload = None
+    if config.scheduler == "v1":
+        from capacity.analyses.offload import not_replayable
+        if not_replayable() is None:
+            # The baseline is the sweep's size-0 point unless it already runs a CPU tier.
+            offload = size_offload(trace, config, planner=planner,
+                                   baseline=None if config.kv_offloading_size else base_tables)
+        modes = compare_modes(trace, config, planner=planner, **kw,
+                              kv_offloading_size_gib=(offload.recommended_kv_offloading_size_gib
+                                                      if offload else None),
+                              include_host_tier=offload is not None and offload.needed)
+    else:
+        sizing = size_swap(trace, config, planner=planner, baseline=base_tables)
+        modes = compare_modes(trace, config, planner=planner, **kw,
+                              swap_space_gib=sizing.recommended_swap_space_gib if sizing.needed
+                              else None)
+    moved = migration(trace, config, planner, sizing=sizing, offload=offload)
     mode_cfg = modes.config
     if mode_cfg.preemption_mode == "none":      # never recommended (modes.py); kept safe here
         mode_cfg = config
@@ -170,12 +190,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     lines = [f"preemption mode: {modes.recommended} — {modes.reason}"]
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
-    if chosen.preemption_mode == "swap":
-        lines.append(f"host tier: {sizing.words()}")
-    else:
-        lines.append("host swap tier: " + ("not needed: no request is ever swapped out at this "
-                                           "load" if not sizing.needed else
-                                           f"not used (mode {modes.recommended})"))
+    lines.append(_host_tier_line(chosen, sizing, offload, modes))
     lines.append(f"max-num-seqs: {tn.explanation}")
     lines.append(f"headroom: {hr.explanation}")
     lines.append(f"preemption is {verdict.verdict} with these flags: {verdict.evidence}")
@@ -188,10 +203,29 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                          sustainable_rate_scale=None, headroom_rate_scale=hr.rate.scale,
                          precision=precision, flags=flags, expected=expected, config=cfg,
                          headline=head, lines=tuple(lines))
-    return Plan(baseline=base, stability=st, sustainable_load=None, sizing=sizing, modes=modes,
+    return Plan(baseline=base, stability=st, sustainable_load=None, sizing=sizing, offload=offload,
+                migration=moved, modes=modes,
                 tuning=tn, headroom=hr, recommended_run=run, stall_drill=drill,
                 classification=verdict, alert=rule,
                 recommendation=rec)
+
+
+def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,
+                    offload: OffloadSizing | None, modes: ModeComparison) -> str:
+    if chosen.scheduler == "v1" and offload is None:
+        from capacity.analyses.offload import not_replayable
+        return f"CPU offloading: not sized — this build cannot replay it yet ({not_replayable()})"
+    if offload is not None:                  # V1: CPU KV offloading
+        if chosen.kv_offloading_size:
+            return f"CPU offloading ({offload.engine_words()}): {offload.words()}"
+        if not offload.needed:
+            return f"CPU offloading: not needed — {offload.knee.reason}"
+        return (f"CPU offloading: not used (mode {modes.recommended}); sized alone it would be "
+                f"--kv-offloading-size {offload.recommended_kv_offloading_size_gib:g} GiB")
+    if chosen.preemption_mode == "swap":
+        return f"host tier: {sizing.words()}"
+    return "host swap tier: " + ("not needed: no request is ever swapped out at this load"
+                                 if not sizing.needed else f"not used (mode {modes.recommended})")
 
 
 def _s(v: float | None) -> str:

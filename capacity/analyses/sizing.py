@@ -1,4 +1,7 @@
-"""Swap-space sizing from peak concurrent evictions (issue: size-swap).
+"""V0 swap-space sizing from peak concurrent evictions (issue: size-swap).
+
+V0 only: vLLM V1 (0.33) has no swap; its host tier, CPU KV offloading, is a second prefix cache
+sized by its hit curve (capacity/analyses/offload.py, `kvcap size-offload`).
 
 The host tier must hold, at every moment, the KV of all requests that are swapped out at that
 moment. kvcap measures that demand by replaying in swap mode with a host pool too big to fill,
@@ -57,7 +60,6 @@ class SwapSizing:
     per_second_p999_gib: float
     preemptions_swap: int
     recommended_swap_space_gib: float            # V0 --swap-space, per GPU
-    recommended_kv_offloading_size_gib: float    # V1 --kv-offloading-size, all TP ranks
     host_ram_gib: float                          # what the recommendation pins on the host
     host_ram_verdict: str | None                 # "ok" | "warn" (>40%) | "error" (>70%) | None
     demand_run_id: str
@@ -74,8 +76,7 @@ class SwapSizing:
     def words(self) -> str:
         if not self.needed:
             return "not needed: no request is ever swapped out at this load"
-        return (f"--swap-space {self.recommended_swap_space_gib:g} GiB per GPU (V0) / "
-                f"--kv-offloading-size {self.recommended_kv_offloading_size_gib:g} GiB (V1): "
+        return (f"--swap-space {self.recommended_swap_space_gib:g} GiB per GPU (V0): "
                 f"peak {self.peak_swapped_gib:.2f} GiB concurrently swapped + {self.headroom:.0%}")
 
     def as_dict(self) -> dict:
@@ -84,6 +85,7 @@ class SwapSizing:
         out["verify"] = dataclasses.asdict(self.verify) if self.verify else None
         out["what_if"] = [dataclasses.asdict(v) for v in self.what_if]
         out["sweep"] = [dataclasses.asdict(v) for v in self.sweep]
+        out["engine"], out["scheduler_loop"] = self.scheduler, "sync"   # V0 has one loop
         out["needed"] = self.needed
         out["words"] = self.words()
         return out
@@ -150,14 +152,19 @@ def demand_job(trace: pl.DataFrame, config: EngineConfig) -> Job:
 
 
 def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.2,
-              what_if_fraction: float = 0.75, sweep_fractions: tuple[float, ...] = (),
+              what_if_fraction: float | None = 0.75, sweep_fractions: tuple[float, ...] = (),
               host_ram_gib: float | None = None, planner: Planner | None = None,
               baseline: dict | None = None) -> SwapSizing:
     """Measure the swap demand of `trace` under `config` and recommend and verify a size.
 
     Refuses (ValueError) to size from an overloaded run: its swapped KV grows with the backlog,
-    not with the load the tier must absorb. `baseline`: the tables of the replay under `config`,
-    when the caller has them (else it is replayed)."""
+    not with the load the tier must absorb, and V1, which has no swap (its host tier is CPU
+    offloading: capacity/analyses/offload.py). `baseline`: the tables of the replay under
+    `config`, when the caller has them (else it is replayed). `what_if_fraction` None: no
+    what-if replays."""
+    if config.scheduler != "v0":
+        raise ValueError("size-swap: vLLM V1 (0.33) has no swap space; its host tier is CPU KV "
+                         "offloading, sized by `kvcap size-offload` (--kv-offloading-size)")
     if headroom < 0:
         raise ValueError(f"headroom: must be >= 0, got {headroom}")
     planner = planner or Planner()
@@ -190,17 +197,19 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
         per_second_p99_gib=nearest_rank(series["gib"].to_numpy(), 0.99) or 0.0,
         per_second_p999_gib=nearest_rank(series["gib"].to_numpy(), 0.999) or 0.0,
         preemptions_swap=int(summary(demand.tables())["preemptions_swap"]),
-        recommended_swap_space_gib=rec, recommended_kv_offloading_size_gib=rec * tp,
+        recommended_swap_space_gib=rec,
         host_ram_gib=host_ram, host_ram_verdict=verdict, demand_run_id=demand.run_id,
         demand=series)
     if not peak_blocks:
         return SwapSizing(verify=None, **sizing)
-    what_if_gib = peak_gib * what_if_fraction
     jobs = [_verification_job(trace, config, rec, "abort", bpb, "size-swap verify")]
-    jobs += [_verification_job(trace, config, what_if_gib, mode, bpb, f"size-swap what-if {mode}")
-             for mode in ("abort", "recompute")]
+    if what_if_fraction is not None:
+        jobs += [_verification_job(trace, config, peak_gib * what_if_fraction, mode, bpb,
+                                   f"size-swap what-if {mode}") for mode in ("abort", "recompute")]
     jobs += [_verification_job(trace, config, peak_gib * f, "recompute", bpb,
                                f"size-swap sweep {f:g}") for f in sweep_fractions]
     runs = planner.run(jobs)
     checks = [_verification(j, r, peak_gib) for j, r in zip(jobs, runs)]
-    return SwapSizing(verify=checks[0], what_if=checks[1:3], sweep=checks[3:], **sizing)
+    n_what_if = 0 if what_if_fraction is None else 2
+    return SwapSizing(verify=checks[0], what_if=checks[1:1 + n_what_if],
+                      sweep=checks[1 + n_what_if:], **sizing)

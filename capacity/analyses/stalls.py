@@ -3,7 +3,7 @@
 A preemption stall is the TBT sample of a request that spans its preemption (the `stalls` table):
 from its last token before the preemption to its first token after, with the mode and the time
 from the preemption to that token (recovery). TBT spikes without a preemption come from long
-engine steps (large prefill chunks batched with decodes, or swap traffic): every decode token of
+engine steps (large prefill chunks batched with decodes, or host KV traffic: swap, CPU offloading): every decode token of
 such a step waits for it. They are listed from the `steps` table separately, so a reader can
 look elsewhere (chunk size, `--max-num-batched-tokens`) instead of at KV capacity.
 """
@@ -44,12 +44,15 @@ def attribute_stalls(tables: dict[str, pl.DataFrame], *, threshold_s: float | No
               .with_columns(recovery_s=pl.col("resumed_s") - pl.col("preempted_s"),
                             spike=pl.col("stall_s") > threshold_s)
               .sort("preempted_s"))
-    slow = (tables["steps"].filter((pl.col("duration_s") > threshold_s)
-                                   & (pl.col("num_decode_tokens") > 0))
+    steps = tables["steps"]
+    # Host KV traffic: V0's swap-outs/ins, V1's CPU offloading stores/loads.
+    moved = [c for c in ("swap_out_blocks", "swap_in_blocks", "offload_store_blocks",
+                         "offload_load_blocks") if c in steps.columns]
+    slow = (steps.filter((pl.col("duration_s") > threshold_s) & (pl.col("num_decode_tokens") > 0))
             .select("step", "start_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
-                    "swap_out_blocks", "swap_in_blocks", "num_preempted")
-            .with_columns(cause=pl.when(pl.col("swap_out_blocks") + pl.col("swap_in_blocks") > 0)
-                          .then(pl.lit("swap traffic in the step"))
+                    *moved, "num_preempted")
+            .with_columns(cause=pl.when(pl.sum_horizontal(moved) > 0)
+                          .then(pl.lit("host KV traffic in the step (swap / CPU offloading)"))
                           .when(pl.col("num_prefill_tokens") > 0)
                           .then(pl.lit("prefill batched with decodes"))
                           .otherwise(pl.lit("large decode batch / long contexts"))))

@@ -13,12 +13,13 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 def _register() -> None:
     # Imported here, after `app` exists, so each command module stays importable on its own.
-    from capacity.cli import calibrate, evidence, plan, replay, trace, tune
+    from capacity.cli import calibrate, evidence, fleet, offload, plan, replay, trace, tune
     app.add_typer(trace.app, name="trace")
     app.command("replay")(replay.replay_cmd)
     app.command("runs")(replay.runs_cmd)
     app.command("calibrate")(calibrate.calibrate_cmd)
     app.command("size-swap")(plan.size_swap_cmd)
+    app.command("size-offload")(offload.size_offload_cmd)
     app.command("compare-modes")(plan.compare_modes_cmd)
     app.command("report")(plan.report_cmd)
     app.command("logs")(evidence.logs_cmd)
@@ -27,6 +28,8 @@ def _register() -> None:
     app.command("tune")(tune.tune_cmd)
     app.command("headroom")(tune.headroom_cmd)
     app.command("alerts")(tune.alerts_cmd)
+    app.command("fleet")(fleet.fleet_cmd)
+    app.command("plan")(fleet.plan_cmd)
 
 
 _register()

@@ -103,12 +103,16 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
     "engine": ("--engine", (lambda x: x >= 0, "a whole number >= 0")),
     "kv_offloading_size": ("--kv-offloading-size", (lambda x: _finite(x) and 0 <= x <= 4096,
                                                     "GiB from 0 to 4096 (the whole TP group)")),
+    "tolerance": ("--tolerance", (lambda x: _finite(x) and 0 <= x < 1,
+                                  "a fraction from 0 to below 1 (0.05 = 5 %)")),
     "precision": ("--precision", (lambda x: _finite(x) and 0.001 <= x <= 0.5,
                                   "a relative precision from 0.001 to 0.5 (0.05 = 5 %)")),
 }
 # Comma lists: parameter -> (flag, element type, rule).
 LIST_RULES: dict[str, tuple[str, type, tuple]] = {
     "sweep": ("--sweep", float, (lambda x: _finite(x) and 0 < x <= 10, "fractions of the peak > 0, e.g. 0.25,0.5,1")),
+    "sizes": ("--sizes", float, (lambda x: _finite(x) and 0 <= x <= 4096,
+                                 "GiB from 0 to 4096, e.g. 0,16,32,64")),
     "scales": ("--scales", float, (lambda x: _finite(x) and 0 < x <= 1000, "rate scales > 0, e.g. 1,1.5,2")),
     "max_num_seqs_grid": ("--max-num-seqs-grid", int, (lambda x: 1 <= x < 2**31, "whole numbers >= 1, e.g. 64,128,256")),
     "max_num_batched_tokens_grid": ("--max-num-batched-tokens-grid", int,
@@ -208,16 +212,22 @@ def engine_flags(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from replay.config import EngineConfig
         flags = {k: kwargs.pop(k) for k in list(kwargs) if k in ENGINE_FLAGS}
         try:
-            engine = EngineConfig(**flags)
+            engine = engine_config(flags)
         except (ValueError, TypeError) as e:
             fail(str(e).splitlines()[0])
         return fn(*args, engine=engine, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)
     return wrapper
+
+
+def engine_config(flags: dict):
+    """The EngineConfig of the ENGINE_FLAGS values `flags`; ValueError with one line when they
+    do not make an engine (`--kv-offloading-size` is the connector's EngineConfig field)."""
+    from replay.config import EngineConfig
+    return EngineConfig(**flags)
 
 
 def load_trace_file(path: Path, *, trace_format: str | None = None):

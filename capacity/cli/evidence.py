@@ -204,7 +204,6 @@ def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optio
         t.add_row("logged CPU KV cache usage peak", f"{100 * s.peak_cpu_kv_usage:.1f} % "
                   f"(= {s.peak_cpu_kv_gib_at_swap_space:.2f} GiB if production ran --swap-space {engine.swap_space:g})")
     t.add_row("recommended --swap-space (V0)", f"{s.recommended_swap_space_gib:g} GiB")
-    t.add_row("recommended --kv-offloading-size (V1)", f"{s.recommended_kv_offloading_size_gib:g} GiB")
     if s.replay is not None:
         t.add_row("replay-based (run " + s.replay.run_id + ")",
                   f"{s.replay.peak_swapped_requests} requests, {s.replay.peak_swapped_gib:.2f} GiB -> "

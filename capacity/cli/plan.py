@@ -25,7 +25,6 @@ def sizing_table(s) -> Table:
         t.add_row("swap tier", "not needed: no request is ever swapped out at this load")
         return t
     t.add_row("recommended --swap-space (V0)", f"{s.recommended_swap_space_gib:g} GiB")
-    t.add_row("recommended --kv-offloading-size (V1)", f"{s.recommended_kv_offloading_size_gib:g} GiB")
     t.add_row("host RAM pinned", f"{s.host_ram_gib:g} GiB" + (f" ({s.host_ram_verdict})" if s.host_ram_verdict else ""))
     for v in ([s.verify] if s.verify else []) + list(s.what_if) + list(s.sweep):
         outcome = (f"aborted at {v.abort_s:,.1f} s" if v.status == "aborted"
@@ -54,13 +53,17 @@ def size_swap_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """Measure peak concurrently swapped KV and recommend --swap-space / --kv-offloading-size."""
+    """V0: measure peak concurrently swapped KV and recommend --swap-space (V1: size-offload)."""
     if from_logs:
         from capacity.cli.evidence import size_swap_from_logs_cli
         return size_swap_from_logs_cli(db, engine, context_tokens=context_tokens, headroom=headroom,
                                        as_json=as_json)
     if file is None:
         raise CliError("size-swap needs a trace FILE (or --from-logs --db PATH)")
+    if engine.scheduler == "v1":
+        raise CliError("size-swap: vLLM V1 (0.33) has no swap space; its host tier is CPU KV "
+                       "offloading: use `kvcap size-offload` (--kv-offloading-size), or "
+                       "--scheduler v0 for --swap-space")
     from capacity.analyses.planner import Planner
     from capacity.analyses.sizing import size_swap
     trace, name = trace_input(file, trace_format, rate_scale)
@@ -94,32 +97,36 @@ def compare_modes_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """Swap vs. recompute (prefix caching on/off) vs. queue-only on the same trace."""
+    """The preemption choices on one trace: V0 swap / V1 CPU offloading vs. recompute (prefix
+    caching on/off) vs. queue-only."""
     from capacity.analyses.modes import compare_modes
     from capacity.analyses.planner import Planner
     trace, name = trace_input(file, trace_format, rate_scale)
     planner = Planner(trace_name=name)
-    with err.status("compare-modes: replaying 4 variants…"):
+    with err.status("compare-modes: replaying 4 variants…"):  # V0 swap / V1 offload + 3
         cmp = compare_modes(trace, engine, planner=planner, slo_ttft_p99_s=slo_ttft_p99,
                             slo_tbt_p99_s=slo_tbt_p99)
     store_runs(db, planner.runs)
     if as_json:
         emit_json(cmp.as_dict())
         return
-    Console(width=100).print(modes_table(cmp))
+    Console(width=130).print(modes_table(cmp))
     Console().print(f"[bold]recommendation:[/bold] {cmp.recommended} — {cmp.reason}")
     if cmp.queue_only_note:
         Console().print(f"[bold]queue-only:[/bold] {cmp.queue_only_note}")
 
 
 def modes_table(cmp) -> Table:
-    t = Table(title="preemption modes")
-    for c in ("mode", "preempt", "recomputed", "swapped", "TTFT p99", "TBT p99",
-              "stall p99 (preempted)", "req/s", "SLO"):
+    v1 = cmp.scheduler == "v1"
+    t = Table(title=f"preemption modes ({cmp.engine_words()})")
+    for c in ("mode", "host tier", "preempt", "recomputed", "CPU hits" if v1 else "swapped",
+              "TTFT p99", "TBT p99", "stall p99 (preempted)", "req/s", "SLO"):
         t.add_column(c, overflow="fold")
     for r in cmp.results:
-        t.add_row(r.variant + (" *" if r.variant == cmp.recommended else ""), f"{r.preemptions:,}",
-                  f"{r.recomputed_share:.1%}", f"{r.swapped_gib:,.1f} GiB", _t(r.ttft_p99_s),
+        moved = f"{r.cpu_hit_tokens:,} tok" if v1 else f"{r.swapped_gib:,.1f} GiB"
+        t.add_row(r.variant + (" *" if r.variant == cmp.recommended else ""),
+                  f"{r.host_tier_gib:g} GiB" if r.host_tier_gib else "-", f"{r.preemptions:,}",
+                  f"{r.recomputed_share:.1%}", moved, _t(r.ttft_p99_s),
                   _t(r.tbt_p99_s), _t(r.max_tbt_p99_preempted_s), f"{r.throughput_rps:,.2f}",
                   "-" if r.meets_slo is None else "met" if r.meets_slo else "missed")
     return t

@@ -21,13 +21,15 @@ Must not import duckdb, altair or replay.
 from __future__ import annotations
 
 import json
-import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from traces import vllm_bench
+from traces.schema import TraceError
 
 CLIENT_SCHEMA = {
     "source_file": pl.Utf8, "request_id": pl.Utf8, "send_epoch_s": pl.Float64,
@@ -55,19 +57,6 @@ def looks_like_vllm_bench(obj: object) -> bool:
     return isinstance(obj, dict) and "ttfts" in obj and "itls" in obj
 
 
-def looks_like_bench_request(obj: object) -> bool:
-    return isinstance(obj, dict) and "ttft" in obj and "itl" in obj
-
-
-def _bench_rows_as_result(rows: list[dict]) -> dict:
-    """Per-request rows -> the result object's per-request lists (a failed row keeps its error)."""
-    def err(r: dict) -> str:
-        return "" if r.get("success", True) and not r.get("error") else (r.get("error") or "failed")
-    return {"ttfts": [r.get("ttft") for r in rows], "itls": [r.get("itl") or [] for r in rows],
-            "start_times": [r.get("start_time") for r in rows], "input_lens": [r.get("prompt_len") for r in rows],
-            "output_lens": [r.get("output_tokens") for r in rows], "errors": [err(r) for r in rows]}
-
-
 def to_epoch(t: datetime) -> float:
     return t.replace(tzinfo=timezone.utc).timestamp()
 
@@ -78,102 +67,101 @@ def from_epoch(s: float) -> datetime:
 
 def parse_client_file(path: str | Path, *, client_start: datetime | None = None) -> pl.DataFrame:
     path = Path(path)
+    try:
+        runs = vllm_bench.read_runs(path)
+    except TraceError as e:
+        raise ClientFormatError(str(e)) from None
+    if runs is not None:
+        # `--append-result`: one run per line, each anchored by its own date; ids count on.
+        frames, offset = [], 0
+        for k, run in enumerate(runs):
+            frames.append(bench_tokens(run, path.name, client_start=client_start if k == 0 else None,
+                                       id_offset=offset))
+            offset += run.n
+        return pl.concat(frames)
     text = path.read_text()
-    head = text.lstrip()[:1]
-    if head == "{":
+    if text.lstrip()[:1] == "{":
         try:
-            obj = json.loads(text)
+            json.loads(text)
         except json.JSONDecodeError:
-            obj = None
-        if obj is not None:
-            if not looks_like_vllm_bench(obj):
-                raise ClientFormatError(f"{path.name}: JSON without 'ttfts'/'itls' (was it saved with "
-                                        "--save-detailed?)")
-            return vllm_bench_tokens(obj, path.name, client_start=client_start)
-        objs = _json_lines(text, path.name)
-        if objs and looks_like_vllm_bench(objs[0]):
-            return _bench_runs(objs, path.name, client_start)
-        if objs and looks_like_bench_request(objs[0]):
-            return vllm_bench_tokens(_bench_rows_as_result(objs), path.name, client_start=client_start)
-        rows = pl.read_ndjson(path)
+            rows = pl.read_ndjson(path)
+        else:
+            raise ClientFormatError(f"{path.name}: JSON without 'ttfts'/'itls' (was it saved with "
+                                    "--save-detailed?)")
     else:
         rows = pl.read_csv(path, infer_schema_length=0)     # all text: we parse times ourselves
     return generic_tokens(rows, path.name, client_start=client_start)
 
 
-def _json_lines(text: str, source: str) -> list:
-    out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ClientFormatError(f"{source}, line {lineno}: invalid JSON ({e.msg})") from None
-    return out
-
-
-def _bench_runs(objs: list, source: str, client_start: datetime | None) -> pl.DataFrame:
-    """`--append-result`: one run per line, each anchored by its own date; ids count on."""
-    frames, offset = [], 0
-    for run, obj in enumerate(objs, 1):
-        if not looks_like_vllm_bench(obj):
-            raise ClientFormatError(f"{source}, line {run}: not a vllm bench result with 'ttfts'/'itls'")
-        frames.append(vllm_bench_tokens(obj, source, client_start=client_start if run == 1 else None,
-                                        id_offset=offset))
-        offset += len(obj["ttfts"])
-    return pl.concat(frames)
-
-
 def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None = None,
                       id_offset: int = 0) -> pl.DataFrame:
-    ttfts, itls = obj["ttfts"], obj["itls"]
-    n = len(ttfts)
-    if len(itls) != n:
-        raise ClientFormatError(f"{source}: 'ttfts' has {n} entries but 'itls' {len(itls)}")
-    errors = obj.get("errors") or [""] * n
-    starts = obj.get("start_times")
-    if starts is not None and all(v is None for v in starts):
-        starts = None
-    ins, outs = obj.get("input_lens") or [None] * n, obj.get("output_lens") or [None] * n
-    ok = [(not errors[i]) and ttfts[i] is not None and ttfts[i] > 0 for i in range(n)]
+    """One result object (the dict `vllm bench serve` saves) -> token rows."""
+    try:
+        run = vllm_bench.run_from_object(obj, source)
+    except TraceError as e:
+        raise ClientFormatError(str(e)) from None
+    return bench_tokens(run, source, client_start=client_start, id_offset=id_offset)
+
+
+def bench_tokens(run: vllm_bench.BenchRun, source: str, *, client_start: datetime | None = None,
+                 id_offset: int = 0) -> pl.DataFrame:
+    """A run's successful requests (no error, a first token) -> one row per streamed chunk."""
+    if not {"ttfts", "itls"} <= run.saved:
+        raise ClientFormatError(f"{source}: a vllm bench result without 'ttfts'/'itls' (was it "
+                                "saved with --save-detailed?)")
+    ttft = run.ttft_s
+    ok = ~run.failed & ~np.isnan(ttft) & (ttft > 0)
+    idx = np.flatnonzero(ok)
+    have_starts = "start_times" in run.saved and not np.isnan(run.start_s).all()
+    if have_starts and np.isnan(run.start_s[idx]).any():
+        raise ClientFormatError(f"{source}: request {int(idx[np.isnan(run.start_s[idx])][0])}: "
+                                "no start time")
+    gap_lens = np.diff(run.itl_offsets)
+    bad_gap = ~np.isfinite(run.itl_s) | (run.itl_s < 0)
+    bad_req = np.zeros(run.n, dtype=bool)
+    bad_req[np.repeat(np.arange(run.n), gap_lens)[bad_gap]] = True
+    bad = ok & (bad_req | ~np.isfinite(ttft))
+    if bad.any():
+        i = int(np.argmax(bad))
+        lat = [ttft[i], *run.itl_s[run.itl_offsets[i]:run.itl_offsets[i + 1]]]
+        raise ClientFormatError(f"{source}: request {i}: latency "
+                                f"{next(float(g) for g in lat if not (np.isfinite(g) and g >= 0))!r} "
+                                "in 'ttfts'/'itls'; latencies are finite seconds >= 0")
+    # Each successful request: its first token (ttft), then its gaps, in file order.
+    lens = gap_lens[idx] + 1
+    first = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    vals = np.empty(int(lens.sum()))
+    vals[first] = ttft[idx]
+    is_gap = np.ones(len(vals), dtype=bool)
+    is_gap[first] = False
+    glen = gap_lens[idx]
+    within = np.arange(int(glen.sum())) - np.repeat(np.cumsum(glen) - glen, glen)
+    vals[is_gap] = run.itl_s[np.repeat(run.itl_offsets[:-1][idx], glen) + within]
+    s0 = float(run.start_s[idx].min()) if have_starts and len(idx) else None
+    rel_send = run.start_s[idx] - s0 if s0 is not None else np.full(len(idx), np.nan)
+
+    def per_token(values: np.ndarray) -> np.ndarray:
+        return np.repeat(values, lens)
+    df = pl.DataFrame({
+        "request_id": per_token(idx + id_offset), "rel_send": per_token(rel_send), "val": vals,
+        "first": ~is_gap, "prompt_tokens": per_token(run.input_len[idx]),
+        "output_tokens": per_token(run.output_len[idx])}, nan_to_null=True)
+    # cum_sum over each request (sequential, as a per-request cumsum adds).
+    df = df.with_columns(offs=pl.col("val").cum_sum().over("request_id"),
+                         token_index=pl.int_range(pl.len()).over("request_id"))
+    df = df.select(
+        request_id=pl.col("request_id").cast(pl.Utf8), rel_send="rel_send",
+        token_index="token_index", rel_s=pl.col("rel_send") + pl.col("offs"),
+        ttft_s=pl.when("first").then("val"), itl_s=pl.when(~pl.col("first")).then("val"),
+        prompt_tokens="prompt_tokens", output_tokens="output_tokens")
     anchor = client_start
-    if anchor is None and obj.get("date") and obj.get("duration") is not None:
+    date, duration = run.raw.get("date"), run.raw.get("duration")
+    if anchor is None and date and duration is not None:
         try:
-            end = datetime.strptime(obj["date"], "%Y%m%d-%H%M%S")
-            anchor = from_epoch(to_epoch(end) - float(obj["duration"]))
-        except ValueError:
-            anchor = None
-    s0 = min(starts[i] for i in range(n) if ok[i]) if starts and any(ok) else None
-    cols: dict[str, list] = {k: [] for k in ("request_id", "rel_send", "token_index", "rel_s", "ttft_s",
-                                              "itl_s", "prompt_tokens", "output_tokens")}
-    for i in range(n):
-        if not ok[i]:
-            continue
-        if starts and starts[i] is None:
-            raise ClientFormatError(f"{source}: request {i}: no start time")
-        try:
-            gaps = [float(x) for x in itls[i]]
+            anchor = from_epoch(to_epoch(datetime.strptime(date, "%Y%m%d-%H%M%S")) - float(duration))
         except (TypeError, ValueError):
-            raise ClientFormatError(f"{source}: request {i}: 'itls' is not a list of numbers") from None
-        bad = next((g for g in (float(ttfts[i]), *gaps) if not math.isfinite(g) or g < 0), None)
-        if bad is not None:
-            raise ClientFormatError(f"{source}: request {i}: latency {bad!r} in 'ttfts'/'itls'; "
-                                    "latencies are finite seconds >= 0")
-        rel_send = (float(starts[i]) - s0) if s0 is not None else None
-        offs = np.cumsum([float(ttfts[i]), *gaps])
-        k = len(offs)
-        cols["request_id"] += [str(id_offset + i)] * k
-        cols["rel_send"] += [rel_send] * k
-        cols["token_index"] += list(range(k))
-        cols["rel_s"] += [None] * k if rel_send is None else list(rel_send + offs)
-        cols["ttft_s"] += [float(ttfts[i])] + [None] * (k - 1)
-        cols["itl_s"] += [None] + gaps
-        cols["prompt_tokens"] += [ins[i]] * k
-        cols["output_tokens"] += [outs[i]] * k
-    df = pl.DataFrame(cols, schema_overrides={"rel_send": pl.Float64, "rel_s": pl.Float64,
-                                              "ttft_s": pl.Float64, "itl_s": pl.Float64})
-    base = to_epoch(anchor) if anchor is not None else None
-    return _finish(df, source, base)
+            anchor = None
+    return _finish(df, source, to_epoch(anchor) if anchor is not None else None)
 
 
 def _finish(df: pl.DataFrame, source: str, base_epoch: float | None) -> pl.DataFrame:

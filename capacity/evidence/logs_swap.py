@@ -58,7 +58,6 @@ class LogSwapSizing:
     peak_swapped_blocks: int
     peak_swapped_gib: float
     recommended_swap_space_gib: float            # V0 --swap-space, per GPU
-    recommended_kv_offloading_size_gib: float    # V1 --kv-offloading-size, all TP ranks
     replay: ReplaySide | None
     difference: str
 
@@ -161,5 +160,5 @@ def size_swap_from_logs(db: Path, config: EngineConfig, *, context_tokens: int |
         peak_cpu_kv_gib_at_swap_space=None if cpu_peak is None else cpu_peak * config.swap_space,
         peak_swapped_blocks=blocks,
         peak_swapped_gib=gib, recommended_swap_space_gib=rec,
-        recommended_kv_offloading_size_gib=rec * tp, replay=rep,
+        replay=rep,
         difference=explain(reqs, gib, rep, ctx))

@@ -13,7 +13,8 @@ from capacity.analyses.metrics import summary
 from capacity.analyses.plan import Plan
 from capacity.analyses.stalls import attribute_stalls
 from capacity.report import sections as sec
-from capacity.report.render import text, write_report
+from capacity.report.offload_sections import migration_section, offload_section
+from capacity.report.render import swap_section, text, write_report
 from traces import atomic
 from traces.stats import trace_info
 
@@ -36,6 +37,11 @@ def result_dict(plan: Plan, name: str) -> dict:
             "recommended_mode": plan.modes.recommended if plan.modes else None,
             "recommended_swap_space_gib": (plan.sizing.recommended_swap_space_gib
                                            if plan.sizing and plan.sizing.needed else None),
+            # V1: the knee of the CPU offloading sweep (0: no connector); None on V0 / overloaded.
+            "recommended_kv_offloading_size_gib": (
+                plan.offload.recommended_kv_offloading_size_gib if plan.offload else None),
+            "offload": plan.offload.as_dict() if plan.offload else None,
+            "migration": plan.migration.as_dict() if plan.migration else None,
             "recommended_max_num_seqs": (tn.recommended.max_num_seqs
                                          if tn and tn.recommended else None),
             "margin_rate_scale": tn.margin.scale if tn and tn.margin else None,
@@ -43,6 +49,19 @@ def result_dict(plan: Plan, name: str) -> dict:
             "alert_threshold_5m": plan.alert.threshold if plan.alert else None,
             "baseline": summary(plan.baseline.tables()),
             "tuning": tn.as_dict() if tn else None}
+
+
+def host_tier_sections(plan: Plan) -> list:
+    """The host tier's sections: V0 swap sizing or V1 CPU offloading, then both side by side."""
+    v1 = plan.baseline.run.get("scheduler") == "v1"
+    if v1 and plan.offload is None and plan.modes is not None:     # sustainable, not sized
+        from capacity.analyses.offload import not_replayable
+        first = offload_section(None, f"Not sized: this build cannot replay CPU KV offloading "
+                                      f"yet ({not_replayable()}).")
+    else:
+        first = offload_section(plan.offload) if v1 else swap_section(plan.sizing)
+    moved = migration_section(plan.migration)
+    return [first] + ([moved] if moved else [])
 
 
 def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
@@ -76,10 +95,12 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
     index = write_report(out, title=f"kvcap capacity report — {name}", trace_summary=trace_info(trace),
                          run=plan.baseline, sizing=plan.sizing, modes=plan.modes,
                          recommendation=plan.recommendation, stability=plan.stability,
-                         extra_sections=extra,
+                         extra_sections=extra, host_tier_sections=host_tier_sections(plan),
                          extra_summary={k: result[k] for k in ("recommended_mode",
                                                                "recommended_max_num_seqs",
                                                                "margin_rate_scale",
                                                                "recommended_swap_space_gib",
+                                                               "recommended_kv_offloading_size_gib",
+                                                               "offload", "migration",
                                                                "tuning")})
     return index, result

@@ -287,8 +287,6 @@ def swap_section(sizing: SwapSizing | None) -> Section:
             ["swap preemptions in the demand run", z.preemptions_swap],
             ["headroom", pct(z.headroom)],
             ["recommended --swap-space (V0, per GPU)", gib(z.recommended_swap_space_gib)],
-            ["recommended --kv-offloading-size (V1, total)",
-             gib(z.recommended_kv_offloading_size_gib)],
             ["host RAM pinned (× TP)", gib(z.host_ram_gib)],
             ["host RAM verdict", z.host_ram_verdict]]
     if not z.needed:
@@ -318,8 +316,10 @@ def swap_section(sizing: SwapSizing | None) -> Section:
 
 
 def mode_rows(modes: ModeComparison) -> list[list]:
-    return [[m.variant, m.status, m.preemptions, m.preempted_requests, pct(m.recomputed_share),
-             gib(m.swapped_gib), seconds(m.host_link_s), seconds(m.ttft_p99_s),
+    moved = (lambda m: gib(m.offloaded_gib)) if modes.scheduler == "v1" else (lambda m: gib(m.swapped_gib))
+    return [[m.variant, m.status, gib(m.host_tier_gib) if m.host_tier_gib else "—", m.preemptions,
+             m.preempted_requests, pct(m.recomputed_share), f"{m.cpu_hit_tokens:,}",
+             moved(m), seconds(m.host_link_s), seconds(m.ttft_p99_s),
              seconds(m.tbt_p99_s), seconds(m.max_tbt_p99_preempted_s),
              seconds(m.high_priority_ttft_p99_s), f"{m.throughput_rps:.2f}"]
             for m in modes.results]
@@ -328,10 +328,15 @@ def mode_rows(modes: ModeComparison) -> list[list]:
 def modes_section(modes: ModeComparison | None) -> Section:
     if modes is None:
         return Section(title="Preemption modes", anchor="modes", body=text(NOT_DERIVED))
-    body = (text(f"Recommended: {modes.recommended} — {modes.reason}.")
+    v1 = modes.scheduler == "v1"
+    body = (text(f"Each variant replayed on {modes.engine_words()}"
+                 + (" (V1 has no swap: its host tier is CPU offloading)." if v1 else "."))
+            + text(f"Recommended: {modes.recommended} — {modes.reason}.")
             + (text(modes.queue_only_note + ".") if modes.queue_only_note else "")
-            + table(mode_rows(modes), ["variant", "status", "preemptions", "preempted requests",
-                                       "recomputed prefill", "swapped", "host-link time",
+            + table(mode_rows(modes), ["variant", "status", "host tier", "preemptions",
+                                       "preempted requests", "recomputed prefill",
+                                       "CPU-hit tokens", "offloaded" if v1 else "swapped",
+                                       "host-link time",
                                        "TTFT p99", "TBT p99", "preempted max TBT p99",
                                        "high-priority TTFT p99", "throughput (req/s)"]))
     fig = Figure("mode_comparison", charts.mode_comparison(modes.table(), modes.recommended))
@@ -444,9 +449,12 @@ def summary_dict(*, title: str, trace_summary: dict, run: RunResult, run_sum: di
 
 def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
                    sizing: SwapSizing | None, modes: ModeComparison | None, rec, stab,
-                   extra_sections: Sequence[Section]) -> list[Section]:
+                   extra_sections: Sequence[Section],
+                   host_tier_sections: Sequence[Section] | None = None) -> list[Section]:
+    """`host_tier_sections`: in place of the swap sizing (V1: CPU offloading, the migration)."""
+    host = list(host_tier_sections) if host_tier_sections is not None else [swap_section(sizing)]
     secs = [recommendations_section(rec, stab), stability_section(stab),
-            workload_section(trace_summary), baseline_section(run, run_sum), swap_section(sizing),
+            workload_section(trace_summary), baseline_section(run, run_sum), *host,
             modes_section(modes), latency_section(run, run_sum), *extra_sections]
     names = [f.name for s in secs for f in s.charts]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -458,7 +466,8 @@ def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
 def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: RunResult,
                  sizing: SwapSizing | None, modes: ModeComparison | None, recommendation,
                  stability, extra_sections: Sequence[Section] = (),
-                 extra_summary: dict | None = None) -> Path:
+                 extra_summary: dict | None = None,
+                 host_tier_sections: Sequence[Section] | None = None) -> Path:
     """Write `out_dir/index.html`, `out_dir/<chart>.png` and `out_dir/summary.json`; return the
     path of index.html. `recommendation` (capacity.analyses.plan.Recommendation) is the top of
     the page and of summary.json; `stability` (capacity.analyses.stability.Stability) follows."""
@@ -467,7 +476,7 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
     run_sum = run_summary(run.tables())
     sections = build_sections(trace_summary=trace_summary, run=run, run_sum=run_sum,
                               sizing=sizing, modes=modes, rec=recommendation, stab=stability,
-                              extra_sections=extra_sections)
+                              extra_sections=extra_sections, host_tier_sections=host_tier_sections)
     svgs = {}
     for fig in (f for s in sections for f in s.charts):
         svgs[fig.name], png = render_chart(fig.chart)

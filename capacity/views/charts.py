@@ -28,7 +28,7 @@ COLORS = {
     "arrivals": "#9d9d9d", "running": "#4c78a8", "waiting": "#f58518", "swapped": "#e45756",
     "GPU KV": "#4c78a8", "host KV": "#e45756",
     "recompute": "#4c78a8", "swap": "#e45756",
-    "recompute+prefix-cache": "#54a24b", "queue-only": "#9d9d9d",
+    "recompute+prefix-cache": "#54a24b", "queue-only": "#9d9d9d", "recompute+cpu-offload": "#b279a2",
     "recommended": "#54a24b", "peak": "#e45756",
 }
 
@@ -357,11 +357,19 @@ MODE_METRICS = (  # column, panel title
 )
 
 
+def mode_metrics(table: pl.DataFrame) -> tuple:
+    """MODE_METRICS, with V1's offloaded GiB in place of swapped GiB (V1 has no swap)."""
+    if "recompute+cpu-offload" in table["variant"].to_list():
+        return MODE_METRICS[:-1] + (("offloaded_gib", "written to the CPU tier (GiB)"),)
+    return MODE_METRICS
+
+
 def mode_frame(table: pl.DataFrame) -> pl.DataFrame:
-    cols = [c for c, _ in MODE_METRICS]
+    metrics = mode_metrics(table)
+    cols = [c for c, _ in metrics]
     t = table.select("variant", *cols).with_columns(pl.col("recomputed_share") * 100)
     return t.unpivot(index="variant", on=cols, variable_name="metric", value_name="value") \
-        .with_columns(pl.col("metric").replace(dict(MODE_METRICS))).fill_null(0.0)
+        .with_columns(pl.col("metric").replace(dict(metrics))).fill_null(0.0)
 
 
 def mode_comparison(table: pl.DataFrame, recommended: str | None = None):
@@ -374,7 +382,7 @@ def mode_comparison(table: pl.DataFrame, recommended: str | None = None):
         y=alt.Y("value:Q", title=None),
         color=alt.Color("variant:N", scale=_scale(names), sort=names, title="variant"),
     ).properties(width=140, height=HEIGHT).facet(
-        column=alt.Column("metric:N", title=None, sort=[t for _, t in MODE_METRICS],
+        column=alt.Column("metric:N", title=None, sort=[t for _, t in mode_metrics(table)],
                           header=alt.Header(labelFontSize=11, labelLimit=170)),
     ).resolve_scale(y="independent").properties(
         title=alt.Title("Preemption modes compared", subtitle=sub)))

@@ -1,0 +1,341 @@
+"""Sizing vLLM 0.33's CPU KV offloading (`--kv-offloading-size`, issue 16: `kvcap size-offload`).
+
+In vLLM 0.33 the host tier is the OffloadingConnector: every computed prompt block is written
+through to CPU memory, and a request admitted later loads from there what the GPU prefix cache has
+lost. It is a second-level prefix cache (oracle README §7, F3): its size decides how much prefill a
+request is spared, not whether a preemption can happen, so it is not sized like V0's
+`--swap-space` (the peak of concurrently swapped-out KV, capacity/analyses/sizing.py). It is sized
+by its curve: the trace is replayed at each size of a sweep (in parallel, through the planner) and
+each point records CPU-hit tokens, the prefill the GPU computes, recomputed prefill, TTFT p50/p99,
+TBT p99 and preemption stalls.
+
+The recommendation (`knee`) is the smallest swept size that is within `tolerance` of the best
+point of the sweep on the two things a prefix cache buys: the prefill tokens the GPU computes
+(≤ (1 + tolerance) × the fewest) and TTFT p99 (≤ (1 + tolerance) × the lowest). Size 0 (no
+connector) is always a point, so a tier that saves less than the tolerance recommends none. When no
+size is within tolerance on both (TTFT p99 moves for reasons the tier does not cause), the smallest
+size within tolerance on prefill work is taken and the reason says so. A recommendation is always
+a replayed size, never an interpolation.
+
+Host RAM: the tier pins what `resolve` computes (`kv_offloading_host_ram_bytes`). vLLM 0.33 does not
+check it against the host; kvcap applies V0's swap-space thresholds (warn above 40%, error above
+70% of the host RAM of the GPUs the replica uses, replay/memory.py), against `--host-ram-gib` or,
+when not given, a reference server of the GPU (`REFERENCE_HOST_RAM`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import polars as pl
+
+from capacity.analyses.metrics import GIB, nearest_rank, summary
+from capacity.analyses.planner import Planner
+from capacity.analyses.stability import stability
+from capacity.analyses.sweep import Job
+from replay.config import EngineConfig, resolve
+from replay.memory import SWAP_RAM_ERROR_FRACTION, SWAP_RAM_WARN_FRACTION
+
+TOLERANCE = 0.05
+# Default sweep: multiples of the GPU KV pool (a write-through tier no larger than the GPU cache
+# mostly holds copies of what the GPU still has), up to the KV of every prompt in the trace.
+POOL_MULTIPLES = (0.5, 1, 2, 4, 8, 16, 32)
+
+# Host RAM per GPU of the vendor's reference 8-GPU server (DGX datasheets: DGX A100 1 TB, DGX H100 /
+# H200 2 TB, DGX B200 2 TB base), used when --host-ram-gib is not given. GPUs sold in servers of
+# every size (PCIe H100, L40S) have no reference: their verdict needs --host-ram-gib.
+REFERENCE_HOST_RAM = {
+    "a100-40gb": ("DGX A100", 1024 / 8), "a100-80gb": ("DGX A100", 1024 / 8),
+    "h100": ("DGX H100", 2048 / 8), "h200": ("DGX H200", 2048 / 8), "b200": ("DGX B200", 2048 / 8),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffloadPoint:
+    kv_offloading_size_gib: float       # total over the TP group, as vLLM's flag
+    num_cpu_chunks: int                 # the tier as resolved (chunks of blocks)
+    host_ram_gib: float                 # what the tier pins
+    host_ram_verdict: str | None        # "ok" | "warn" | "error" | None (no host RAM known)
+    cpu_hit_tokens: int                 # at first admission, summed over requests
+    gpu_hit_tokens: int
+    prefill_tokens: int                 # prefill the GPU computed (all steps)
+    recomputed_prefill_tokens: int      # of which: work redone after preemptions
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tbt_p99_s: float | None
+    preemptions: int
+    preemption_stalls: int
+    stall_p99_s: float | None
+    throughput_rps: float
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Knee:
+    index: int              # into the points, sorted by size
+    size_gib: float
+    within_both: bool       # False: TTFT p99 was not within tolerance anywhere prefill work was
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffloadSizing:
+    scheduler: str
+    scheduler_loop: str                 # "async" | "sync": the loop every point replayed
+    tensor_parallel_size: int
+    tolerance: float
+    points: tuple[OffloadPoint, ...]    # by size, 0 (no connector) first
+    knee: Knee
+    host_ram_total_gib: float | None    # host RAM of the replica's GPUs the verdicts compare to
+    host_ram_source: str
+
+    @property
+    def recommended(self) -> OffloadPoint:
+        return self.points[self.knee.index]
+
+    @property
+    def recommended_kv_offloading_size_gib(self) -> float:
+        return self.knee.size_gib
+
+    @property
+    def needed(self) -> bool:
+        return self.knee.size_gib > 0
+
+    def engine_words(self) -> str:
+        return f"vLLM {self.scheduler.upper()} (0.33), {self.scheduler_loop} scheduling loop"
+
+    def flags(self) -> tuple[str, ...]:
+        if not self.needed:
+            return ()
+        return ("--kv-offloading-size", f"{self.knee.size_gib:g}", "--kv-offloading-backend",
+                "native")
+
+    def words(self) -> str:
+        r, base = self.recommended, self.points[0]
+        if not self.needed:
+            return f"no CPU offloading: {self.knee.reason}"
+        ram = (f"; pins {r.host_ram_gib:g} GiB of host RAM ({r.host_ram_verdict})"
+               if r.host_ram_verdict else f"; pins {r.host_ram_gib:g} GiB of host RAM")
+        return (f"--kv-offloading-size {self.knee.size_gib:g} GiB (V1, all TP ranks): "
+                f"{r.cpu_hit_tokens:,} prompt tokens hit the CPU tier, the GPU computes "
+                f"{_pct(r.prefill_tokens, base.prefill_tokens)} of the prefill it computes without "
+                f"offloading; {self.knee.reason}{ram}")
+
+    def as_dict(self) -> dict:
+        return {"engine": self.scheduler, "scheduler_loop": self.scheduler_loop,
+                "engine_words": self.engine_words(),
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "points": [dataclasses.asdict(p) for p in self.points],
+                "recommended_kv_offloading_size_gib": self.knee.size_gib,
+                "tolerance": self.tolerance, "within_tolerance_on_both": self.knee.within_both,
+                "reason": self.knee.reason, "needed": self.needed, "flags": list(self.flags()),
+                "host_ram_gib": self.recommended.host_ram_gib,
+                "host_ram_verdict": self.recommended.host_ram_verdict,
+                "host_ram_total_gib": self.host_ram_total_gib,
+                "host_ram_source": self.host_ram_source, "words": self.words()}
+
+
+def _pct(x: int, of: int) -> str:
+    return f"{x / of:.0%}" if of else "-"
+
+
+# ------------------------------------------------------------------------------ the knee (pure)
+def check_tolerance(tolerance: float) -> None:
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance)
+            and 0 <= tolerance < 1):
+        raise ValueError(f"--tolerance {tolerance!r}: must be a fraction in [0, 1), e.g. 0.05")
+
+
+def knee(points: Sequence, tolerance: float = TOLERANCE) -> Knee:
+    """The smallest size within `tolerance` of the best on prefill work and TTFT p99 (see the
+    module docstring). `points`: objects with `kv_offloading_size_gib`, `prefill_tokens` and
+    `ttft_p99_s`, in any order; the index is into them sorted by size."""
+    if not points:
+        raise ValueError("knee: no points")
+    check_tolerance(tolerance)
+    pts = sorted(points, key=lambda p: p.kv_offloading_size_gib)
+    least_work = min(p.prefill_tokens for p in pts)
+    ttfts = [p.ttft_p99_s for p in pts if p.ttft_p99_s is not None]
+    best_ttft = min(ttfts) if ttfts else None
+
+    def work_ok(p) -> bool:
+        return p.prefill_tokens <= least_work * (1 + tolerance)
+
+    def ttft_ok(p) -> bool:
+        return best_ttft is None or (p.ttft_p99_s is not None
+                                     and p.ttft_p99_s <= best_ttft * (1 + tolerance))
+
+    tol = f"{tolerance:.0%}"
+    for i, p in enumerate(pts):
+        if work_ok(p) and ttft_ok(p):
+            if i == 0 and p.kv_offloading_size_gib == 0:
+                why = (f"no swept size cuts the prefill the GPU computes or TTFT p99 by more than "
+                       f"{tol} against no offloading")
+            else:
+                why = (f"the smallest swept size within {tol} of the best on prefill work "
+                       f"({p.prefill_tokens:,} vs {least_work:,} tokens) and TTFT p99 "
+                       f"({_sec(p.ttft_p99_s)} vs {_sec(best_ttft)})")
+            return Knee(index=i, size_gib=p.kv_offloading_size_gib, within_both=True, reason=why)
+    i, p = next((i, p) for i, p in enumerate(pts) if work_ok(p))
+    return Knee(index=i, size_gib=p.kv_offloading_size_gib, within_both=False, reason=(
+        f"the smallest swept size within {tol} of the fewest prefill tokens ({p.prefill_tokens:,} "
+        f"vs {least_work:,}); no size is also within {tol} of the lowest TTFT p99 "
+        f"({_sec(best_ttft)}), which varies across the sweep for reasons other than the tier"))
+
+
+def _sec(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
+
+
+# ---------------------------------------------------------------------------- sizes and host RAM
+def nice_gib(x: float) -> float:
+    """Round up to 2 significant digits (27.3 -> 28, 0.123 -> 0.13): sizes people configure."""
+    if x <= 0:
+        return 0.0
+    e = math.floor(math.log10(x)) - 1
+    return round(math.ceil(x / 10 ** e - 1e-9) * 10 ** e, max(0, -e))
+
+
+def default_sizes(trace: pl.DataFrame, config: EngineConfig) -> tuple[float, ...]:
+    """Multiples of the GPU KV pool (total over TP) up to the first that holds the KV of every
+    prompt of the trace (nothing larger can hold more: only prompts are stored by default)."""
+    eng = resolve(config)
+    tp = config.tensor_parallel_size
+    pool = eng.num_gpu_blocks * eng.kv_bytes_per_block * tp / GIB
+    prompts = float(trace["prompt_tokens"].cast(pl.Int64).sum() or 0) * eng.kv_bytes_per_token * tp / GIB
+    out: list[float] = []
+    for m in POOL_MULTIPLES:
+        out.append(nice_gib(pool * m))
+        if pool * m >= prompts:
+            break
+    return tuple(dict.fromkeys(s for s in out if s > 0))
+
+
+def host_ram_total(config: EngineConfig, host_ram_gib: float | None) -> tuple[float | None, str]:
+    """Host RAM (GiB) of the GPUs one replica uses, and where the number comes from."""
+    tp = config.tensor_parallel_size
+    if host_ram_gib is not None:
+        return host_ram_gib, "--host-ram-gib"
+    ref = REFERENCE_HOST_RAM.get(resolve(config).gpu.name)
+    if ref is None:
+        return None, (f"unknown for {resolve(config).gpu.name} (no reference server): give "
+                      f"--host-ram-gib for a verdict")
+    server, per_gpu = ref
+    return per_gpu * tp, (f"{server} reference server: {per_gpu:g} GiB per GPU x {tp} GPU"
+                          f"{'s' if tp > 1 else ''}")
+
+
+def host_ram_verdict(pinned_bytes: int, total_gib: float | None) -> str | None:
+    if total_gib is None:
+        return None
+    if pinned_bytes > SWAP_RAM_ERROR_FRACTION * total_gib * GIB:
+        return "error"
+    if pinned_bytes > SWAP_RAM_WARN_FRACTION * total_gib * GIB:
+        return "warn"
+    return "ok"
+
+
+# ------------------------------------------------------------------------------------ the sweep
+def offload_config(config: EngineConfig, size_gib: float) -> EngineConfig:
+    """`config` with a tier of `size_gib` (0: no connector). The tier is sized by GiB, as vLLM's
+    flag: a num_cpu_blocks_override would override it."""
+    return dataclasses.replace(config, kv_offloading_size=size_gib or None,
+                               num_cpu_blocks_override=None)
+
+
+def point(size_gib: float, tables: dict[str, pl.DataFrame], config: EngineConfig,
+          total_gib: float | None) -> OffloadPoint:
+    s = summary(tables)
+    req, steps, stalls = tables["requests"], tables["steps"], tables["stalls"]
+    eng = resolve(config)
+    pinned = eng.kv_offloading_host_ram_bytes
+
+    def col_sum(df: pl.DataFrame, name: str) -> int:
+        return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
+
+    return OffloadPoint(
+        kv_offloading_size_gib=size_gib, num_cpu_chunks=eng.spec.num_cpu_blocks if size_gib else 0,
+        host_ram_gib=pinned / GIB, host_ram_verdict=host_ram_verdict(pinned, total_gib),
+        cpu_hit_tokens=col_sum(req, "cpu_hit_tokens"), gpu_hit_tokens=col_sum(req, "gpu_hit_tokens"),
+        prefill_tokens=col_sum(steps, "num_prefill_tokens"),
+        recomputed_prefill_tokens=col_sum(req, "recomputed_tokens"),
+        ttft_p50_s=s["ttft_p50_s"], ttft_p99_s=s["ttft_p99_s"], tbt_p99_s=s["tbt_p99_s"],
+        preemptions=s["preemptions_recompute"] + s["preemptions_swap"],
+        preemption_stalls=stalls.height,
+        stall_p99_s=nearest_rank(stalls["stall_s"].to_numpy(), 0.99),
+        throughput_rps=s["throughput_rps"], run_id=s["run_id"])
+
+
+@functools.cache
+def not_replayable() -> str | None:
+    """Why this build cannot replay CPU KV offloading (None: it can). A one-request probe, run
+    once per process: the V1 engines gain the connector in stages (issue 16)."""
+    from replay.run import replay
+    probe = pl.DataFrame({"request_id": [0], "arrival_s": [0.0],
+                          "prompt_tokens": pl.Series([32], dtype=pl.Int32),
+                          "output_tokens": pl.Series([2], dtype=pl.Int32),
+                          "priority": pl.Series([0], dtype=pl.Int32),
+                          "tenant": pl.Series([None], dtype=pl.Utf8),
+                          "prefix_hashes": pl.Series([None], dtype=pl.List(pl.UInt64))})
+    try:
+        # The reference first: every engine models what it models (the compiled core falls
+        # back to it), and it says nothing on stderr.
+        replay(probe, EngineConfig(kv_offloading_size=1.0, num_gpu_blocks_override=64,
+                                   max_model_len=1024), implementation="reference")
+    except NotImplementedError as e:
+        return str(e).splitlines()[0] if str(e) else "CPU KV offloading is not modelled yet"
+    return None
+
+
+def check_v1(config: EngineConfig) -> None:
+    if config.scheduler != "v1":
+        raise ValueError("size-offload: --kv-offloading-size is vLLM V1's CPU offloading; V0's "
+                         "host tier is --swap-space: use `kvcap size-swap --scheduler v0`")
+    if config.preemption_mode == "swap":
+        raise ValueError("size-offload: vLLM V1 has no swap preemption; drop --preemption-mode "
+                         "swap (V1 recomputes; the CPU tier is --kv-offloading-size)")
+
+
+def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[float] | None = None,
+                 tolerance: float = TOLERANCE, host_ram_gib: float | None = None,
+                 planner: Planner | None = None, baseline: dict | None = None) -> OffloadSizing:
+    """Replay `trace` under `config` at each size (plus 0) and recommend the knee.
+
+    Refuses (ValueError) an overloaded run at size 0: its TTFT measures the backlog, and a tier
+    sized there would be sized for it. `baseline`: the tables of the replay of `config` without a
+    connector, when the caller has them."""
+    check_v1(config)
+    check_tolerance(tolerance)                       # before any replay
+    why = not_replayable()
+    if why:
+        raise ValueError(f"size-offload: this build cannot replay CPU KV offloading yet ({why})")
+    planner = planner or Planner()
+    sizes = tuple(sorted({0.0, *(float(s) for s in (sizes or default_sizes(trace, config)))}))
+    for s in sizes:
+        if not (math.isfinite(s) and s >= 0):
+            raise ValueError(f"--sizes: {s!r} must be GiB >= 0")
+    cfgs = [offload_config(config, s) for s in sizes]
+    base = baseline or planner.replay(trace, cfgs[0], "size-offload 0").tables()
+    st = stability(base)
+    if not st.sustainable:
+        raise ValueError(f"size-offload: the engine is overloaded at this load ({st.evidence}); "
+                         f"a tier sized here would be sized for the backlog — lower the rate "
+                         f"(--rate-scale) or add capacity first")
+    jobs = [Job(trace=trace, config=c, label=f"size-offload {s:g}", trace_name=planner.trace_name)
+            for s, c in zip(sizes[1:], cfgs[1:])]
+    runs = planner.run(jobs)
+    total, source = host_ram_total(config, host_ram_gib)
+    pts = [point(0.0, base, cfgs[0], total)]
+    pts += [point(s, r.tables(), c, total) for s, c, r in zip(sizes[1:], cfgs[1:], runs)]
+    run0 = base["runs"].row(0, named=True)
+    return OffloadSizing(
+        scheduler=config.scheduler, tensor_parallel_size=config.tensor_parallel_size,
+        scheduler_loop="async" if run0.get("async_scheduling") else "sync",
+        tolerance=tolerance, points=tuple(pts), knee=knee(pts, tolerance),
+        host_ram_total_gib=total, host_ram_source=source)
+
