@@ -275,7 +275,12 @@ def point(size_gib: float, tables: dict[str, pl.DataFrame], config: EngineConfig
 def not_replayable() -> str | None:
     """Why this build cannot replay CPU KV offloading (None: it can). A one-request probe, run
     once per process: the V1 engines gain the connector in stages (issue 16)."""
+    from replay import compiled
     from replay.run import replay
+    if not compiled.has_offloading("v1"):
+        # Sweeps replay a trace many times: on the Python reference (tens of times slower than
+        # the compiled core) a plan or report would take many minutes (offload, 2026-12-02).
+        return compiled.unavailable_offloading_reason("v1")
     probe = pl.DataFrame({"request_id": [0], "arrival_s": [0.0],
                           "prompt_tokens": pl.Series([32], dtype=pl.Int32),
                           "output_tokens": pl.Series([2], dtype=pl.Int32),
