@@ -68,11 +68,18 @@ def spec_dict(spec: SchedulerSpec) -> dict:
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
 
 
+def unavailable_offloading_reason(engine: str) -> str:
+    return (f"the compiled {engine} core does not model CPU KV offloading "
+            "(--kv-offloading-size) yet")
+
+
 def unavailable(engine: str, executor, keys, state: RequestState,
                 spec: SchedulerSpec | None = None) -> str | None:
     """Why the compiled core of `engine` cannot run this replay (None when it can)."""
     if CORES.get(engine) is None:
         return f"the compiled {engine} core is not built (no C compiler at install time?)"
+    if spec is not None and spec.kv_offloading and not has_offloading(engine):
+        return unavailable_offloading_reason(engine)
     if type(executor) is not CostModel:
         return f"the {type(executor).__name__} executor is not the cost model the cores price with"
     if type(keys) is TokenBlockKeys and keys.all_tokens is None:
