@@ -124,3 +124,24 @@ def test_alerts_refuse_an_overloaded_run(conv800, tmp_path):
     rules = tmp_path / "rules.yml"
     err = kvcap("alerts", conv800, *OVERLOAD, "-o", rules, rc=2).stderr
     assert "overloaded" in err and not rules.exists()
+
+
+def test_queue_only_note_names_what_it_actually_costs():
+    """The note said 'raise TTFT p99 from 10,999 ms to 9,398 ms' when queue-only lowered TTFT but
+    lost on TBT or throughput: it must name the criterion that is worse, in the right direction."""
+    import dataclasses
+
+    from capacity.analyses import modes
+    base = dict(variant="x", run_id="r", status="completed", abort_s=None, recomputed_tokens=0,
+                recomputed_share=0.0, swapped_gib=0.0, host_link_s=0.0,
+                max_tbt_p99_preempted_s=0.2, ttft_p99_preempted_s=None, tbt_p99_s=0.17,
+                ttft_p99_s=11.0, throughput_rps=15.65, ttft_p99_high_priority_s=None,
+                meets_slo=False)
+    fields = {f.name for f in dataclasses.fields(modes.ModeResult)}
+    best = modes.ModeResult(**{k: v for k, v in base.items() if k in fields},
+                            **{f: None for f in fields - set(base)})
+    q = dataclasses.replace(best, variant="queue-only", ttft_p99_s=9.4, throughput_rps=15.2)
+    note = modes._queue_note(q, best)
+    assert "TTFT" not in note and "serve 0.45 req/s less (15.200 vs 15.650)" in note
+    worse = dataclasses.replace(q, ttft_p99_s=12.0, throughput_rps=15.65)
+    assert "raise TTFT p99 from 11,000 ms to 12,000 ms" in modes._queue_note(worse, best)

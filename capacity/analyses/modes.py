@@ -167,11 +167,15 @@ def _stall_key(r: ModeResult) -> tuple:
             -r.throughput_rps)
 
 
+# Served throughputs within this fraction are the same: they differ by when the last requests end.
+THROUGHPUT_TIE = 1e-3
+
+
 def _no_worse(q: ModeResult, best: ModeResult) -> bool:
     """Queue-only loses nothing on any stated criterion (it has no preemption stalls)."""
     return (q.status == "completed" and q.ttft_p99_s is not None and best.ttft_p99_s is not None
             and q.ttft_p99_s <= best.ttft_p99_s and (q.tbt_p99_s or 0.0) <= (best.tbt_p99_s or 0.0)
-            and q.throughput_rps >= best.throughput_rps)
+            and q.throughput_rps >= best.throughput_rps * (1 - THROUGHPUT_TIE))
 
 
 def _queue_note(q: ModeResult | None, best: ModeResult) -> str:
@@ -181,9 +185,23 @@ def _queue_note(q: ModeResult | None, best: ModeResult) -> str:
                 f"vLLM has no flag for it; the nearest vLLM setting is a --max-num-seqs small "
                 f"enough that the KV cache never runs out (see the tuning)")
     if q is not None and q.ttft_p99_s is not None and best.ttft_p99_s is not None:
-        return (f"queue-only would avoid the stalls but raise TTFT p99 from {_ms(best.ttft_p99_s)} "
-                f"to {_ms(q.ttft_p99_s)}")
+        return "queue-only would avoid the stalls but " + _queue_costs(q, best)
     return ""
+
+
+def _queue_costs(q: ModeResult, best: ModeResult) -> str:
+    """What queue-only loses against the recommended mode (it is worse on at least one)."""
+    if q.status != "completed":
+        return f"does not complete the trace ({q.status})"
+    costs = []
+    if q.ttft_p99_s > best.ttft_p99_s:
+        costs.append(f"raise TTFT p99 from {_ms(best.ttft_p99_s)} to {_ms(q.ttft_p99_s)}")
+    if (q.tbt_p99_s or 0.0) > (best.tbt_p99_s or 0.0):
+        costs.append(f"raise TBT p99 from {_ms(best.tbt_p99_s)} to {_ms(q.tbt_p99_s)}")
+    if q.throughput_rps < best.throughput_rps * (1 - THROUGHPUT_TIE):
+        costs.append(f"serve {best.throughput_rps - q.throughput_rps:.2g} req/s less "
+                     f"({q.throughput_rps:.3f} vs {best.throughput_rps:.3f})")
+    return " and ".join(costs)
 
 
 def _slo_miss(results: list[ModeResult]) -> str:
