@@ -99,7 +99,7 @@ def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_toke
     config = EngineConfig(model=model, gpu=gpu, tensor_parallel_size=tp,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype)
-    _, base_json, base = _measured_base(resolve(config), kv_cache_dtype, "--from-bench")
+    base_json, base = _measured_base(resolve(config), kv_cache_dtype, "--from-bench")
     fitted, report = bench_fit.fit(bench, config, base,
                                    log=None if as_json else (lambda m: err.print(m, highlight=False)))
     summary = {"profile": str(output), "base": base_json["name"],
@@ -128,7 +128,7 @@ def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_toke
 
 
 def _measured_base(eng, kv_cache_dtype: str, flag: str):
-    """The shipped profile a fit starts from: (path, its JSON, its tables)."""
+    """The shipped profile a fit starts from: (its JSON, its tables)."""
     import json
 
     from replay import step_profile
@@ -140,7 +140,7 @@ def _measured_base(eng, kv_cache_dtype: str, flag: str):
         raise ValueError(f"{flag}: no measured step-time profile for {eng.model.name} on "
                          f"{eng.gpu.name}, tp={tp}, kv_cache_dtype={kv_cache_dtype} to fit "
                          "(docs/timing.md lists the shipped ones)")
-    return base, json.loads(base.read_text(encoding="utf-8")), step_profile.load(base)
+    return json.loads(base.read_text(encoding="utf-8")), step_profile.load(base)
 
 
 def _from_logs(paths, trace_path, trace_format, output, model, gpu, tp, max_num_seqs,
@@ -176,7 +176,7 @@ def _from_logs(paths, trace_path, trace_format, output, model, gpu, tp, max_num_
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype)
     eng = resolve(config)
-    _, base_json, base = _measured_base(eng, kv_cache_dtype, "--from-logs")
+    base_json, base = _measured_base(eng, kv_cache_dtype, "--from-logs")
     interval = st["interval_s"].fill_null(st["interval_s"].median() or 10.0)
     w = log_fit.StatsWindows(
         end_s=st["epoch_s"].to_numpy(), interval_s=interval.to_numpy(),
