@@ -39,7 +39,7 @@ SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two s
 # not read them either: tests/test_compiled.py checks both).
 _BYTES = "events' bytes are blocks x kv_bytes_per_block, computed here (the executor prices swaps)"
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
-    "v1": {"on_swap_full": "V0 only: V1 recomputes a victim the host tier cannot take",
+    "v1": {"on_swap_full": "V0 only: V1 has no swap preemption",
            "v0_watermark": "V0's block-manager watermark"},
     "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
            "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
@@ -263,8 +263,7 @@ class StepCore:
     (`replay.plan.Scheduler` plus the oracle hooks `abort_request` and `snapshot`): the oracle
     and golden scenarios run on both implementations with it. `run` is the same steps without
     the round trips. The request counters live in `state` (the core writes its arrays in place).
-    V1 plans carry swap block pairs as counts only (rows of -1: its offload tier is priced by
-    count and its oracle scenarios print none); V0 plans carry the real pairs."""
+    V0 plans carry the swap block pairs; V1 has no swap."""
 
     def __init__(self, engine: str, spec: SchedulerSpec, state: RequestState, keys) -> None:
         self.engine, self.spec, self.state = engine, spec, state
@@ -317,19 +316,17 @@ class StepCore:
                                              _col(p, "pre_fallback", np.uint8).tolist(), prio))
         rej = tuple(Rejection(row=r, reason="") for r in _col(p, "rej_rows", np.int32).tolist())
         if "swap_out" in p:
-            swap_out = _col(p, "swap_out", np.int64).reshape(-1, 2).copy()
-            swap_in = _col(p, "swap_in", np.int64).reshape(-1, 2).copy()
+            swap = dict(swap_out=_col(p, "swap_out", np.int64).reshape(-1, 2).copy(),
+                        swap_in=_col(p, "swap_in", np.int64).reshape(-1, 2).copy(),
+                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()))
         else:
-            swap_out = np.full((p["nswap_out"], 2), -1, np.int64)
-            swap_in = np.full((p["nswap_in"], 2), -1, np.int64)
+            swap = {}
         off = _offload_plan(p.get("offload"))
         return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
                         num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
                         is_prefill=_col(p, "prefill", np.uint8).astype(bool),
                         kind=_col(p, "kind", np.int8).copy() if "kind" in p else None,
-                        swap_out=swap_out, swap_in=swap_in, preempted=pre,
-                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej,
-                        **off)
+                        preempted=pre, rejected=rej, **swap, **off)
 
     def update(self, plan):
         from replay.plan import StepOutput
@@ -357,8 +354,7 @@ class StepCore:
 
     @property
     def num_swapped(self) -> int:
-        s = self._snap()
-        return len(s["swapped"]) if self.engine == "v0" else s["num_swapped"]
+        return len(self._snap()["swapped"]) if self.engine == "v0" else 0
 
     def block_table(self, row: int) -> list[int]:
         return list(self._snap()["tables"].get(row, ()))
@@ -383,11 +379,8 @@ class StepCore:
             prio, arr = self.state.priority, self.state.arrival_s
             waiting = sorted(waiting, key=lambda r: (prio[r], arr[r], r))
         usable = spec.num_gpu_blocks - 1
-        host = spec.num_cpu_blocks if spec.preemption_mode == "swap" else None
         out = {"waiting": waiting, "running": s["running"], "swapped": [],
-               "free_gpu": s["free_gpu"],
-               "free_cpu": None if host is None else host - s["cpu_used"],
-               "blocks": s["tables"],
+               "free_gpu": s["free_gpu"], "free_cpu": None, "blocks": s["tables"],
                "computed": {r: int(self.state.num_computed[r]) for r in self._rows.tolist()},
                "kv_usage": 0.0 if usable == 0 else 1.0 - s["free_gpu"] / usable,
                "free_queue": s["free_queue"]}

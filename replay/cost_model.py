@@ -16,7 +16,7 @@ with T = scheduled tokens, S = rows that sample, n_i / c_i = new / context token
 bytes per GPU, kv_token_bytes = KV bytes per token per GPU. With V1 async scheduling
 (`async_scheduling=True`, vLLM 0.33's default) the engine schedules step k+1 and prepares its
 inputs while step k's forward runs, so the CPU-side overhead is hidden behind the forward pass and
-a step costs the longer of the two; host-link copies (V0 swap, the V1 host tier) still add, as the
+a step costs the longer of the two; host-link copies (V0 swap) still add, as the
 copy precedes the forward (docs/design.md "Async cost overlap"). This is the one Python copy of the
 formula; the compiled cores' one copy is `cost_step_s` in replay/kvcore.h, with the same operation
 order, so both agree to the last bit (the differential tests rely on it).
