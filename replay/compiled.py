@@ -91,7 +91,11 @@ def unavailable(engine: str, executor, keys, state: RequestState,
     return None
 
 
-def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys,
+# Cost constants for a core stepped from Python (StepCore: the caller prices each step).
+_NO_COST_ARGS = (0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, None, False)
+
+
+def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel | None, keys,
              outputs: tuple, *, fields_in: dict | None = None, keys_in: tuple | None = None):
     """(core handle, the spec fields it did not read) for one replay; raises if the core left a
     field unread that it does not declare not applicable (`fields_in` overrides the spec dict:
@@ -108,7 +112,7 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
               state.computed_at_preemption, *outputs, state.priority, state.cpu_hit_tokens)
     left = dict(spec_dict(spec) if fields_in is None else fields_in)
-    core = ext.new(arrays, left, cost_args(executor),
+    core = ext.new(arrays, left, executor.c_args() if executor is not None else _NO_COST_ARGS,
                    keys_in or keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
     if unread:
@@ -138,14 +142,6 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
     hbt = keys.hash_block_tokens
     shared = np.minimum(lens * hbt, state.prompt_len) // block_size
     return (1, hbt, off, ids if len(ids) else np.zeros(1, np.int64), shared)
-
-
-def cost_args(ex: CostModel) -> tuple:
-    """kvcore.h `cost_parse`: the cost model's folded constants."""
-    return (ex._linear_per_token, ex._lm_head_per_sample, ex._attn_per_unit, ex._flops_rate,
-            ex._bytes_rate, ex._weight_bytes, ex.constants.overhead_s, ex._ar_fixed,
-            ex._ar_per_token, ex.kv_bytes_per_token, ex.kv_bytes_per_block, ex._swap_per_block,
-            None if ex.measured is None else ex.measured.c_args(), bool(ex.async_scheduling))
 
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
@@ -273,7 +269,7 @@ class StepCore:
         n = state.n
         self._outputs = (np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.zeros(n))
         # No executor: the contract leaves pricing to the caller (the constants are never read).
-        self._core, _ = new_core(engine, state, spec, _NO_COST, keys, self._outputs)
+        self._core, _ = new_core(engine, state, spec, None, keys, self._outputs)
         self._rows = np.zeros(0, np.int64)
         self._aborted = False
 
@@ -404,17 +400,3 @@ def _offload_plan(off: dict | None) -> dict:
             "offload_loads": transfers(off["loads"]), "offload_stores": transfers(off["stores"]),
             "offload_evicted": tuple(off["evicted"]), "offload_store_failed": tuple(off["failed"]),
             "offload_flushed": tuple(off["flushed"])}
-
-
-class _NoCost:
-    """Cost constants for a core that is stepped from Python (never priced in C)."""
-    _linear_per_token = _lm_head_per_sample = _attn_per_unit = 0.0
-    _flops_rate = _bytes_rate = 1.0
-    _weight_bytes = _ar_fixed = _ar_per_token = _swap_per_block = 0.0
-    kv_bytes_per_token = kv_bytes_per_block = 0
-    measured = None
-    async_scheduling = False
-    constants = type("C", (), {"overhead_s": 0.0})()
-
-
-_NO_COST = _NoCost()
