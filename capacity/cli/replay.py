@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import CliError, emit_json, engine_flags, guarded, trace_input
+from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
+                                 guarded, trace_input)
 
 err = Console(stderr=True)
 
@@ -80,6 +81,7 @@ def replay_cmd(
     db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to append the run to."),
     label: Optional[str] = typer.Option(None, "--label"),
     trace_format: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     reference: bool = typer.Option(False, "--reference", help="Replay on the Python reference implementation instead of the compiled core."),
     stub_shape: Optional[str] = typer.Option(None, "--stub-shape", help="Stub model: full | tiny (default: full on CUDA, tiny on CPU)."),
     timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
@@ -97,7 +99,7 @@ def replay_cmd(
     from capacity.analyses.metrics import summary
     from replay.store import write_run
     wall0 = time.perf_counter()
-    trace, _ = trace_input(file, trace_format, rate_scale, binned=False)
+    trace, _ = trace_input(file, trace_format, rate_scale, binned=False, hash_block_tokens=hash_block_tokens)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
     facts = _facts_from_logs(from_logs, log_source, engine) if from_logs is not None else None
