@@ -274,9 +274,6 @@ def check_v1(config: EngineConfig) -> None:
     if config.scheduler != "v1":
         raise ValueError("size-offload: --kv-offloading-size is vLLM V1's CPU offloading; V0's "
                          "host tier is --swap-space: use `kvcap size-swap --scheduler v0`")
-    if config.preemption_mode == "swap":
-        raise ValueError("size-offload: vLLM V1 has no swap preemption; drop --preemption-mode "
-                         "swap (V1 recomputes; the CPU tier is --kv-offloading-size)")
 
 
 def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[float] | None = None,

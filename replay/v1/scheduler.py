@@ -5,10 +5,10 @@ One `schedule()` is a running phase (walk `running` in order under one token bud
 that cannot get blocks preempts the newest, or under priority the worst (priority, arrival),
 until it fits or preempted itself) then, only if nothing was preempted, a waiting phase (admit the
 head while it fits; head-of-line blocking). `update()` plays the model output back as
-`../shared/oracle/oracle.py` does. kvcap additions, by `spec.preemption_mode`: "swap" stores a
-victim's full blocks in a host offload tier (reference B8) and loads them back on resume; "none"
-admits only what can run to completion beside what running requests were promised, so nothing
-is ever preempted. Requests that can never run are rejected instead of hanging.
+`../shared/oracle/oracle.py` does. V1 preempts by recompute only (its host tier is CPU KV
+offloading, replay/v1/offload.py); kvcap's addition `preemption_mode` "none" admits only what can
+run to completion beside what running requests were promised, so nothing is ever preempted.
+Requests that can never run are rejected instead of hanging.
 
 Owns the queues and block tables; writes the request counters in `RequestState`. This is the
 reference implementation: one step at a time, no speed tricks (the compiled core, replay/v1/_core.c,
@@ -23,7 +23,6 @@ from replay.raw import BATCH_KINDS
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
-from replay.v1.host_tier import HostTier
 from replay.v1.kv_cache_manager import Admission, KVCacheManager
 from replay.v1.offload import Connector
 from replay.v1.queues import FcfsQueue, PriorityQueue
@@ -44,7 +43,8 @@ class V1Scheduler:
         self.waiting = (PriorityQueue(priority=state.priority, arrival_s=state.arrival_s)
                         if spec.policy == "priority" else FcfsQueue())
         self.mode = spec.preemption_mode
-        self.host = HostTier(num_blocks=spec.num_cpu_blocks) if self.mode == "swap" else None
+        if self.mode == "swap":
+            raise ValueError("V1 has no swap preemption (its host tier is CPU KV offloading)")
         self.max_active = (spec.max_num_active_seqs if spec.max_num_active_seqs is not None
                            else spec.max_num_seqs)
         # vLLM: int(watermark * num_blocks), null block included.
@@ -59,7 +59,6 @@ class V1Scheduler:
         # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
         self.prefilling = np.zeros(state.n, dtype=bool)
         self._prefill_rows: set[int] = set()   # the running rows among them
-        self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
         self._last_rows = np.zeros(0, _I64)
         self._admitted: dict[int, int] = {}
         # Async scheduling (0.33 AsyncScheduler, lag 1): a token sampled by the step in flight
@@ -130,7 +129,6 @@ class V1Scheduler:
             self.waiting.remove(row)
             if row in self._arrived:
                 self._arrived.remove(row)
-            self._swapped.discard(row)
         else:
             return
         self._in_flight = self._in_flight[self._in_flight != row]
@@ -147,7 +145,7 @@ class V1Scheduler:
 
     @property
     def num_swapped(self) -> int:
-        return len(self._swapped)
+        return 0
 
     def block_table(self, row: int) -> list[int]:
         """GPU block ids of a request holding GPU blocks, in token order."""
@@ -157,9 +155,7 @@ class V1Scheduler:
         return self.kv.pool.num_used
 
     def cpu_blocks_used(self) -> int:
-        if self.conn is not None:
-            return self.conn.tier.num_used
-        return 0 if self.host is None else self.host.num_used
+        return 0 if self.conn is None else self.conn.tier.num_used
 
     def has_unfinished(self) -> bool:
         return (bool(self.running) or len(self.waiting) > 0 or bool(self.loading)
@@ -178,8 +174,7 @@ class V1Scheduler:
     def snapshot(self) -> dict:
         pool = self.kv.pool
         snap = {"waiting": self.loading + self.waiting.rows(), "running": list(self.running),
-                "swapped": [], "free_gpu": pool.num_free,
-                "free_cpu": None if self.host is None else self.host.num_blocks - self.host.num_used,
+                "swapped": [], "free_gpu": pool.num_free, "free_cpu": None,
                 "blocks": {r: list(self.kv.tables.get(r, [])) for r in self.running},
                 "computed": {r: int(self.state.num_computed[r]) for r in self._last_rows.tolist()},
                 "kv_usage": pool.usage(), "free_queue": pool.free_order()}
@@ -242,8 +237,8 @@ class V1Scheduler:
 
     def _admission(self, row: int, budget: int, thr: int):
         """The waiting-phase checks for the head `row` without side effects on the pool:
-        (num_new_tokens, Admission, host keys to load, CPU-hit tokens to load), None when it
-        cannot be admitted now, or "skip" when the connector defers its lookup (F10)."""
+        (num_new_tokens, Admission, CPU-hit tokens to load), None when it cannot be admitted now,
+        or "skip" when the connector defers its lookup (F10)."""
         spec, kv, bs = self.spec, self.kv, self.block_size
         nt = self._prompt[row] + int(self.state.num_output[row])
         hits = kv.get_computed_blocks(row, nt)
@@ -263,18 +258,8 @@ class V1Scheduler:
                                 reserved_blocks=self._reserved_for_prefills())
                 if kv.num_blocks_needed(row, 0, adm) is None:
                     return None
-                return 0, adm, [], cpu
-        load_keys: list[int] = []
-        if self.host is not None and self.host.num_used:
-            # The offload tier continues the GPU hit (connector: longer external match).
-            max_blocks = (nt - 1) // bs
-            if len(hits) < max_blocks:
-                lookup = self.host.lookup
-                for key in kv.block_keys(row, len(hits), max_blocks):
-                    if lookup(key) is None:
-                        break
-                    load_keys.append(key)
-        n = nt - (len(hits) + len(load_keys)) * bs
+                return 0, adm, cpu
+        n = nt - len(hits) * bs
         if 0 < thr < n:
             n = thr
         if not spec.enable_chunked_prefill and n > budget:
@@ -282,8 +267,7 @@ class V1Scheduler:
         n = min(n, budget)
         adm = Admission(hit_blocks=tuple(hits), num_tokens=nt,
                         full_sequence_must_fit=spec.scheduler_reserve_full_isl,
-                        watermark_blocks=self.watermark_blocks if self.running else 0,
-                        num_loaded_blocks=len(load_keys))
+                        watermark_blocks=self.watermark_blocks if self.running else 0)
         if kv.num_blocks_needed(row, n, adm) is None:
             return None
         if self.mode == "none":
@@ -291,40 +275,23 @@ class V1Scheduler:
             need = max(whole - len(hits), 0) + kv.pool.num_evictable(hits)
             if need + self._none_reserved() > kv.pool.num_free:
                 return None
-        return n, adm, load_keys, 0
+        return n, adm, 0
 
-    def _preempt(self, row: int, preempted: list, swap_out: list) -> None:
-        st, kv = self.state, self.kv
+    def _preempt(self, row: int, preempted: list) -> None:
+        st = self.state
         if self.conn is not None:
             self.conn.preempted(row)
-        c = int(st.num_computed[row])
-        st.computed_at_preemption[row] = c
-        mode = "recompute"
-        fallback = False
-        if self.host is not None:
-            n_full = c // self.block_size
-            table = kv.tables.get(row, [])
-            if n_full and self.host.num_blocks:
-                swap_out.extend(self.host.store(table[:n_full],
-                                                     kv.block_keys(row, 0, n_full)))
-                mode = "swap"
-                self._swapped.add(row)
-            else:
-                fallback = self.host.num_blocks == 0
+        st.computed_at_preemption[row] = st.num_computed[row]
         table = self._release(row)
         st.num_computed[row] = 0
         st.status[row] = Status.WAITING
         st.num_preemptions[row] += 1
-        if mode == "swap":
-            st.num_swaps[row] += 1
-        else:
-            st.num_recomputes[row] += 1
+        st.num_recomputes[row] += 1
         self.prefilling[row] = False
         self._prefill_rows.discard(row)
         self._inflight_prefills.discard(row)
         self.waiting.prepend(row)
-        preempted.append(Preemption(row=row, mode=mode, num_blocks=len(table),
-                                    swap_full_fallback=fallback))
+        preempted.append(Preemption(row=row, mode="recompute", num_blocks=len(table)))
 
     # ---------------------------------------------------------------- one step
     def schedule(self) -> StepPlan:
@@ -351,12 +318,9 @@ class V1Scheduler:
         # Admissions: row -> new / resumed (every other scheduled row is running).
         self._admitted = {}
         preempted: list[Preemption] = []
-        swap_out: list[tuple[int, int]] = []
-        budget = self._running_loop(0, sched, budget, thr, preempted, swap_out)
-        swap_in: list[tuple[int, int]] = []
-        swapped_in: list[int] = []
+        budget = self._running_loop(0, sched, budget, thr, preempted)
         if not preempted:
-            budget = self._waiting_phase(sched, budget, thr, rejected, swap_in, swapped_in)
+            budget = self._waiting_phase(sched, budget, thr, rejected)
 
         rows = np.fromiter(sched, _I64, len(sched))
         nnew = np.fromiter(sched.values(), _I64, len(sched))
@@ -387,14 +351,11 @@ class V1Scheduler:
                            offload_flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=self.prefilling[rows], kind=kind,
-            swap_out=np.array(swap_out, dtype=_I64).reshape(-1, 2),
-            swap_in=np.array(swap_in, dtype=_I64).reshape(-1, 2),
-            preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected),
-            **offload)
+            is_prefill=self.prefilling[rows], kind=kind, preempted=tuple(preempted),
+            rejected=tuple(rejected), **offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
-                      preempted: list, swap_out: list) -> int:
+                      preempted: list) -> int:
         """vLLM's running loop from request i on: allocate, preempting until it fits."""
         st, kv, L = self.state, self.kv, self.spec.max_model_len
         running, prompt = self.running, self._prompt
@@ -448,7 +409,7 @@ class V1Scheduler:
                         budget += sched.pop(victim)   # un-schedule and refund (0.33)
                 else:
                     victim = running.pop()
-                self._preempt(victim, preempted, swap_out)
+                self._preempt(victim, preempted)
                 if victim == r:
                     break
             if blocked:
@@ -464,8 +425,7 @@ class V1Scheduler:
             i += 1
         return budget
 
-    def _waiting_phase(self, sched: dict[int, int], budget: int, thr: int, rejected: list,
-                       swap_in: list, swapped_in: list) -> int:
+    def _waiting_phase(self, sched: dict[int, int], budget: int, thr: int, rejected: list) -> int:
         st, kv, L = self.state, self.kv, self.spec.max_model_len
         running, waiting = self.running, self.waiting
         if self.loading:
@@ -487,15 +447,14 @@ class V1Scheduler:
                 # and the head still does not fit: it never will (vLLM hangs).
                 waiting.pop()
                 st.status[r] = Status.REJECTED
-                self._swapped.discard(r)
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
-            n, adm, load_keys, cpu = got
+            n, adm, cpu = got
             new = kv.allocate_slots(r, n, adm.num_tokens, adm, delay_cache=cpu > 0)
             assert new is not None
             waiting.pop()
-            gpu = (len(adm.hit_blocks) + len(load_keys)) * self.block_size
+            gpu = len(adm.hit_blocks) * self.block_size
             if self.conn is not None:
                 self.conn.admitted(r, len(adm.hit_blocks) * self.block_size, cpu,
                                    kv.tables[r])
@@ -519,11 +478,6 @@ class V1Scheduler:
                 self._inflight_prefills.add(r)
                 continue
             running.append(r)
-            if load_keys:
-                hosts = self.host.load(load_keys)
-                swap_in.extend(zip(hosts, new[: len(load_keys)]))
-                swapped_in.append(r)
-            self._swapped.discard(r)
             if self.mode == "none":
                 whole = self._cdiv(min(self._prompt[r] + self._out_len[r], L))
                 self._promised[r] = whole
@@ -652,7 +606,6 @@ class V1Scheduler:
                 else:
                     # Preempted while its last token was in flight (vLLM: stopped_preempted_reqs).
                     self.waiting.remove(r)
-                    self._swapped.discard(r)
             st.status[finished] = Status.FINISHED
             gone = set(running)
             self.running = [r for r in self.running if r not in gone]
