@@ -27,6 +27,9 @@ class Admission:
     # Blocks the CPU offloading tier loads (the connector's external hit): they take new GPU
     # blocks but count as computed.
     num_loaded_blocks: int = 0
+    # Free blocks the admission must leave to others (vLLM `reserved_blocks`: what in-flight
+    # prefills still need, for an async CPU load).
+    reserved_blocks: int = 0
 
 
 class KVCacheManager:
@@ -86,7 +89,7 @@ class KVCacheManager:
                 return None
         slots = min(total_computed + num_new_tokens, self.max_model_len)
         need = max(self._cdiv(slots) - len(hits), 0) + evictable
-        if need + adm.watermark_blocks > free:
+        if need + adm.watermark_blocks > free - adm.reserved_blocks:
             return None
         return need
 
