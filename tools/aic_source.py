@@ -172,6 +172,14 @@ class Kernels:
         t = self.generation.get((batch, context))
         return None if t is None else self.model.num_layers * t / 1e3
 
+    def allreduce_knots(self) -> list[tuple[float, float]]:
+        """(tokens, seconds) at every measured message size from the largest at or below one
+        token up: the all-reduce's own knots (a message is tokens * hidden bf16 values)."""
+        per_token = self.model.hidden_size * BYTES
+        first = max([i for i, s in enumerate(self._ar_sizes) if s <= per_token], default=0)
+        return [(s / per_token, 2 * self.model.num_layers * ms / 1e3)
+                for s, ms in zip(self._ar_sizes[first:], self._ar_ms[first:])]
+
     def allreduce_s(self, tokens: int) -> float:
         """Two all-reduces of tokens * hidden bf16 values per layer (CUDA-graph custom
         all-reduce), linear between measured message sizes, linear beyond the largest."""
