@@ -26,10 +26,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from aic_source import SYSTEMS, Kernels, Source, fill_grid, open_wheel  # noqa: E402
 from replay import catalog  # noqa: E402
 from replay.step_profile import (FORMAT, MAX_COLS_2D, MAX_KNOTS_1D, MAX_ROWS_2D,  # noqa: E402
-                                 PROFILE_DIR, parse_tables, profile_name,
+                                 PROFILE_DIR, dtype_key, parse_tables, profile_name,
                                  step_aggregates)
 
 TPS = (1, 2, 4, 8)
+# kvcap's kv_cache_dtype -> the source's (its fp8 is e4m3, vLLM's "fp8" on CUDA).
+KV_DTYPES = {"auto": "bfloat16", "fp8": "fp8"}
 
 
 def every_third(values, pairs: bool = False) -> set:
@@ -127,10 +129,11 @@ def build(k: Kernels, src: Source, gpu: str, model, tp: int, *, hold: bool) -> d
     if tp > 1:
         ar = [(x, y) for x, y in k.allreduce_knots() if not (hold and x in h.allreduce_tokens)]
         tables["allreduce_s"] = {"x": [_sig(x) for x, _ in ar], "s": [_sig(y) for _, y in ar]}
-    name = profile_name(gpu, model.name, "bf16", tp)
+    kv = next(a for a, b in KV_DTYPES.items() if b == k.kv_cache_dtype)
+    name = profile_name(gpu, model.name, dtype_key(2, kv), tp)
     return {
         "format": FORMAT, "name": name, "gpu": gpu, "model": model.name, "dtype": "bf16",
-        "kv_cache_dtype": "auto", "tensor_parallel_size": tp,
+        "kv_cache_dtype": kv, "tensor_parallel_size": tp,
         "source": {
             "name": "NVIDIA AIConfigurator perf database", "package": src.package,
             "version": src.version, "licence": src.licence,
@@ -150,18 +153,19 @@ def build(k: Kernels, src: Source, gpu: str, model, tp: int, *, hold: bool) -> d
 
 
 def covered(src: Source):
-    """(gpu, model, tp, Kernels) for every combination the database measures."""
-    for gpu in SYSTEMS:
-        g = catalog.get_gpu(gpu)
-        for model in catalog._MODELS:
-            for tp in TPS:
-                if model.weight_bytes / tp > 0.8 * g.memory_bytes:
-                    continue
-                try:
-                    k = Kernels(src, gpu, model, tp, g.hbm_bandwidth_bytes_per_s)
-                    yield gpu, model, tp, k
-                except (LookupError, KeyError) as exc:
-                    print(f"skip {gpu} {model.name} tp{tp}: {exc}", file=sys.stderr)
+    """(gpu, model, tp, kv_cache_dtype, Kernels) for every combination the database measures."""
+    for kv, source_kv in KV_DTYPES.items():
+        for gpu in SYSTEMS:
+            g = catalog.get_gpu(gpu)
+            for model in catalog._MODELS:
+                for tp in TPS:
+                    if model.weight_bytes / tp > 0.8 * g.memory_bytes:
+                        continue
+                    try:
+                        k = Kernels(src, gpu, model, tp, g.hbm_bandwidth_bytes_per_s, source_kv)
+                        yield gpu, model, tp, kv, k
+                    except (LookupError, KeyError) as exc:
+                        print(f"skip {gpu} {model.name} tp{tp} kv {kv}: {exc}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------ validation
@@ -208,13 +212,13 @@ def heldout_points(k: Kernels):
                             + k.decode_attention_s(b, c)))
 
 
-def _roofline(gpu: str, model, tp: int):
+def _roofline(gpu: str, model, tp: int, kv: str):
     """kvcap's analytic cost model with catalog constants (the default before profiles)."""
     from replay import memory
     from replay.cost_model import CostModel
     from replay.executors import catalog_constants, model_shape
     return CostModel(shape=model_shape(model), constants=catalog_constants(catalog.get_gpu(gpu)),
-                     tp=tp, kv_bytes_per_token=memory.kv_bytes_per_token(model, tp, "auto"),
+                     tp=tp, kv_bytes_per_token=memory.kv_bytes_per_token(model, tp, kv),
                      kv_bytes_per_block=0)
 
 
@@ -261,8 +265,11 @@ in the value (bilinearly in 2-D; below the first knot its value, past the last t
 extended), with no logarithms so that the compiled core (replay/kvcore.h `cost_measured_s`) and
 the Python reference (replay/step_profile.py `MeasuredTables.step_s`) agree bit for bit. Where
 no profile ships (other GPUs, models whose per-GPU head counts the source did not measure, an
-fp8 KV cache) the analytic roofline of docs/cost-model.md prices the step, with a one-line
-warning on stderr.
+fp8 KV cache on A100, whose source tables are bf16 only, or `fp8_e5m2`) the analytic roofline of
+docs/cost-model.md prices the step, with a one-line warning on stderr. An fp8 KV cache
+(`--kv-cache-dtype fp8` or `fp8_e4m3`) has profiles of its own, `<gpu>--<model>--bf16-fp8kv--tp<N>`:
+the same GEMM and all-reduce tables, attention measured reading an fp8 (e4m3) KV cache (about
+0.6x the bf16 time at long contexts on H100, 0.5x on L40S).
 
 The tables come from {source}: NVIDIA AIConfigurator's database of vLLM kernels measured on each
 GPU ({licence}). Per layer: the QKV, output, gate/up and down GEMMs (bf16) at the step's token
@@ -361,14 +368,14 @@ def write_doc(results: dict, examples: dict, src: Source, path: Path) -> None:
         "long. Prefill on top of cached context is not validated (the source measures prefills "
         "from an empty cache only). The last columns are kvcap's analytic roofline (the default "
         "before profiles, with its 3 ms overhead) at the same points.", "",
-        "| GPU | model | TP | vLLM | points | median error | worst error | worst point "
+        "| GPU | model | TP | KV cache | vLLM | points | median error | worst error | worst point "
         "| roofline median | roofline worst |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
-    for (gpu, model, tp, ver), rows in results.items():
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (gpu, model, tp, kv, ver), rows in results.items():
         med, worst, errs = _pct(rows, 3)
         omed, oworst, _ = _pct(rows, 4)
         w = max(range(len(rows)), key=lambda i: errs[i])
-        lines.append(f"| {gpu} | {model} | {tp} | {ver} | {len(rows)} | {med:.1f} % | "
+        lines.append(f"| {gpu} | {model} | {tp} | {kv} | {ver} | {len(rows)} | {med:.1f} % | "
                      f"{worst:.1f} % | {rows[w][0]}: {rows[w][1]} | {omed:.0f} % | {oworst:.0f} % |")
     lines += ["", "By step kind, all pairs together:", "",
               "| kind | points | median error | worst error |", "|---|---|---|---|"]
@@ -377,7 +384,8 @@ def write_doc(results: dict, examples: dict, src: Source, path: Path) -> None:
         if rows:
             med, worst, _ = _pct(rows, 3)
             lines.append(f"| {kind} | {len(rows)} | {med:.1f} % | {worst:.1f} % |")
-    over = sorted(f"{g} {m} tp{t}" for (g, m, t, _), rs in results.items() if _pct(rs, 3)[1] > 10)
+    over = sorted(f"{g} {m} tp{t}" + ("" if kv == "bf16" else f" {kv} KV")
+                  for (g, m, t, kv, _), rs in results.items() if _pct(rs, 3)[1] > 10)
     lines += ["", f"Pairs above 10 % at their worst held-out point ({len(over)} of "
               f"{len(results)}): " + (", ".join(over) if over else "none") + ".", "",
               "At those worst points the measured time between the two kept neighbouring knots is "
@@ -405,8 +413,8 @@ def main() -> None:
     src = open_wheel(a.wheel)
     a.out.mkdir(parents=True, exist_ok=True)
     results, examples = {}, {}
-    for gpu, model, tp, k in covered(src):
-        if model.name == "llama-3.1-8b" and tp == 2:
+    for gpu, model, tp, kv, k in covered(src):
+        if model.name == "llama-3.1-8b" and tp == 2 and kv == "auto":
             h = held_out(k)
             held = (("decode batch sizes", h.decode_batch), ("contexts", h.context),
                     ("prefill batch sizes", h.prefill_batch), ("prompt lengths", h.prompt),
@@ -417,8 +425,10 @@ def main() -> None:
         prof = build(k, src, gpu, model, tp, hold=False)
         parse_tables(prof, prof["name"])          # what kvcap will accept
         (a.out / f"{prof['name']}.json").write_text(json.dumps(prof, separators=(',', ':')) + "\n")
-        rows = validate(k, build(k, src, gpu, model, tp, hold=True), _roofline(gpu, model, tp))
-        results[(gpu, model.name, tp, k.vllm_version)] = rows
+        rows = validate(k, build(k, src, gpu, model, tp, hold=True),
+                        _roofline(gpu, model, tp, kv))
+        results[(gpu, model.name, tp, KV_DTYPES[kv].replace("bfloat16", "bf16"),
+                 k.vllm_version)] = rows
         med, worst, _ = _pct(rows, 3)
         print(f"{prof['name']}: {len(rows)} held-out points, median {med:.1f} %, "
               f"worst {worst:.1f} %")
