@@ -5,12 +5,15 @@ the results): lengths, progress and the preemption counters. Must not import tra
 """
 from __future__ import annotations
 
-from enum import IntEnum
-
 import numpy as np
 
 
-class Status(IntEnum):
+class Status:
+    """A request's state in `RequestState.status` (int8). Plain ints, not an IntEnum: on Python
+    3.11 numpy probes an IntEnum member's type for `__array_ufunc__` on every comparison with a
+    numpy scalar (`status[r] == Status.RUNNING`), which runs EnumType.__getattr__ in Python three
+    times — 50x the cost of the comparison — and numpy clears the error it raises, swallowing a
+    Ctrl-C that arrives meanwhile (the reference loop could not be interrupted)."""
     PENDING = 0     # not arrived yet
     WAITING = 1     # queued for (re-)admission, holds no GPU blocks
     RUNNING = 2

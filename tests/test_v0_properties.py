@@ -124,7 +124,7 @@ def test_block_accounting_and_endings(case) -> None:
     sched, state, _, tokens, ends = _run(case, check=True)
     aborted = any(state.status == Status.ABORTED)
     for row in range(state.n):
-        status = Status(state.status[row])
+        status = int(state.status[row])
         # After a swap-full abort, requests that had not arrived yet stay with the replay loop.
         assert status in ENDED or (aborted and status == Status.PENDING), (row, status)
         if status in (Status.FINISHED, Status.REJECTED):

@@ -25,7 +25,7 @@ from replay.v0.admission import AdmissionMixin
 from replay.v0.budget import Budget
 from replay.v0.preemption import PreemptionMixin, SwapFull
 
-_RUNNING = int(Status.RUNNING)   # enum attribute reads are slow in hot loops
+_RUNNING = Status.RUNNING
 
 
 @dataclass(slots=True)
