@@ -40,8 +40,12 @@ static inline uint8_t *oc_flags(Core *c, int64_t row, int64_t chunk) {
     return &o->ra[row][chunk];
 }
 
+/* The row's provisional LRU rank (lru.py _get_request_rank), its group opened on first use. */
 static inline int64_t oc_rank(Core *c, int64_t row) {
-    if (!c->oc.rank[row]) c->oc.rank[row] = ++c->oc.tier.next_rank;
+    if (!c->oc.rank[row]) {
+        c->oc.rank[row] = ++c->oc.tier.next_rank;
+        grp_open(&c->oc.tier, (int32_t)row, c->oc.rank[row]);
+    }
     return c->oc.rank[row];
 }
 
@@ -55,13 +59,8 @@ static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t
         *f |= RA_SEEN;
         if (o->policy == POL_LRU) {
             int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
-            if (s >= 0) {
-                Chunk *x = &o->tier.ch[s];
-                if (x->rank_hi < rr || (x->rank_hi == rr && x->rank_lo < -pos)) {
-                    x->rank_hi = rr; x->rank_lo = -pos;
-                    lru_moved(&o->tier, s);
-                }
-            }
+            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos))
+                lru_rerank(&o->tier, s, (int32_t)row, -pos);
         }
     }
     if (reused && !(*f & RA_INSERTED)) *f |= RA_REUSED;
@@ -153,7 +152,8 @@ static int oc_plan_load(Core *c, int64_t row, int64_t ext) {
 /* manager.prepare_store for the row's chunks [start, end): chunks already in the tier count as
  * reused (their recency is recorded), missing ones are stored, all or nothing (F15): evict what
  * is needed from ready, unpinned chunks outside this offer. Returns the number of chunks
- * inserted (their indices in o->scratch), or -1 when they do not fit, -2 on error. */
+ * inserted (their indices in o->scratch, their tier slots at o->sbuf[index - start]), or -1
+ * when they do not fit, -2 on error. */
 static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end) {
     Oc *o = &c->oc;
     Tier *t = &o->tier;
@@ -164,8 +164,12 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     KeyIt it;
     keyit_init(&c->keys, &it, row, start);
     for (int64_t i = start; i < end; i++) {
-        int64_t key = kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
-        int32_t s = sb[i - start] = tier_get(t, key);
+        kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
+        if (i < start + 16) tier_prefetch(t, kb[i - start]);
+    }
+    for (int64_t i = start; i < end; i++) {
+        if (i + 16 < end) tier_prefetch(t, kb[i + 16 - start]);
+        int32_t s = sb[i - start] = tier_get(t, kb[i - start]);
         if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
     }
@@ -195,9 +199,9 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         for (int64_t k = 0; k < need; k++)
             if (joblist_push(&o->evicted, o->ekeys[k])) return -2;
     }
-    int64_t rr = o->policy == POL_LRU ? oc_rank(c, row) : 0;
+    if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
-        tier_insert(t, kb[todo[k] - start], rr, (todo[k] + 1) * o->tpc);
+        sb[todo[k] - start] = tier_insert(t, kb[todo[k] - start], (int32_t)row, (todo[k] + 1) * o->tpc);
         uint8_t *f = oc_flags(c, row, todo[k]);
         if (!f) return -2;
         *f |= RA_INSERTED;
@@ -216,6 +220,9 @@ static inline int64_t oc_held(const Core *c, int64_t row) {
  * offered yet; stored all or nothing, a failed offer is repeated at the next step (F15). */
 static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     Oc *o = &c->oc;
+    /* Prompt only: nothing left once the offers reach the prompt's last full chunk (every
+     * decode step of every running row: the common case, without the divisions below). */
+    if (o->prompt_only && (o->next_stored[row] + 1) * o->tpc > c->q.prompt[row]) return 0;
     int finished = c->q.status[row] == ST_FINISHED;
     int64_t ntok = oc_num_tokens(c, row), prompt = c->q.prompt[row];
     int64_t upto = finished ? max64(prompt, ntok - 1) : after;
@@ -233,7 +240,7 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     Job *j = &o->jobs[ji];
     for (int64_t k = 0; k < got; k++) {
         int64_t i = o->scratch[k];
-        j->slots[j->nslots++] = tier_get(&o->tier, oc_key(c, row, i));
+        j->slots[j->nslots++] = o->sbuf[i - start];
         for (int64_t b = 0; b < o->bpc; b++) j->blocks[j->nblocks++] = c->tbl[row][i * o->bpc + b];
     }
     o->next_stored[row] = max64(o->next_stored[row], nch);
@@ -251,14 +258,24 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
 static void oc_request_finished(Core *c, int64_t row) {
     Oc *o = &c->oc;
     Tier *t = &o->tier;
+    int32_t fg = (int32_t)(c->q.n + row);   /* its fresh ranks: one group (see Grp) */
+    if (o->policy == POL_LRU) grp_open(t, fg, ++t->next_rank);
+    int64_t m = 0, *kb = o->kbuf;         /* the seen chunks' keys, their lookups overlapped */
+    int32_t *idx = o->scratch;
     for (int64_t i = o->ra_cap[row] - 1; i >= 0; i--) {
+        if (!(o->ra[row][i] & RA_SEEN)) continue;
+        idx[m] = (int32_t)i;
+        kb[m++] = oc_key(c, row, i);
+    }
+    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, kb[k]);
+    for (int64_t k = 0; k < m; k++) {
+        if (k + 16 < m) tier_prefetch(t, kb[k + 16]);
+        int64_t i = idx[k];
         uint8_t f = o->ra[row][i];
-        if (!(f & RA_SEEN)) continue;
-        int32_t s = tier_get(t, oc_key(c, row, i));
+        int32_t s = tier_get(t, kb[k]);
         if (s < 0) continue;
         if (o->policy == POL_LRU) {
-            t->ch[s].rank_hi = ++t->next_rank; t->ch[s].rank_lo = 0;
-            lru_moved(t, s);
+            lru_rerank(t, s, fg, -(i + 1) * o->tpc);
         } else if ((f & RA_INSERTED) && !(f & RA_REUSED)) {
             int list = t->ch[s].list;
             arc_unlink(t, s); arc_append(t, s, list);
@@ -266,6 +283,7 @@ static void oc_request_finished(Core *c, int64_t row) {
             arc_unlink(t, s); arc_append(t, s, 2);
         }
     }
+    if (o->policy == POL_LRU) { grp_retire(t, fg); grp_retire(t, (int32_t)row); }
 }
 
 static void oc_flush_row(Oc *o, int64_t row, int only_stores) {
@@ -481,7 +499,7 @@ static PyObject *oc_job_tuple(const Core *c, const Job *j) {
     /* The chunks in the row's order: chunk i's key is the row's key i. */
     int64_t first = -1;
     for (int64_t k = 0; k < j->nslots; k++) {
-        int64_t key = o->tier.keys[j->slots[k]];
+        int64_t key = tier_key(&o->tier, j->slots[k]);
         if (first < 0) {
             for (int64_t i = 0; ; i++) if (oc_key(c, j->row, i) == key) { first = i; break; }
         }
@@ -546,26 +564,19 @@ static PyObject *oc_snapshot(const Core *c) {
     if (!wfk) return NULL;
     PyObject *order;
     if (o->policy == POL_LRU) {
-        int32_t *sl = (int32_t *)malloc(((size_t)t->num_evictable + 1) * sizeof(int32_t));
-        if (!sl) { Py_DECREF(wfk); return PyErr_NoMemory(); }
-        int64_t m = 0;
-        for (int64_t s = 0; s < t->n; s++)        /* the evictable chunks: heap + list */
-            if (t->ch[s].hpos == 1 || t->ch[s].list == 3) sl[m++] = (int32_t)s;
-        for (int64_t a = 1; a < m; a++) {           /* insertion sort by rank (tests only) */
-            int32_t x = sl[a]; int64_t b = a - 1;
-            while (b >= 0 && lru_rank_less(&t->ch[x], t->ch[sl[b]].rank_hi, t->ch[sl[b]].rank_lo)) { sl[b + 1] = sl[b]; b--; }
-            sl[b + 1] = x;
-        }
-        order = PyList_New(m);
-        for (int64_t k = 0; order && k < m; k++)
-            PyList_SET_ITEM(order, k, PyLong_FromLongLong(t->keys[sl[k]]));
-        free(sl);
+        order = PyList_New(0);
+        for (int32_t g = t->grp[t->ng].next; order && g != t->ng; g = t->grp[g].next)
+            for (int32_t s = t->grp[g].head; s >= 0; s = t->ch[s].next) {
+                PyObject *x = PyLong_FromLongLong(tier_key(t, s));
+                if (!x || PyList_Append(order, x) < 0) { Py_XDECREF(x); Py_CLEAR(order); break; }
+                Py_DECREF(x);
+            }
     } else {
         PyObject *t1 = PyList_New(0), *t2 = PyList_New(0);
         for (int list = 1; list <= 2; list++) {
             int32_t head = (int32_t)t->n + (list - 1);
             for (int32_t s = t->ch[head].next; s != head; s = t->ch[s].next) {
-                PyObject *x = PyLong_FromLongLong(t->keys[s]);
+                PyObject *x = PyLong_FromLongLong(tier_key(t, s));
                 PyList_Append(list == 1 ? t1 : t2, x);
                 Py_XDECREF(x);
             }

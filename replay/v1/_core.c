@@ -995,7 +995,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         o->on = 1; o->prompt_only = prompt_only; o->policy = evict;
         o->bpc = bpc; o->tpc = bpc * bs; o->tsteps = tsteps; o->link_bps = link;
         o->block_bytes = block_bytes;
-        if (tier_init(&o->tier, ncpu, evict) < 0) { PyErr_NoMemory(); goto fail; }
+        if (tier_init(&o->tier, ncpu, evict, n) < 0) { PyErr_NoMemory(); goto fail; }
         CALLOC(o->ra, n, uint8_t *); CALLOC(o->ra_cap, n, int64_t); CALLOC(o->rank, n, int64_t);
         CALLOC(o->next_stored, n, int64_t); CALLOC(o->local_tok, n, int64_t);
         CALLOC(o->fin_blocks, n, int64_t); CALLOC(o->njobs, n, int32_t);
