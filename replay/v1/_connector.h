@@ -106,25 +106,41 @@ static int64_t oc_lookup(Core *c, int64_t row, int64_t local) {
     return got;
 }
 
+/* A job record for up to nslots chunks and nblocks blocks: a finished job's record (and its
+ * arrays) is reused, so records grow with the jobs in flight, not with the run. */
 static int64_t oc_new_job(Core *c, int64_t row, int store, int64_t nslots, int64_t nblocks) {
     Oc *o = &c->oc;
-    if (o->njobs_all == o->jobs_cap) {
-        int64_t nc = o->jobs_cap ? o->jobs_cap * 2 : 64;
-        Job *p = (Job *)realloc(o->jobs, (size_t)nc * sizeof(Job));
-        if (!p) return -1;
-        o->jobs = p; o->jobs_cap = nc;
+    int64_t ji;
+    if (o->free_jobs.n) ji = o->free_jobs.d[--o->free_jobs.n];
+    else {
+        if (o->njobs_all == o->jobs_cap) {
+            int64_t nc = o->jobs_cap ? o->jobs_cap * 2 : 64;
+            Job *p = (Job *)realloc(o->jobs, (size_t)nc * sizeof(Job));
+            if (!p) return -1;
+            o->jobs = p; o->jobs_cap = nc;
+        }
+        ji = o->njobs_all++;
+        memset(&o->jobs[ji], 0, sizeof(Job));
     }
-    Job *j = &o->jobs[o->njobs_all];
-    memset(j, 0, sizeof *j);
-    j->id = o->next_id++;
+    Job *j = &o->jobs[ji];
     j->row = (int32_t)row;
     j->store = (int8_t)store;
-    j->slots = (int32_t *)malloc((size_t)(nslots ? nslots : 1) * sizeof(int32_t));
-    j->blocks = (int32_t *)malloc((size_t)(nblocks ? nblocks : 1) * sizeof(int32_t));
-    if (!j->slots || !j->blocks) return -1;
+    j->flush = j->submitted = 0;
+    j->done_at = 0; j->done_s = 0;
+    j->nslots = j->nblocks = 0;
+    if (nslots > j->slots_cap) {
+        int32_t *p = (int32_t *)realloc(j->slots, (size_t)nslots * sizeof(int32_t));
+        if (!p) return -1;
+        j->slots = p; j->slots_cap = nslots;
+    }
+    if (nblocks > j->blocks_cap) {
+        int32_t *p = (int32_t *)realloc(j->blocks, (size_t)nblocks * sizeof(int32_t));
+        if (!p) return -1;
+        j->blocks = p; j->blocks_cap = nblocks;
+    }
     o->njobs[row]++;
-    if (joblist_push(&o->live, o->njobs_all)) return -1;
-    return o->njobs_all++;
+    if (joblist_push(&o->live, ji)) return -1;
+    return ji;
 }
 
 /* update_state_after_alloc with `ext` > 0 tokens to load after the row's local hit: pin the
@@ -220,9 +236,6 @@ static inline int64_t oc_held(const Core *c, int64_t row) {
  * offered yet; stored all or nothing, a failed offer is repeated at the next step (F15). */
 static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     Oc *o = &c->oc;
-    /* Prompt only: nothing left once the offers reach the prompt's last full chunk (every
-     * decode step of every running row: the common case, without the divisions below). */
-    if (o->prompt_only && (o->next_stored[row] + 1) * o->tpc > c->q.prompt[row]) return 0;
     int finished = c->q.status[row] == ST_FINISHED;
     int64_t ntok = oc_num_tokens(c, row), prompt = c->q.prompt[row];
     int64_t upto = finished ? max64(prompt, ntok - 1) : after;
@@ -308,6 +321,9 @@ static int oc_meta(Core *c) {
     }
     for (int64_t k = 0; k < c->ns; k++) {
         int64_t r = c->s_rows[k];
+        /* Prompt only: nothing left once the offers reach the prompt's last full chunk (every
+         * decode step of every running row, the common case: no call, no divisions). */
+        if (o->prompt_only && (o->next_stored[r] + 1) * o->tpc > c->q.prompt[r]) continue;
         if (oc_plan_store(c, r, c->q.num_computed[r] + c->s_new[k])) return -1;
     }
     /* Rows finished in the last update(), in trace order. */
@@ -365,8 +381,7 @@ static int oc_job_done(Core *c, int64_t ji) {
     }
     o->done_rows[o->ndone] = j->row;
     o->done_store[o->ndone++] = j->store;
-    free(j->slots); free(j->blocks);
-    j->slots = NULL; j->blocks = NULL;
+    if (joblist_push(&o->free_jobs, ji)) return -1;
     for (int64_t k = 0; k < o->live.n; k++)
         if (o->live.d[k] == ji) {
             memmove(o->live.d + k, o->live.d + k + 1, (size_t)(o->live.n - k - 1) * sizeof(int64_t));
@@ -483,7 +498,7 @@ static void oc_free(Oc *o, int64_t n) {
     void *ps[] = {o->ra, o->ra_cap, o->rank, o->next_stored, o->local_tok, o->fin_blocks, o->njobs,
                   o->loading, o->recv_done, o->fin_wait, o->kvh, o->skip_w, o->skip_k,
                   o->fin_rows, o->alloc_stamp, o->jobs, o->store_fifo.d, o->load_fifo.d,
-                  o->unsubmitted.d, o->reported.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
+                  o->unsubmitted.d, o->reported.d, o->free_jobs.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
                   o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);

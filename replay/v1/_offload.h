@@ -16,6 +16,7 @@ enum { POL_LRU = 0, POL_ARC = 1 };
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
 
 typedef struct {
+    int64_t key;
     int32_t ref;                 /* -1 store in flight, 0 ready, > 0 loads in flight */
     int32_t prev, next;          /* ARC list links; LRU: links within its group (-1: end) */
     int32_t grp;                 /* LRU: its rank's group (Grp) */
@@ -25,10 +26,11 @@ typedef struct {
     int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free); LRU: 1 linked (evictable) */
 } Chunk;
 
-/* key -> chunk slot. Unlike the block map (map_t) the key sits in the entry and every chunk
- * knows its entry (Chunk.mpos): a store's misses, an eviction's removal and a finish's
- * lookups, millions on a long trace, each touch one cache line instead of two or three. */
-typedef struct { int64_t key; int32_t val, pad_; } KEnt;
+/* key -> chunk slot. Unlike the block map (map_t) an entry holds 32 bits of its key's hash (its
+ * home, and a filter: the key itself is compared in the chunk, which the caller reads anyway),
+ * and every chunk knows its entry (Chunk.mpos): a store's misses, an eviction's removal and a
+ * finish's lookups, millions on a long trace, each touch one small entry. */
+typedef struct { uint32_t h; int32_t val; } KEnt;
 typedef struct { KEnt *e; uint64_t mask; } kmap_t;
 
 static int kmap_init(kmap_t *m, int64_t n) {
@@ -40,11 +42,15 @@ static int kmap_init(kmap_t *m, int64_t n) {
     for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
     return 0;
 }
-/* The entry holding `key`, or the empty one where it would go. */
-static inline uint64_t kmap_find(const kmap_t *m, int64_t key) {
-    uint64_t i = mix64((uint64_t)key) & m->mask;
-    while (m->e[i].val >= 0 && m->e[i].key != key) i = (i + 1) & m->mask;
-    return i;
+static inline uint32_t kmap_hash(int64_t key) { return (uint32_t)mix64((uint64_t)key); }
+/* The entry holding `key` (hash h), or the empty one where it would go. */
+static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, uint32_t h) {
+    uint64_t i = h & m->mask;
+    for (;;) {
+        int32_t v = m->e[i].val;
+        if (v < 0 || (m->e[i].h == h && ch[v].key == key)) return i;
+        i = (i + 1) & m->mask;
+    }
 }
 /* Empty entry i (backward shift, as map_del_at), keeping the moved chunks' mpos. */
 static void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
@@ -55,7 +61,7 @@ static void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
         for (;;) {
             j = (j + 1) & m->mask;
             if (e[j].val < 0) return;
-            uint64_t home = mix64((uint64_t)e[j].key) & m->mask;
+            uint64_t home = e[j].h & m->mask;
             if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
         }
         e[i] = e[j];
@@ -241,13 +247,13 @@ static void tier_free(Tier *t) {
 }
 
 static inline int32_t tier_get(const Tier *t, int64_t key) {
-    return t->n ? t->map.e[kmap_find(&t->map, key)].val : -1;
+    return t->n ? t->map.e[kmap_find(&t->map, t->ch, key, kmap_hash(key))].val : -1;
 }
 /* Fetch key's map entry ahead of its lookup: a pass over many keys overlaps their misses. */
 static inline void tier_prefetch(const Tier *t, int64_t key) {
-    if (t->n) __builtin_prefetch(&t->map.e[mix64((uint64_t)key) & t->map.mask]);
+    if (t->n) __builtin_prefetch(&t->map.e[kmap_hash(key) & t->map.mask]);
 }
-static inline int64_t tier_key(const Tier *t, int32_t s) { return t->map.e[t->ch[s].mpos].key; }
+static inline int64_t tier_key(const Tier *t, int32_t s) { return t->ch[s].key; }
 static inline int64_t tier_used(const Tier *t) { return t->next_fresh - t->nfree_list; }
 static inline int64_t tier_free_chunks(const Tier *t) { return t->n - tier_used(t); }
 
@@ -301,9 +307,10 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
 static int32_t tier_insert(Tier *t, int64_t key, int32_t g, int64_t position) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
-    uint64_t at = kmap_find(&t->map, key);
-    t->map.e[at].key = key; t->map.e[at].val = s;
-    c->mpos = (uint32_t)at; c->ref = -1; c->list = 0; c->stamp = 0;
+    uint32_t h = kmap_hash(key);
+    uint64_t at = kmap_find(&t->map, t->ch, key, h);
+    t->map.e[at].h = h; t->map.e[at].val = s;
+    c->key = key; c->mpos = (uint32_t)at; c->ref = -1; c->list = 0; c->stamp = 0;
     t->num_pending++;
     if (t->policy == POL_LRU) {
         c->grp = g; c->lo = (int32_t)-position;
@@ -384,13 +391,12 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
 /* ------------------------------------------------------------------ connector state */
 /* One transfer job (offloading/scheduler.py TransferJob + the emulated worker's FIFO entry). */
 typedef struct {
-    int64_t id;
     int32_t row;
     int8_t store, flush, submitted;
     int64_t done_at;             /* step mode: the step whose output reports it */
     double done_s;               /* time mode: when its bytes have crossed the host link */
-    int32_t *slots; int64_t nslots;      /* tier chunks it writes (store) or reads (load) */
-    int32_t *blocks; int64_t nblocks;    /* GPU blocks it reads (store) or writes (load) */
+    int32_t *slots; int64_t nslots, slots_cap;     /* tier chunks it writes (store) or reads (load) */
+    int32_t *blocks; int64_t nblocks, blocks_cap;  /* GPU blocks it reads (store) or writes (load) */
 } Job;
 
 /* A growable list of int64 (job indices: FIFOs, unsubmitted stores, this step's jobs; keys). */
@@ -415,7 +421,8 @@ typedef struct {
     int32_t *fin_rows; int64_t nfin_rows;      /* finished since the last schedule() */
     uint32_t *alloc_stamp; uint32_t astamp;    /* per GPU block: allocated in this batch */
     /* Jobs. */
-    Job *jobs; int64_t njobs_all, jobs_cap, next_id;
+    Job *jobs; int64_t njobs_all, jobs_cap;
+    JobList free_jobs;           /* finished jobs' records, reused */
     JobList store_fifo, load_fifo, unsubmitted, step_loads, step_stores, live;
     JobList reported;            /* done in the worker, not yet applied (async: one step) */
     int64_t step_loads_n, step_stores_n;       /* this step's transfers issued (loop progress) */
