@@ -33,11 +33,9 @@ CASES = {
     "mooncake_v1": ("mooncake", dict()),
     "conv_v1_3000": ("conv", dict(num_gpu_blocks_override=3000)),
     "conv_v0_3000": ("conv", dict(scheduler="v0", num_gpu_blocks_override=3000)),
-    "conv_v1_swap3000": ("conv", dict(preemption_mode="swap", num_gpu_blocks_override=3000)),
     "conv_v0_swap3000": ("conv", dict(scheduler="v0", preemption_mode="swap",
                                       num_gpu_blocks_override=3000)),
     # Extra coverage: prefix caching under pressure, V0 caching, the large-batch regime.
-    "mooncake_v1_swap3000": ("mooncake", dict(preemption_mode="swap", num_gpu_blocks_override=3000)),
     "mooncake_v0_cache": ("mooncake", dict(scheduler="v0", enable_prefix_caching=True)),
     "mooncake_v0_cache3000": ("mooncake", dict(scheduler="v0", enable_prefix_caching=True,
                                                num_gpu_blocks_override=3000)),
@@ -65,8 +63,6 @@ CASES = {
     "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
     # Priority scheduling with preemption (the priority-mix scenario: interactive + batch).
     "prio_v1_2000": ("prio", dict(scheduling_policy="priority", num_gpu_blocks_override=2000)),
-    "prio_v1_swap2000": ("prio", dict(scheduling_policy="priority", preemption_mode="swap",
-                                      num_gpu_blocks_override=2000)),
     "prio_v0_2000": ("prio", dict(scheduler="v0", scheduling_policy="priority",
                                   num_gpu_blocks_override=2000)),
     # The compiled V0 core under swap pressure: prefix caching + swap-ins, chunked + fallbacks.

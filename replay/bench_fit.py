@@ -114,7 +114,7 @@ def replay_state(state: RequestState, keys, config: EngineConfig,
                          output_len=state.output_len.copy(), priority=state.priority.copy())
     raw = run_engine(config.scheduler, eng.spec, fresh, keys, cm,
                      kv_bytes_per_block=eng.kv_bytes_per_block)
-    return raw, cm._swap_per_block
+    return raw, cm.swap_s_per_block
 
 
 def replay_bench(bench: Bench, config: EngineConfig, tables: step_profile.MeasuredTables):

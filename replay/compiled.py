@@ -39,7 +39,7 @@ SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two s
 # not read them either: tests/test_compiled.py checks both).
 _BYTES = "events' bytes are blocks x kv_bytes_per_block, computed here (the executor prices swaps)"
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
-    "v1": {"on_swap_full": "V0 only: V1 recomputes a victim the host tier cannot take",
+    "v1": {"on_swap_full": "V0 only: V1 has no swap preemption",
            "v0_watermark": "V0's block-manager watermark"},
     "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
            "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
@@ -91,7 +91,11 @@ def unavailable(engine: str, executor, keys, state: RequestState,
     return None
 
 
-def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys,
+# Cost constants for a core stepped from Python (StepCore: the caller prices each step).
+_NO_COST_ARGS = (0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, None, False)
+
+
+def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel | None, keys,
              outputs: tuple, *, fields_in: dict | None = None, keys_in: tuple | None = None):
     """(core handle, the spec fields it did not read) for one replay; raises if the core left a
     field unread that it does not declare not applicable (`fields_in` overrides the spec dict:
@@ -108,7 +112,7 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
               state.num_recomputes, state.recomputed_tokens, state.cached_prompt_tokens,
               state.computed_at_preemption, *outputs, state.priority, state.cpu_hit_tokens)
     left = dict(spec_dict(spec) if fields_in is None else fields_in)
-    core = ext.new(arrays, left, cost_args(executor),
+    core = ext.new(arrays, left, executor.c_args() if executor is not None else _NO_COST_ARGS,
                    keys_in or keys_args(keys, state, spec.block_size))
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
     if unread:
@@ -138,14 +142,6 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
     hbt = keys.hash_block_tokens
     shared = np.minimum(lens * hbt, state.prompt_len) // block_size
     return (1, hbt, off, ids if len(ids) else np.zeros(1, np.int64), shared)
-
-
-def cost_args(ex: CostModel) -> tuple:
-    """kvcore.h `cost_parse`: the cost model's folded constants."""
-    return (ex._linear_per_token, ex._lm_head_per_sample, ex._attn_per_unit, ex._flops_rate,
-            ex._bytes_rate, ex._weight_bytes, ex.constants.overhead_s, ex._ar_fixed,
-            ex._ar_per_token, ex.kv_bytes_per_token, ex.kv_bytes_per_block, ex._swap_per_block,
-            None if ex.measured is None else ex.measured.c_args(), bool(ex.async_scheduling))
 
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
@@ -263,8 +259,7 @@ class StepCore:
     (`replay.plan.Scheduler` plus the oracle hooks `abort_request` and `snapshot`): the oracle
     and golden scenarios run on both implementations with it. `run` is the same steps without
     the round trips. The request counters live in `state` (the core writes its arrays in place).
-    V1 plans carry swap block pairs as counts only (rows of -1: its offload tier is priced by
-    count and its oracle scenarios print none); V0 plans carry the real pairs."""
+    V0 plans carry the swap block pairs; V1 has no swap."""
 
     def __init__(self, engine: str, spec: SchedulerSpec, state: RequestState, keys) -> None:
         self.engine, self.spec, self.state = engine, spec, state
@@ -274,7 +269,7 @@ class StepCore:
         n = state.n
         self._outputs = (np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.zeros(n))
         # No executor: the contract leaves pricing to the caller (the constants are never read).
-        self._core, _ = new_core(engine, state, spec, _NO_COST, keys, self._outputs)
+        self._core, _ = new_core(engine, state, spec, None, keys, self._outputs)
         self._rows = np.zeros(0, np.int64)
         self._aborted = False
 
@@ -317,19 +312,17 @@ class StepCore:
                                              _col(p, "pre_fallback", np.uint8).tolist(), prio))
         rej = tuple(Rejection(row=r, reason="") for r in _col(p, "rej_rows", np.int32).tolist())
         if "swap_out" in p:
-            swap_out = _col(p, "swap_out", np.int64).reshape(-1, 2).copy()
-            swap_in = _col(p, "swap_in", np.int64).reshape(-1, 2).copy()
+            swap = dict(swap_out=_col(p, "swap_out", np.int64).reshape(-1, 2).copy(),
+                        swap_in=_col(p, "swap_in", np.int64).reshape(-1, 2).copy(),
+                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()))
         else:
-            swap_out = np.full((p["nswap_out"], 2), -1, np.int64)
-            swap_in = np.full((p["nswap_in"], 2), -1, np.int64)
+            swap = {}
         off = _offload_plan(p.get("offload"))
         return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
                         num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
                         is_prefill=_col(p, "prefill", np.uint8).astype(bool),
                         kind=_col(p, "kind", np.int8).copy() if "kind" in p else None,
-                        swap_out=swap_out, swap_in=swap_in, preempted=pre,
-                        swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()), rejected=rej,
-                        **off)
+                        preempted=pre, rejected=rej, **swap, **off)
 
     def update(self, plan):
         from replay.plan import StepOutput
@@ -357,8 +350,7 @@ class StepCore:
 
     @property
     def num_swapped(self) -> int:
-        s = self._snap()
-        return len(s["swapped"]) if self.engine == "v0" else s["num_swapped"]
+        return len(self._snap()["swapped"]) if self.engine == "v0" else 0
 
     def block_table(self, row: int) -> list[int]:
         return list(self._snap()["tables"].get(row, ()))
@@ -383,11 +375,8 @@ class StepCore:
             prio, arr = self.state.priority, self.state.arrival_s
             waiting = sorted(waiting, key=lambda r: (prio[r], arr[r], r))
         usable = spec.num_gpu_blocks - 1
-        host = spec.num_cpu_blocks if spec.preemption_mode == "swap" else None
         out = {"waiting": waiting, "running": s["running"], "swapped": [],
-               "free_gpu": s["free_gpu"],
-               "free_cpu": None if host is None else host - s["cpu_used"],
-               "blocks": s["tables"],
+               "free_gpu": s["free_gpu"], "free_cpu": None, "blocks": s["tables"],
                "computed": {r: int(self.state.num_computed[r]) for r in self._rows.tolist()},
                "kv_usage": 0.0 if usable == 0 else 1.0 - s["free_gpu"] / usable,
                "free_queue": s["free_queue"]}
@@ -411,17 +400,3 @@ def _offload_plan(off: dict | None) -> dict:
             "offload_loads": transfers(off["loads"]), "offload_stores": transfers(off["stores"]),
             "offload_evicted": tuple(off["evicted"]), "offload_store_failed": tuple(off["failed"]),
             "offload_flushed": tuple(off["flushed"])}
-
-
-class _NoCost:
-    """Cost constants for a core that is stepped from Python (never priced in C)."""
-    _linear_per_token = _lm_head_per_sample = _attn_per_unit = 0.0
-    _flops_rate = _bytes_rate = 1.0
-    _weight_bytes = _ar_fixed = _ar_per_token = _swap_per_block = 0.0
-    kv_bytes_per_token = kv_bytes_per_block = 0
-    measured = None
-    async_scheduling = False
-    constants = type("C", (), {"overhead_s": 0.0})()
-
-
-_NO_COST = _NoCost()

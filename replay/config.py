@@ -60,8 +60,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     block_size: int = 16
     gpu_memory_utilization: float | None = None   # 0.90 (V0) / 0.92 (V1)
-    # GiB per GPU (vLLM's unit). V0: the swap pool. V1 with preemption_mode="swap": the host
-    # offload tier (reference B8).
+    # GiB per GPU (vLLM's unit): V0's swap pool. V1 has no swap (its host tier is
+    # kv_offloading_size) and ignores it.
     swap_space: float = 4.0
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -134,7 +134,7 @@ class ResolvedEngine:
     available_kv_bytes: int
     num_gpu_blocks: int
     num_cpu_blocks: int
-    # Pinned host RAM the swap pool / offload tier takes over the whole TP group.
+    # Pinned host RAM V0's swap pool takes over the whole TP group (0 on V1).
     swap_host_ram_bytes: int
     # Pinned host RAM the OffloadingConnector's tier takes (all TP ranks; 0 without it):
     # num_cpu_blocks chunks of kv_offloading_chunk_bytes.
@@ -209,8 +209,6 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         gpu_blocks = c.num_gpu_blocks_override
         notes.append("num_gpu_blocks_override set: the memory formula and the startup "
                      "max_model_len check are skipped")
-    # V0 always pins its swap pool; V1 has a host tier only when swap mode asks for one (B8).
-    has_host_pool = not v1 or c.preemption_mode == "swap"
     offloading = v1 and bool(c.kv_offloading_size)
     chunk_bytes = offload_chunk_bytes(per_block, tp)
     if offloading:
@@ -221,14 +219,17 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         if cpu_blocks == 0:
             raise ValueError(f"kv_offloading_size: {c.kv_offloading_size:g} GiB holds no offload "
                              f"chunk of {chunk_bytes:,} bytes; raise it")
+    elif v1:
+        # V1 without the connector has no host tier at all.
+        cpu_blocks = 0
+        if c.num_cpu_blocks_override is not None:
+            notes.append("num_cpu_blocks_override ignored: V1 has a host tier only with "
+                         "kv_offloading_size (CPU KV offloading)")
     elif c.num_cpu_blocks_override is not None:
         cpu_blocks = c.num_cpu_blocks_override
     else:
         cpu_blocks = memory.num_cpu_blocks(c.swap_space, model, tp, c.kv_cache_dtype,
-                                           c.block_size) if has_host_pool else 0
-    if v1 and c.preemption_mode == "swap":
-        notes.append("v1 preemption_mode='swap' models the host KV offload tier (reference B8), "
-                     "sized by swap_space per GPU")
+                                           c.block_size)
     if c.preemption_mode == "swap" and cpu_blocks == 0:
         notes.append("preemption_mode='swap' with an empty host pool: every swap-out is "
                      f"swap-full (on_swap_full={c.on_swap_full!r})")
@@ -253,7 +254,7 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         config=c, spec=spec, model=model, gpu=gpu, gpu_memory_utilization=util,
         kv_bytes_per_token=per_token, kv_bytes_per_block=per_block, available_kv_bytes=available,
         num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
-        swap_host_ram_bytes=memory.swap_host_ram_bytes(c.swap_space, tp) if has_host_pool else 0,
+        swap_host_ram_bytes=0 if v1 else memory.swap_host_ram_bytes(c.swap_space, tp),
         kv_offloading_host_ram_bytes=cpu_blocks * chunk_bytes if offloading else 0,
         defaulted=frozenset(defaulted), notes=tuple(notes))
 
@@ -346,6 +347,10 @@ def _check_fields(c: EngineConfig) -> None:
     if not 0 <= c.watermark < 1:
         raise ValueError(f"watermark: {c.watermark} is outside [0, 1); it is the fraction of "
                          "GPU blocks kept free when admitting, e.g. 0.01")
+    if c.scheduler == "v1" and c.preemption_mode == "swap":
+        raise ValueError("preemption_mode: V1 (vLLM 0.33) has no swap preemption; its host tier is "
+                         "CPU KV offloading: use --kv-offloading-size GIB (kv_offloading_size) with "
+                         "preemption_mode='recompute', or scheduler='v0' for --swap-space")
     _check_offloading(c)
     if c.calibration is not None and not isinstance(c.calibration, str):
         raise ValueError(f"calibration: expected a path string or None, got {c.calibration!r}")
@@ -376,8 +381,7 @@ def _check_offloading(c: EngineConfig) -> None:
     if c.preemption_mode != "recompute":
         raise ValueError(f"preemption_mode: {c.preemption_mode!r} with kv_offloading_size: the "
                          "OffloadingConnector runs with V1's recompute preemption; use "
-                         "preemption_mode='recompute' (kvcap's 'swap' host tier is a second, "
-                         "different tier)")
+                         "preemption_mode='recompute'")
 
 
 def _check_v0_only(c: EngineConfig) -> None:

@@ -16,7 +16,7 @@ with T = scheduled tokens, S = rows that sample, n_i / c_i = new / context token
 bytes per GPU, kv_token_bytes = KV bytes per token per GPU. With V1 async scheduling
 (`async_scheduling=True`, vLLM 0.33's default) the engine schedules step k+1 and prepares its
 inputs while step k's forward runs, so the CPU-side overhead is hidden behind the forward pass and
-a step costs the longer of the two; host-link copies (V0 swap, the V1 host tier) still add, as the
+a step costs the longer of the two; host-link copies (V0 swap) still add, as the
 copy precedes the forward (docs/design.md "Async cost overlap"). This is the one Python copy of the
 formula; the compiled cores' one copy is `cost_step_s` in replay/kvcore.h, with the same operation
 order, so both agree to the last bit (the differential tests rely on it).
@@ -172,7 +172,17 @@ class CostModel:
                                   * c.activation_bytes / c.interconnect_bytes_per_s)
         else:
             self._ar_fixed = self._ar_per_token = 0.0
-        self._swap_per_block = kv_bytes_per_block / c.host_link_bytes_per_s
+        self.swap_s_per_block = kv_bytes_per_block / c.host_link_bytes_per_s
+
+    def c_args(self) -> tuple:
+        """kvcore.h `cost_parse`: the folded constants, in its order (the compiled cores price
+        steps with exactly these numbers, hence bit-identical step times)."""
+        return (self._linear_per_token, self._lm_head_per_sample, self._attn_per_unit,
+                self._flops_rate, self._bytes_rate, self._weight_bytes, self.constants.overhead_s,
+                self._ar_fixed, self._ar_per_token, self.kv_bytes_per_token,
+                self.kv_bytes_per_block, self.swap_s_per_block,
+                None if self.measured is None else self.measured.c_args(),
+                bool(self.async_scheduling))
 
     def _step_s(self, tokens, samples, attn_units, kv_tokens, swap_blocks):
         """The formula on Python numbers (one step); kvcore.h `cost_step_s` is the same expression,
@@ -182,9 +192,9 @@ class CostModel:
         memory = (self._weight_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
         if self.async_scheduling:
             forward = max(compute, memory) + (self._ar_fixed + tokens * self._ar_per_token)
-            return max(self.constants.overhead_s, forward) + swap_blocks * self._swap_per_block
+            return max(self.constants.overhead_s, forward) + swap_blocks * self.swap_s_per_block
         return (self.constants.overhead_s + max(compute, memory)
-                + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self._swap_per_block)
+                + (self._ar_fixed + tokens * self._ar_per_token) + swap_blocks * self.swap_s_per_block)
 
     def step_s(self, plan: StepPlan, num_sampled: int) -> float:
         n = plan.num_new_tokens.tolist()
@@ -195,5 +205,5 @@ class CostModel:
         swaps = len(plan.swap_out) + len(plan.swap_in)
         if self.measured is not None:
             return self.measured.step_s(tokens, num_sampled, *step_aggregates(n, c), swaps,
-                                        self._swap_per_block, self.async_scheduling)
+                                        self.swap_s_per_block, self.async_scheduling)
         return self._step_s(tokens, num_sampled, attn, kv, swaps)

@@ -19,7 +19,7 @@ class SchedulerSpec:
     block_size: int
     # vLLM's own count. V1 reserves block 0 as the null block, so it can hand out num_gpu_blocks - 1.
     num_gpu_blocks: int
-    # V0: the swap pool (`--swap-space` / cache block size). V1 swap mode: the host offload tier (B8).
+    # V0: the swap pool (`--swap-space` / cache block size). V1: the CPU offloading tier's chunks.
     num_cpu_blocks: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -27,8 +27,8 @@ class SchedulerSpec:
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     policy: Policy = "fcfs"
-    # "recompute" (vLLM default for single-sequence requests), "swap" (V0 swap / V1 offload tier),
-    # "none" (queue only: admit only when the whole sequence fits, never evict).
+    # "recompute" (vLLM default for single-sequence requests), "swap" (V0 only), "none" (queue
+    # only: admit only when the whole sequence fits, never evict).
     preemption_mode: PreemptionModeName = "recompute"
     # What to do when a swap victim does not fit the host pool: stop the run as vLLM V0 does, or
     # recompute that victim instead (recorded as a swap_full_fallback event).

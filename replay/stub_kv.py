@@ -3,10 +3,10 @@
 Owns the tensors and every copy between them:
 - the device KV cache in vLLM's layout `[2, layers, num_blocks, block_size, kv_heads, head_dim]`
   (fp16/bf16, or `torch.float8_e4m3fn` storage for `kv_cache_dtype="fp8"`);
-- the host pool (`num_cpu_blocks` blocks) for V0 swap / the V1 offload tier, pinned when CUDA is
-  present. Its layout is block-major, `[num_cpu_blocks, 2, layers, block_size, kv_heads, head_dim]`,
-  so one swapped block is one contiguous host region: swaps are a gather on the device plus a few
-  large copies instead of 2 x layers small ones per block (what keeps them near pinned-copy speed);
+- the host pool (`num_cpu_blocks` blocks) for V0 swap, pinned when CUDA is present. Its layout
+  is block-major, `[num_cpu_blocks, 2, layers, block_size, kv_heads, head_dim]`, so one swapped
+  block is one contiguous host region: swaps are a gather on the device plus a few large copies
+  instead of 2 x layers small ones per block (what keeps them near pinned-copy speed);
 - an int64 fingerprint per slot (`fp`, `host_fp`) moved by the same swap copies as the KV, and a
   numpy shadow of who wrote each slot (row, position, step) used only to word integrity errors.
 

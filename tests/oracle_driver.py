@@ -141,12 +141,16 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
         for i, k in zip(t.chunks, t.keys):
             chunk_names.setdefault(k, f"{ids[t.row]}:{i}")
         return [chunk_names[k] for k in t.keys]
+    prev_rows: list[int] = []            # the batch in flight (async): its output comes next
     for step in range(1, int(sc.get("max_steps", 200)) + 1):
         for row, r in enumerate(reqs):
             if int(r["arrival_step"]) == step:
                 sched.add_request(row)
+        aborted = set()
         for row, r in enumerate(reqs):
             if r.get("abort_step") is not None and int(r["abort_step"]) == step:
+                if state.status[row] in (Status.RUNNING, Status.WAITING):
+                    aborted.add(row)
                 sched.abort_request(row)
         was_preempted = {r for r in range(state.n) if state.status[r] == Status.WAITING
                          and state.num_preemptions[r] > 0}
@@ -204,6 +208,12 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
         res = sched.update(plan)
         end = sched.snapshot()
         line["finished"] = name(res.finished.tolist())
+        if spec.async_scheduling:
+            # The oracle lists the requests of the batch whose output it applies that are gone
+            # by then: an aborted one too, in that batch's order.
+            gone = set(res.finished.tolist()) | aborted
+            line["finished"] = name([r for r in prev_rows if r in gone])
+            prev_rows = plan.rows.tolist()
         line["free_gpu_end"] = end["free_gpu"]
         line["free_cpu_end"] = end["free_cpu"]
         if engine == "v1":

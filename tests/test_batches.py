@@ -90,7 +90,7 @@ def _workload(seed: int, n: int = 40):
 def test_compiled_records_what_the_reference_records(engine: str, seed: int) -> None:
     arrival, prompt, output, hashes, prio = _workload(seed)
     spec = tiny_spec(num_gpu_blocks=24, policy="priority" if seed % 2 else "fcfs",
-                     preemption_mode="swap" if seed == 2 else "recompute")
+                     preemption_mode="swap" if seed == 2 and engine == "v0" else "recompute")
     fast = run_compiled(engine, spec, arrival, prompt, output, hashes, prio, record_batches=True)
     slow = run_reference(engine, spec, arrival, prompt, output, hashes, prio, record_batches=True)
     assert fast.batches.keys() == slow.batches.keys()

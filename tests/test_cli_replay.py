@@ -72,6 +72,8 @@ def test_same_inputs_give_identical_tables(small_trace, tmp_path):
     (["--preemption-mode", "bogus"], "preemption_mode"),
     (["--model", "no-such-model"], "model"),
     (["--scheduler", "v0", "--scheduling-policy", "priority", "--preemption-mode", "swap"], "priority"),
+    # V1 has no swap: the error points at V1's host tier.
+    (["--preemption-mode", "swap"], "--kv-offloading-size"),
 ])
 def test_bad_flags_give_one_line_errors(small_trace, tmp_path, args, needle):
     res = kvcap("replay", small_trace, "--db", tmp_path / "x.duckdb", *args, check=False)

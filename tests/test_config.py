@@ -140,6 +140,7 @@ BAD = [
     (dict(scheduler="v0", max_num_seqs=4096, max_model_len=1024), "max_num_batched_tokens"),
     (dict(scheduler="v0", scheduling_policy="priority", preemption_mode="swap"),
      "preemption_mode"),
+    (dict(preemption_mode="swap"), "preemption_mode"),               # V1 has no swap
     (dict(scheduler="v0", watermark=0.01), "watermark"),
     (dict(scheduler="v0", max_num_active_seqs=8), "max_num_active_seqs"),
     (dict(scheduler="v0", long_prefill_token_threshold=256), "long_prefill_token_threshold"),
@@ -163,8 +164,12 @@ def test_each_validation_error_names_its_field(kw, field):
 def test_v0_priority_swap_error_says_why():
     with pytest.raises(ValueError, match="crashes real vLLM"):
         EngineConfig(scheduler="v0", scheduling_policy="priority", preemption_mode="swap")
-    # V1 models swap as the offload tier, so the combination is fine there.
-    EngineConfig(scheduler="v1", scheduling_policy="priority", preemption_mode="swap")
+    EngineConfig(scheduler="v0", preemption_mode="swap")
+
+
+def test_v1_swap_is_refused_for_its_host_tier_kv_offloading():
+    with pytest.raises(ValueError, match=r"V1 \(vLLM 0.33\) has no swap.*--kv-offloading-size"):
+        EngineConfig(preemption_mode="swap")
 
 
 def test_tp_error_lists_valid_sizes():
@@ -204,12 +209,15 @@ def test_override_skips_memory_checks_for_tiny_pools():
     assert any("override" in n for n in r.notes)
 
 
-def test_v1_swap_mode_sizes_the_offload_tier_from_swap_space():
-    r = resolve(EngineConfig(preemption_mode="swap", swap_space=8, tensor_parallel_size=2))
+def test_v0_swap_pool_is_sized_from_swap_space_and_v1_has_none():
+    r = resolve(EngineConfig(scheduler="v0", preemption_mode="swap", swap_space=8,
+                             tensor_parallel_size=2))
     # 8 GiB per GPU / (16 tokens x 64 KiB per GPU at TP 2) = 8192 blocks.
     assert r.spec.num_cpu_blocks == 8192
     assert r.swap_host_ram_bytes == 16 * GIB
-    assert any("offload tier" in n for n in r.notes)
+    r = resolve(EngineConfig(swap_space=8, num_cpu_blocks_override=64))
+    assert r.spec.num_cpu_blocks == 0 and r.swap_host_ram_bytes == 0
+    assert any("num_cpu_blocks_override ignored" in n for n in r.notes)
 
 
 def test_kv_cache_dtype_fp8_doubles_blocks():

@@ -57,7 +57,7 @@ def test_num_cpu_blocks_override_sets_the_tier_in_chunks():
     (dict(kv_offloading_size=-1), "kv_offloading_size"),
     (dict(kv_offloading_size=float("nan")), "kv_offloading_size"),
     (dict(kv_offloading_size=1e-9), "kv_offloading_size"),
-    (dict(kv_offloading_size=4, preemption_mode="swap"), "preemption_mode"),
+    (dict(kv_offloading_size=4, preemption_mode="none"), "preemption_mode"),
     (dict(kv_offloading_eviction_policy="lfu"), "kv_offloading_eviction_policy"),
     (dict(offload_prompt_only="yes"), "offload_prompt_only"),
 ])

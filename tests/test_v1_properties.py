@@ -32,11 +32,11 @@ def cases(draw):
     chunked = draw(st.booleans())
     spec = SchedulerSpec(
         block_size=BS, num_gpu_blocks=draw(st.integers(4, 24)),
-        num_cpu_blocks=draw(st.integers(0, 12)), max_num_seqs=draw(st.integers(1, 5)),
+        num_cpu_blocks=0, max_num_seqs=draw(st.integers(1, 5)),
         max_num_batched_tokens=draw(st.integers(8, 48)), max_model_len=draw(st.integers(16, 48)),
         enable_chunked_prefill=chunked, enable_prefix_caching=draw(st.booleans()),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
-        preemption_mode=draw(st.sampled_from(["recompute", "swap", "none"])),
+        preemption_mode=draw(st.sampled_from(["recompute", "none"])),
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 6])),
         scheduler_reserve_full_isl=draw(st.booleans()),
         watermark=draw(st.sampled_from([0.0, 0.0, 0.1])))
@@ -69,8 +69,6 @@ def check_blocks(s: V1Scheduler) -> None:
     assert set(s.kv.tables) == set(s.running)
     for key, b in pool.cached.items():
         assert pool.key_of[b] == key
-    if s.host is not None:
-        assert s.cpu_blocks_used() <= s.spec.num_cpu_blocks
 
 
 def simulate(case, *, check: bool = False):

@@ -1,7 +1,7 @@
 """Guards for the V1 speed work: on a few hundred real requests (Azure conv and Mooncake, with the
 Mooncake prefix hashes) the compiled core and the Python reference give identical result tables,
 with the default pool and with one small enough to preempt, evict cached blocks and re-hit them
-(recompute and swap). Optionally, tables saved by an older build under $KVCAP_BASELINE_DIR
+(recompute, and with CPU KV offloading). Optionally, tables saved by an older build under $KVCAP_BASELINE_DIR
 (`bench/bench_replay.py --save-baseline DIR`) must be reproduced exactly."""
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ SMALL_POOL = {"conv": 400, "mooncake": 2000}
 CONFIGS = {
     "default": lambda trace: EngineConfig(),
     "small": lambda trace: EngineConfig(num_gpu_blocks_override=SMALL_POOL[trace]),
-    "small-swap": lambda trace: EngineConfig(num_gpu_blocks_override=SMALL_POOL[trace],
-                                             preemption_mode="swap"),
+    # V1's host tier: CPU KV offloading (4 GiB: 2,048 chunks of one 2-MiB block).
+    "small-offload": lambda trace: EngineConfig(num_gpu_blocks_override=SMALL_POOL[trace],
+                                                kv_offloading_size=4),
 }
 
 

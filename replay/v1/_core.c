@@ -1,9 +1,9 @@
-/* kvcap's compiled V1 replay core: the V1 scheduler (FCFS or priority; preemption by recompute,
- * swap to the host offload tier, or none = queue only), its block pool and prefix cache, the replay
+/* kvcap's compiled V1 replay core: the V1 scheduler (FCFS or priority; preemption by recompute, or
+ * none = queue only), its block pool and prefix cache, the CPU KV offloading connector, the replay
  * loop and the analytic cost model, one engine step at a time.
  *
  * This is a transcription, not a second model: every rule below is the one of the Python reference
- * (replay/v1/scheduler.py, kv_cache_manager.py, block_pool.py, host_tier.py, replay/loop.py and
+ * (replay/v1/scheduler.py, kv_cache_manager.py, block_pool.py, offload.py, replay/loop.py and
  * replay/cost_model.py), in the same order, so the tables come out identical (tests/test_v1_core.py
  * compares them; the oracle and golden scenarios run on both).
  *
@@ -86,7 +86,7 @@ typedef struct {
 
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
-enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };
+enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };   /* MODE_NAMES order; V1 refuses swap */
 enum { POLICY_FCFS = 0, POLICY_PRIORITY = 1 };
 
 typedef struct {
@@ -97,7 +97,6 @@ typedef struct {
     /* Spec. */
     int64_t bs, num_blocks, max_active, max_batched, L, thr_knob, watermark_blocks;
     int chunked, caching, reserve_full_isl, mode, policy, async_sched;
-    int64_t num_cpu;
     /* Async scheduling (scheduler.py): placeholders per row; rows that sampled in the step in
      * flight (fl) and in this one (fl_next). */
     int64_t *ph; int32_t *fl, *fl_next; int64_t nfl;
@@ -115,22 +114,13 @@ typedef struct {
     int32_t *arrived; int64_t narrived;
     uint8_t *prefilling;
     int64_t *promised; int64_t promised_total;       /* "none" mode */
-    /* Host offload tier (swap mode, host_tier.py): key -> host block, LRU list with sentinel
-     * num_cpu; host blocks are handed out 0, 1, 2, ... and then reused from the LRU end. */
-    map_t hmap;
-    int64_t *hkey; int32_t *hprev, *hnext;
-    int64_t host_used, host_next_free;
-    uint8_t *swapped; int64_t nswapped;             /* waiting rows whose KV went to the host */
     Loop lp;
     int32_t *fin; int64_t nfin;                     /* update(): rows finished this step */
     /* Per-step scratch. */
     int32_t *s_rows; int64_t *s_new, *s_before; uint8_t *s_prefill, *s_sampled; int64_t ns;
     int8_t *s_kind;                                 /* BK_NEW / BK_RESUMED / BK_RUNNING */
     int32_t *pre_rows; int64_t *pre_blocks; int64_t npre;
-    int8_t *pre_mode; uint8_t *pre_fallback;
-    int64_t nswap_out, nswap_in;
-    int32_t *si_rows; int64_t *si_blocks; int64_t nsi;
-    int64_t nload;                                  /* admission: blocks found in the host tier */
+    int8_t *pre_mode; uint8_t *pre_fallback;        /* kvcore.h's Plan: all recompute */
     int32_t *rej_rows; int64_t nrej;
     int32_t *hits; int64_t hits_cap;
     Oc oc;                                          /* CPU KV offloading (_connector.h) */
@@ -324,42 +314,6 @@ static void wq_remove(Core *c, int32_t r) {
     c->wq_len = j;
 }
 
-/* ---------------- host offload tier */
-static inline void host_unlink(Core *c, int32_t h) {
-    int32_t p = c->hprev[h], nx = c->hnext[h];
-    c->hnext[p] = nx; c->hprev[nx] = p;
-}
-static inline void host_append(Core *c, int32_t h) {
-    int32_t s = (int32_t)c->num_cpu, p = c->hprev[s];
-    c->hnext[p] = h; c->hprev[h] = p; c->hnext[h] = s; c->hprev[s] = h;
-}
-/* Store a victim's first n_full blocks, tail first so the prefix ends most recently used;
- * blocks already there are only touched. Returns the copies made. */
-static int64_t host_store(Core *c, int64_t row, int64_t n_full) {
-    int64_t n = min64(n_full, c->num_cpu), copies = 0;
-    for (int64_t i = n - 1; i >= 0; i--) {
-        int64_t k = key_of(&c->keys, row, i);
-        uint64_t slot = map_find(&c->hmap, k);
-        int32_t h = c->hmap.slots[slot];
-        if (h >= 0) { host_unlink(c, h); host_append(c, h); continue; }
-        if (c->host_next_free < c->num_cpu) {
-            h = (int32_t)c->host_next_free++;
-        } else {
-            h = c->hnext[c->num_cpu];          /* least recently used */
-            host_unlink(c, h);
-            map_del_at(&c->hmap, map_find(&c->hmap, c->hkey[h]));
-            c->host_used--;
-            slot = map_find(&c->hmap, k);       /* the deletion may have moved the empty slot */
-        }
-        c->hkey[h] = k;         /* the map reads keys from hkey */
-        c->hmap.slots[slot] = h;
-        host_append(c, h);
-        c->host_used++;
-        copies++;
-    }
-    return copies;
-}
-
 static int never_runs(const Core *c, int64_t row) {
     int64_t p = c->q.prompt[row], o = c->q.out_len[row], L = c->L, need;
     if (p >= L) return 1;
@@ -374,11 +328,6 @@ static int64_t none_reserved(const Core *c) {
     for (int64_t i = 0; i < c->nrun; i++) held += c->held[c->running[i]];
     return c->promised_total - held;
 }
-
-/* Waiting-phase checks for the head (no side effects): new tokens, or -1. Leaves the hits in
- * c->hits[0:*nh]. */
-static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t nh,
-                              int64_t nload, int load_async);
 
 /* allocate_slots with an admission: touch the nh hit blocks (c->hits), they head the new
  * table. */
@@ -397,23 +346,6 @@ static int take_hits(Core *c, int64_t r, int64_t nh) {
     c->held[r] = nh;
     c->ncached[r] = nh;
     return 0;
-}
-
-static int64_t admission(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t *nh_out) {
-    int64_t bs = c->bs;
-    int64_t nt = c->q.prompt[row] + c->q.num_output[row];
-    int64_t nh = get_computed_blocks(c, row, nt);
-    *nh_out = nh;
-    c->nload = 0;
-    if (c->host_used) {
-        /* The offload tier continues the GPU hit (a connector's longer external match). */
-        int64_t max_blocks = (nt - 1) / bs;
-        for (int64_t k = nh; k < max_blocks; k++) {
-            if (map_get(&c->hmap, key_of(&c->keys, row, k)) < 0) break;
-            c->nload++;
-        }
-    }
-    return admission_fits(c, row, budget, thr, nh, c->nload, 0);
 }
 
 /* The admission checks for the head after a hit of nh GPU blocks (in c->hits) and nload blocks
@@ -448,35 +380,18 @@ static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr,
 }
 
 static int preempt(Core *c, int64_t row) {
-    int64_t cc = c->q.num_computed[row];
-    c->q.computed_at_pre[row] = cc;
-    int mode = 1, fallback = 0;
-    if (c->mode == MODE_SWAP) {
-        int64_t n_full = cc / c->bs;
-        if (n_full && c->num_cpu) {
-            c->nswap_out += host_store(c, row, n_full);
-            mode = 2;
-            if (!c->swapped[row]) { c->swapped[row] = 1; c->nswapped++; }
-        } else {
-            fallback = c->num_cpu == 0;
-        }
-    }
+    c->q.computed_at_pre[row] = c->q.num_computed[row];
     int64_t blocks = kv_free(c, row);
     c->q.num_computed[row] = 0;
     c->q.status[row] = ST_WAITING;
     c->q.num_pre[row] += 1;
-    if (mode == 2) c->q.num_swaps[row] += 1; else c->q.num_rec[row] += 1;
+    c->q.num_rec[row] += 1;
     c->prefilling[row] = 0;
     wq_prepend(c, (int32_t)row);
     c->pre_rows[c->npre] = (int32_t)row;
-    c->pre_mode[c->npre] = (int8_t)mode;
-    c->pre_fallback[c->npre] = (uint8_t)fallback;
+    c->pre_mode[c->npre] = 1;
     c->pre_blocks[c->npre++] = blocks;
     return 0;
-}
-
-static inline void unswap(Core *c, int64_t row) {
-    if (c->swapped[row]) { c->swapped[row] = 0; c->nswapped--; }
 }
 
 static inline void sched_add(Core *c, int64_t row, int64_t n, int8_t kind) {
@@ -600,7 +515,7 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
 /* One schedule(): rejections of new arrivals, running phase, waiting phase. -1 on error. */
 static int schedule(Core *c) {
     int64_t bs = c->bs, L = c->L;
-    c->ns = c->npre = c->nrej = c->nsi = c->nswap_out = c->nswap_in = 0;
+    c->ns = c->npre = c->nrej = 0;
     if (c->oc.on) oc_begin_step(&c->oc, c->lp.t);
     for (int64_t i = 0; i < c->narrived; i++) {
         int32_t r = c->arrived[i];
@@ -683,43 +598,29 @@ static int schedule(Core *c) {
         if (oc_waiting_phase(c, &budget, thr) < 0) return -1;
     } else if (c->npre == 0) {
         while (budget > 0 && c->wq_len && c->nrun < c->max_active) {
-            int64_t r = wq_peek(c), nh;
-            int64_t n = admission(c, r, budget, thr, &nh);
+            int64_t r = wq_peek(c), nt = c->q.prompt[r] + c->q.num_output[r];
+            int64_t nh = get_computed_blocks(c, r, nt);
+            int64_t n = admission_fits(c, r, budget, thr, nh, 0, 0);
             if (n < 0) {
                 if (c->nrun || c->ns) break;
                 wq_pop(c);
                 c->q.status[r] = ST_REJECTED;
-                unswap(c, r);
                 c->rej_rows[c->nrej++] = (int32_t)r;
                 continue;
             }
-            int64_t nt = c->q.prompt[r] + c->q.num_output[r];
             /* allocate_slots with the admission: touch the hits, they head the new table. */
             if (take_hits(c, r, nh) < 0) return -1;
-            int64_t nload = c->nload, computed = (nh + nload) * bs;
-            int64_t n_new = cdiv(min64(computed + n, L), bs) - nh;
+            int64_t hit = nh * bs;
+            int64_t n_new = cdiv(min64(hit + n, L), bs) - nh;
             if (n_new > 0 && pop_into(c, r, n_new) < 0) return -1;
-            cache_blocks(c, r, min64(computed + n, nt));
+            cache_blocks(c, r, min64(hit + n, nt));
             wq_pop(c);
             c->running[c->nrun++] = (int32_t)r;
-            if (nload) {
-                /* Load the host copies back (marked recently used, in table order). */
-                for (int64_t k = nh; k < nh + nload; k++) {
-                    int32_t h = map_get(&c->hmap, key_of(&c->keys, r, k));
-                    host_unlink(c, h);
-                    host_append(c, h);
-                }
-                c->nswap_in += nload;
-                c->si_rows[c->nsi] = (int32_t)r;
-                c->si_blocks[c->nsi++] = nload;
-            }
-            unswap(c, r);
             if (c->mode == MODE_NONE) {
                 int64_t whole = cdiv(min64(c->q.prompt[r] + c->q.out_len[r], L), bs);
                 c->promised[r] = whole;
                 c->promised_total += whole;
             }
-            int64_t hit = (nh + nload) * bs;
             int8_t kind = c->q.num_pre[r] > 0 ? BK_RESUMED : BK_NEW;
             if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
             else c->q.cached_prompt[r] = hit;
@@ -819,7 +720,6 @@ static int update(Core *c) {
         } else {
             /* Preempted while its last token was in flight (vLLM: stopped_preempted_reqs). */
             wq_remove(c, r);
-            unswap(c, r);
         }
         c->q.status[r] = ST_FINISHED;
         /* A finished request never holds blocks again: its table goes now, not at the end of
@@ -848,10 +748,8 @@ static int one_step(void *core) {
                .nrows = c->ns,
                .pre_rows = c->pre_rows, .pre_blocks = c->pre_blocks, .pre_mode = c->pre_mode,
                .pre_fallback = c->pre_fallback, .npre = c->npre, .rej_rows = c->rej_rows,
-               .nrej = c->nrej, .nswap_out = c->nswap_out, .nswap_in = c->nswap_in};
+               .nrej = c->nrej};
     if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
-    for (int64_t j = 0; j < c->nsi; j++)
-        if (event(c, EV_SWAP_IN, c->si_rows[j], c->si_blocks[j])) return -1;
     if (c->oc.on) {
         /* One event per transfer issued, loads then stores (replay/loop.py). */
         const Oc *o = &c->oc;
@@ -867,15 +765,15 @@ static int one_step(void *core) {
     loop_evictions(&c->lp, &pl);
     StepSums sums = loop_sums(&c->lp, &c->q, &pl);
     StepRow row = {
-        .duration_s = cost_step(&c->cost, &sums, c->nswap_out + c->nswap_in),
+        .duration_s = cost_step(&c->cost, &sums, 0),
         .num_running = (int32_t)c->nrun, .num_waiting = (int32_t)(c->wq_len + c->oc.kvh_len),
-        .num_swapped = (int32_t)c->nswapped, .num_prefill_tokens = sums.num_prefill,
+        .num_prefill_tokens = sums.num_prefill,
         .num_decode_tokens = sums.num_decode, .offload_store_blocks = c->oc.store_blocks,
         .offload_load_blocks = c->oc.load_blocks};
     c->oc.end_s = c->lp.t + row.duration_s;   /* the worker reports what is done by then */
     if (update(c) < 0) return -1;
     row.gpu_blocks_used = c->num_blocks - 1 - c->num_free;
-    row.cpu_blocks_used = c->oc.on ? tier_used(&c->oc.tier) : c->host_used;
+    row.cpu_blocks_used = c->oc.on ? tier_used(&c->oc.tier) : 0;
     pl.wake_s = NAN;
     if (c->oc.on) {
         pl.noffload = c->oc.step_loads_n + c->oc.step_stores_n + c->oc.ndone;
@@ -897,8 +795,7 @@ static void core_free(Core *c) {
     void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
-                  c->rej_rows, c->hits, 
-                  c->hmap.slots, c->hkey, c->hprev, c->hnext, c->swapped, c->pre_mode, c->pre_fallback, c->si_rows, c->si_blocks};
+                  c->rej_rows, c->hits, c->pre_mode, c->pre_fallback};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
     free(c);
 }
@@ -946,13 +843,17 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_float(spec, "offload_host_link_bytes_per_s", &link)) goto fail;
     int64_t block_bytes;          /* time mode: a transfer's bytes per block, per GPU */
     if (spec_int(spec, "kv_bytes_per_block", &block_bytes)) goto fail;
+    if (mode == MODE_SWAP) {
+        PyErr_SetString(PyExc_ValueError, "core: V1 has no swap preemption (its host tier is "
+                        "CPU KV offloading)");
+        goto fail;
+    }
     if (off && (mode != MODE_RECOMPUTE || bpc < 1 || tsteps < 0)) {
         PyErr_SetString(PyExc_ValueError, "core: CPU KV offloading runs with recompute "
                         "preemption, offload_blocks_per_chunk >= 1, offload_transfer_steps >= 0");
         goto fail;
     }
     c->policy = policy;
-    c->num_cpu = mode == MODE_SWAP ? ncpu : 0;
     c->bs = bs; c->num_blocks = nb; c->max_active = ma; c->max_batched = mb; c->L = L;
     /* vLLM: int(watermark * num_blocks), null block included (C truncates as int() does). */
     c->thr_knob = thr; c->watermark_blocks = (int64_t)(wm * (double)nb); c->chunked = ch;
@@ -982,12 +883,6 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->pre_rows, n, int32_t); CALLOC(c->pre_blocks, n, int64_t);
     CALLOC(c->rej_rows, n, int32_t);
     CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
-    CALLOC(c->si_rows, n, int32_t); CALLOC(c->si_blocks, n, int64_t);
-    CALLOC(c->swapped, n, uint8_t);
-    CALLOC(c->hkey, c->num_cpu + 1, int64_t);
-    if (map_init(&c->hmap, c->num_cpu, c->hkey, sizeof(int64_t)) < 0) { PyErr_NoMemory(); goto fail; } CALLOC(c->hprev, c->num_cpu + 1, int32_t);
-    CALLOC(c->hnext, c->num_cpu + 1, int32_t);
-    c->hprev[c->num_cpu] = c->hnext[c->num_cpu] = (int32_t)c->num_cpu;
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
     CALLOC(c->hits, c->hits_cap, int32_t);
     if (off) {
@@ -1118,16 +1013,14 @@ static PyObject *core_schedule(PyObject *self, PyObject *args) {
     PyObject *off = c->oc.on ? oc_plan_dict(c) : (Py_INCREF(Py_None), Py_None);
     if (!off) return NULL;
     return Py_BuildValue(
-        "{sNsNsNsNsNsNsNsNsNsNsNsNsLsLsN}",
+        "{sNsNsNsNsNsNsNsNsNsNsN}",
         "rows", bytes_of(c->s_rows, c->ns, 4), "num_new", bytes_of(c->s_new, c->ns, 8),
         "num_computed", bytes_of(c->s_before, c->ns, 8), "prefill", bytes_of(c->s_prefill, c->ns, 1),
         "kind", bytes_of(c->s_kind, c->ns, 1),
         "pre_rows", bytes_of(c->pre_rows, c->npre, 4), "pre_blocks", bytes_of(c->pre_blocks, c->npre, 8),
         "pre_mode", bytes_of(c->pre_mode, c->npre, 1),
         "pre_fallback", bytes_of(c->pre_fallback, c->npre, 1),
-        "rej_rows", bytes_of(c->rej_rows, c->nrej, 4), "si_rows", bytes_of(c->si_rows, c->nsi, 4),
-        "si_blocks", bytes_of(c->si_blocks, c->nsi, 8), "nswap_out", (long long)c->nswap_out,
-        "nswap_in", (long long)c->nswap_in, "offload", off);
+        "rej_rows", bytes_of(c->rej_rows, c->nrej, 4), "offload", off);
 }
 
 static PyObject *core_update(PyObject *self, PyObject *args) {
@@ -1179,11 +1072,11 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
     if (!free_queue) goto fail;
     PyObject *off = c->oc.on ? oc_snapshot(c) : (Py_INCREF(Py_None), Py_None);
     if (!off) goto fail;
-    return Py_BuildValue("{sNsNsNsNsLsLsLsNsi}", "running", list_i32(c->running, c->nrun),
+    return Py_BuildValue("{sNsNsNsNsLsLsNsi}", "running", list_i32(c->running, c->nrun),
                          "free_queue", free_queue,
                          "waiting", waiting, "tables", tables, "free_gpu", (long long)c->num_free,
-                         "cpu_used", (long long)(c->oc.on ? tier_used(&c->oc.tier) : c->host_used),
-                         "num_swapped", (long long)c->nswapped, "offload", off,
+                         "cpu_used", (long long)(c->oc.on ? tier_used(&c->oc.tier) : 0),
+                         "offload", off,
                          "unfinished", has_unfinished(c));
 fail:
     Py_XDECREF(waiting); Py_XDECREF(tables);

@@ -24,9 +24,12 @@ class Admission:
     num_tokens: int = 0
     full_sequence_must_fit: bool = False
     watermark_blocks: int = 0
-    # Extra blocks that come back from the host tier (swap mode): they take new GPU blocks but
-    # count as computed, like a connector's external hit.
+    # Blocks the CPU offloading tier loads (the connector's external hit): they take new GPU
+    # blocks but count as computed.
     num_loaded_blocks: int = 0
+    # Free blocks the admission must leave to others (vLLM `reserved_blocks`: what in-flight
+    # prefills still need, for an async CPU load).
+    reserved_blocks: int = 0
 
 
 class KVCacheManager:
@@ -86,7 +89,7 @@ class KVCacheManager:
                 return None
         slots = min(total_computed + num_new_tokens, self.max_model_len)
         need = max(self._cdiv(slots) - len(hits), 0) + evictable
-        if need + adm.watermark_blocks > free:
+        if need + adm.watermark_blocks > free - adm.reserved_blocks:
             return None
         return need
 
@@ -116,7 +119,7 @@ class KVCacheManager:
                        adm: Admission, *, delay_cache: bool = False) -> list[int] | None:
         """Admit `row`: touch its hits (they head its new table), give it slots for
         `num_new_tokens` tokens after them; None (and no change) if they do not fit. Returns the
-        newly popped blocks (loaded host blocks first, in table order). `delay_cache`: blocks a
+        newly popped blocks (the CPU load's blocks first, in table order). `delay_cache`: blocks a
         CPU load will fill are registered once the load is done (vLLM `delay_cache_blocks`)."""
         if self.num_blocks_needed(row, num_new_tokens, adm) is None:
             return None

@@ -24,26 +24,26 @@ from dataclasses import dataclass, field
 from replay.plan import OffloadTransfer
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
-from replay.v1.cpu_tier import CpuTier
+from replay.v1.cpu_tier import Access, CpuTier
 
 
 # ------------------------------------------------------------------------------- the connector
 @dataclass(slots=True, kw_only=True)
 class _Request:
     """The connector's state for one request (kept across preemptions until it finishes)."""
-    rank: int | None = None
-    # First chunk not offered yet: 0 for a request that loaded nothing (it re-offers its GPU-hit
-    # chunks, F7), else the chunk after its load.
+    # The tier's record of its accesses (LRU rank, chunks seen, inserted, reused).
+    acc: Access = field(default_factory=Access)
+    # First chunk not offered yet (vLLM next_stored_chunk_idx): 0 after a lookup that loads
+    # nothing (it re-offers its GPU-hit chunks, F7), else the chunk after its load.
     next_offer: int = 0
-    # Chunks it touched, in chunk order (key -> index), and those it loaded or re-offered (ARC
-    # promotes them at its finish).
-    touched: dict[int, int] = field(default_factory=dict)
-    reused: set[int] = field(default_factory=set)
     # Its store jobs not yet reported done, its load (keys) while in flight.
     stores_in_flight: int = 0
     loading: tuple[int, ...] = ()
     # GPU-hit + loaded tokens of its load, until it starts computing (None: no load).
     load_tokens: int | None = None
+    # vLLM's `request_finished` was called: from then on its store jobs fence the GPU blocks
+    # they read (`_block_id_to_pending_jobs`, F9).
+    fenced: bool = False
     # Its finish was processed; the state goes when its last store is reported done.
     finished: bool = False
 
@@ -72,7 +72,6 @@ class Connector:
         self.prompt_len = prompt_len
         self.tier = CpuTier(capacity=spec.num_cpu_blocks, policy=spec.offload_eviction_policy)
         self.reqs: dict[int, _Request] = {}
-        self._next_rank = 0
         # Worker side: store jobs planned last step (copied from this step on), the two FIFOs.
         self._deferred: list[_Job] = []
         self._stores: list[_Job] = []
@@ -81,8 +80,8 @@ class Connector:
         self._next_job = 0
         self._link_free_s = {"store": 0.0, "load": 0.0}
         self._exec_step = 0
-        # Finished requests (trace rows, in the order the scheduler freed them) and their block
-        # tables, processed at the next schedule (F6, F9).
+        # Requests finished since the last schedule (row, block table, tokens to offer up to),
+        # processed at the next schedule (F6, F9).
         self._finished: list[tuple[int, list[int], int]] = []
         self.begin_step()
 
@@ -95,7 +94,9 @@ class Connector:
         self.evicted: list[int] = []
         self.store_failed: list[int] = []
         self.flushed: list[int] = []
-        self._allocated: dict[int, int] = {}     # GPU block -> row it was handed to this step
+        self._flush_jobs: set[int] = set()
+        # GPU blocks handed out this step (vLLM _current_batch_allocated_block_ids).
+        self._allocated: set[int] = set()
         self._load_jobs: list[_Job] = []
         self._store_jobs: list[_Job] = []
 
@@ -105,15 +106,6 @@ class Connector:
             r = self.reqs[row] = _Request()
         return r
 
-    def _rank(self, r: _Request) -> int:
-        if r.rank is None:
-            r.rank = self._fresh_rank()
-        return r.rank
-
-    def _fresh_rank(self) -> int:
-        self._next_rank += 1
-        return self._next_rank
-
     def busy(self) -> bool:
         """Transfers in flight or finishes not processed yet (vLLM's `has_requests()` counts
         them, so the engine keeps stepping: the last lines of an O-run are empty steps)."""
@@ -122,10 +114,10 @@ class Connector:
     # ----------------------------------------------------------------- lookups and loads
     def lookup(self, row: int, gpu_hit_tokens: int, num_tokens: int) -> int | None:
         """`get_num_new_matched_tokens`: tokens the tier holds after the GPU hit, chunk by chunk
-        up to the whole known sequence (F5: it may reach num_tokens, where the GPU hit stops one
-        token short). None (deferred): the request has transfers in flight, or a chunk it would
-        load is being stored (HIT_PENDING) or, with GPU prefix caching, loaded for another
-        request (F10)."""
+        up to the request's real tokens (F5: it may reach num_tokens, where the GPU hit stops one
+        token short; async placeholders have no block hash, so no offload key). None (deferred):
+        the request has transfers in flight, or a chunk it would load is being stored
+        (HIT_PENDING) or, with GPU prefix caching, loaded for another request (F10)."""
         r = self.reqs.get(row)
         if r is not None and (r.stores_in_flight or r.loading):
             self.lookups.append((row, None))
@@ -144,10 +136,13 @@ class Connector:
         self.lookups.append((row, n * self.bs))
         return n * self.bs
 
-    def admitted(self, row: int, gpu_hit_tokens: int, cpu_tokens: int) -> None:
+    def admitted(self, row: int, gpu_hit_tokens: int, cpu_tokens: int,
+                 table: list[int]) -> None:
         """A request admitted after a lookup (`cpu_hit`); one that loads nothing re-offers its
-        chunks from chunk 0 (F7)."""
+        chunks from chunk 0 (F7). Every block of its table counts as handed out this step, its
+        GPU-hit blocks too (`update_state_after_alloc` takes `get_blocks(request_id)`)."""
         self.hits.append((row, gpu_hit_tokens, cpu_tokens))
+        self._allocated.update(table)
         if cpu_tokens == 0:
             self._req(row).next_offer = 0
 
@@ -159,12 +154,7 @@ class Connector:
         first = gpu_hit_tokens // self.bs
         idxs = list(range(first, first + cpu_tokens // self.bs))
         keys = self.keys.keys(row, idxs[0], idxs[-1] + 1)
-        for k in keys:
-            self.tier.pins[k] = self.tier.pins.get(k, 0) + 1
-        self.tier.touch(keys, self._rank(r))
-        for k, i in zip(keys, idxs):
-            r.touched[k] = i
-        r.reused.update(keys)
+        self.tier.prepare_load(r.acc, keys, idxs)
         r.loading = tuple(keys)
         r.load_tokens = gpu_hit_tokens + cpu_tokens
         r.next_offer = idxs[-1] + 1
@@ -179,11 +169,6 @@ class Connector:
         r = self.reqs[row]
         return None if r.loading else r.load_tokens
 
-    def unloaded(self, row: int) -> None:
-        """Its loaded blocks were given back (kvcap's way out of a stuck engine; its load was
-        done): it looks the tier up again when it is next admitted."""
-        self.reqs[row].load_tokens = None
-
     def dropped(self, row: int) -> None:
         """A request rejected while holding its loaded blocks (it never runs)."""
         r = self.reqs[row]
@@ -195,43 +180,39 @@ class Connector:
         self.reqs[row].load_tokens = None
 
     # ----------------------------------------------------------------- stores
-    def allocated(self, row: int, blocks: list[int]) -> None:
-        """GPU blocks handed to `row` this step (a block another request's store still reads
+    def allocated(self, blocks) -> None:
+        """GPU blocks handed out this step (a block a finished request's store still reads
         forces a flush, F9)."""
-        for b in blocks:
-            self._allocated[b] = row
+        self._allocated.update(blocks)
 
     def preempted(self, row: int) -> None:
-        """A request preempted while its stores are in flight is flushed (F9)."""
+        """A request preempted while its stores are in flight has them flushed (F9)."""
         r = self.reqs.get(row)
-        if r is not None and r.stores_in_flight and row not in self.flushed:
-            self.flushed.append(row)
+        if r is not None and r.stores_in_flight:
+            self._flush_jobs.update(j.id for j in self._jobs.values()
+                                    if j.row == row and j.kind == "store")
 
     def _offer(self, row: int, r: _Request, stop: int, gpu_blocks: list[int]) -> None:
-        """Offer chunks next_offer..stop-1 for storing: those already in the tier are reused
-        (touched), the others stored if all of them fit (F15); no progress when they do not."""
+        """Offer chunks next_offer..stop-1 for storing (`prepare_store`): the tier stores the
+        missing ones all or nothing (F15); no progress when they do not fit, so the same
+        chunks are offered again at the request's next step."""
         if stop <= r.next_offer:
             return
         idxs = list(range(r.next_offer, stop))
         keys = self.keys.keys(row, r.next_offer, stop)
-        tier = self.tier
-        new = [(k, i) for k, i in zip(keys, idxs) if k not in tier.ready]
-        rank = self._rank(r)
-        evicted = tier.prepare_store([k for k, _ in new], [i for _, i in new], set(keys), rank)
-        if evicted is None:
+        got = self.tier.prepare_store(r.acc, keys, idxs)
+        if got is None:
             self.store_failed.append(row)
             return
+        stored, evicted = got
         self.evicted.extend(evicted)
-        tier.touch(keys, rank)
-        for k, i in zip(keys, idxs):
-            r.touched[k] = i
-        fresh = {k for k, _ in new}
-        r.reused.update(k for k in keys if k not in fresh)
         r.next_offer = stop
-        if new:
-            t = OffloadTransfer(row=row, num_tokens=len(new) * self.bs,
-                                gpu_blocks=tuple(gpu_blocks[i] for _, i in new),
-                                chunks=tuple(i for _, i in new), keys=tuple(k for k, _ in new))
+        if stored:
+            new = set(stored)
+            new_idxs = tuple(i for k, i in zip(keys, idxs) if k in new)
+            t = OffloadTransfer(row=row, num_tokens=len(stored) * self.bs,
+                                gpu_blocks=tuple(gpu_blocks[i] for i in new_idxs),
+                                chunks=new_idxs, keys=tuple(k for k in keys if k in new))
             self.stores.append(t)
             self._store_jobs.append(self._job(row, "store", t))
             r.stores_in_flight += 1
@@ -239,39 +220,50 @@ class Connector:
     def plan_stores(self, row: int, num_computed: int, num_tokens: int,
                     gpu_blocks: list[int]) -> None:
         """Write-through (F1): a scheduled request offers every full chunk the step will have
-        computed, capped at its prompt by default (F2)."""
-        stop = num_computed if not self.spec.offload_prompt_only else \
-            min(num_computed, self.prompt_len[row])
-        self._offer(row, self._req(row), min(stop, num_tokens) // self.bs, gpu_blocks)
+        computed, capped at its prompt by default (F2) and at its real tokens (async
+        placeholders have no block hash: `_calc_num_offloadable_tokens`, `storable_chunks`)."""
+        stop = min(num_computed, num_tokens)
+        if self.spec.offload_prompt_only:
+            stop = min(stop, self.prompt_len[row])
+        self._offer(row, self._req(row), stop // self.bs, gpu_blocks)
 
-    def request_finished(self, row: int, table: list[int], num_tokens: int) -> None:
+    def request_finished(self, row: int, table: list[int], num_tokens: int,
+                         aborted_at: int | None = None) -> None:
         """vLLM frees a finished request's blocks at once (`request_finished` returns False,
-        F9); the connector processes the finish at the next schedule."""
-        if row in self.reqs:
-            self._finished.append((row, list(table), num_tokens))
+        F9) and fences them with its store jobs in flight; the connector offers what is left
+        (`_build_store_jobs` of a finished request: up to max(prompt, num_tokens - 1), or, when
+        aborted, the tokens computed) at the next schedule."""
+        r = self.reqs.get(row)
+        if r is None:
+            return
+        r.fenced = True
+        stop = max(self.prompt_len[row], num_tokens - 1) if aborted_at is None else aborted_at
+        stop = min(stop, num_tokens)
+        if self.spec.offload_prompt_only:
+            stop = min(stop, self.prompt_len[row])
+        self._finished.append((row, list(table), stop))
 
     def end_schedule(self) -> None:
-        """`build_connector_meta`, after the scheduled requests' stores: each request finished
-        since the last schedule (trace order; vLLM iterates a set, F13) offers what is left of
-        its prompt (with `offload_prompt_only` off: up to max(prompt, num_tokens - 1), F2) from
-        its freed blocks, then its recency is committed (F6, F8). Last the flushes: a block
-        handed out this step that an in-flight store of another request reads (F9)."""
-        for row, table, num_tokens in self._finished:
+        """`build_connector_meta`, after the scheduled requests' stores: the offers of the
+        requests finished since the last schedule, then their recency (F6, F8), each in trace
+        order (vLLM iterates a set, F13); last the flushes: a preempted request's stores, and a
+        fenced store whose block was handed out this step (F9)."""
+        done = sorted(self._finished)
+        self._finished.clear()
+        for row, table, stop in done:
+            self._offer(row, self.reqs[row], min(stop, len(table) * self.bs) // self.bs, table)
+        for row, _, _ in done:
             r = self.reqs[row]
-            p = self.prompt_len[row]
-            stop = p if self.spec.offload_prompt_only else max(p, num_tokens - 1)
-            self._offer(row, r, min(stop, len(table) * self.bs) // self.bs, table)
-            self.tier.finish(list(r.touched), self._fresh_rank(), r.reused)
+            self.tier.on_request_finished(r.acc)
             r.finished = True
             if not r.stores_in_flight and not r.loading:
                 del self.reqs[row]
-        self._finished.clear()
         if self._allocated:
             for job in self._jobs.values():
-                if job.kind != "store" or job.row in self.flushed:
-                    continue
-                if any(self._allocated.get(b, job.row) != job.row for b in job.gpu_blocks):
-                    self.flushed.append(job.row)
+                if (job.kind == "store" and self.reqs[job.row].fenced
+                        and not self._allocated.isdisjoint(job.gpu_blocks)):
+                    self._flush_jobs.add(job.id)
+        self.flushed = sorted({self._jobs[j].row for j in self._flush_jobs})
 
     def _job(self, row: int, kind: str, t: OffloadTransfer) -> _Job:
         self._next_job += 1
@@ -291,13 +283,14 @@ class Connector:
         for job in self._load_jobs:
             self._submit(job, self._loads, start_s, k + T - 1)
         self._deferred = self._store_jobs
-        if self.flushed:
-            rows = set(self.flushed)
-            # A flushed store planned this very step is submitted and waited for at once.
-            for job in [j for j in self._deferred if j.row in rows]:
+        if self._flush_jobs:
+            # `handle_preemptions`: a flushed store planned this very step is submitted at once,
+            # then the worker waits for the flushed jobs and those queued before them.
+            flush = self._flush_jobs
+            for job in [j for j in self._deferred if j.id in flush]:
                 self._deferred.remove(job)
                 self._submit(job, self._stores, start_s, k)
-            last = max((i for i, j in enumerate(self._stores) if j.row in rows), default=-1)
+            last = max((i for i, j in enumerate(self._stores) if j.id in flush), default=-1)
             for job in self._stores[:last + 1]:
                 job.done_step, job.done_s = k, min(job.done_s, end_s)
         out = []
@@ -335,10 +328,7 @@ class Connector:
                     if r.finished and not r.stores_in_flight and not r.loading:
                         del self.reqs[job.row]
             else:
-                for k in job.keys:
-                    self.tier.pins[k] -= 1
-                    if not self.tier.pins[k]:
-                        del self.tier.pins[k]
+                self.tier.complete_load(job.keys)
                 r.loading = ()
                 if r.finished and not r.stores_in_flight:
                     del self.reqs[job.row]     # aborted while its load was in flight

@@ -5,10 +5,10 @@ One `schedule()` is a running phase (walk `running` in order under one token bud
 that cannot get blocks preempts the newest, or under priority the worst (priority, arrival),
 until it fits or preempted itself) then, only if nothing was preempted, a waiting phase (admit the
 head while it fits; head-of-line blocking). `update()` plays the model output back as
-`../shared/oracle/oracle.py` does. kvcap additions, by `spec.preemption_mode`: "swap" stores a
-victim's full blocks in a host offload tier (reference B8) and loads them back on resume; "none"
-admits only what can run to completion beside what running requests were promised, so nothing
-is ever preempted. Requests that can never run are rejected instead of hanging.
+`../shared/oracle/oracle.py` does. V1 preempts by recompute only (its host tier is CPU KV
+offloading, replay/v1/offload.py); kvcap's addition `preemption_mode` "none" admits only what can
+run to completion beside what running requests were promised, so nothing is ever preempted.
+Requests that can never run are rejected instead of hanging.
 
 Owns the queues and block tables; writes the request counters in `RequestState`. This is the
 reference implementation: one step at a time, no speed tricks (the compiled core, replay/v1/_core.c,
@@ -23,7 +23,6 @@ from replay.raw import BATCH_KINDS
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
-from replay.v1.host_tier import HostTier
 from replay.v1.kv_cache_manager import Admission, KVCacheManager
 from replay.v1.offload import Connector
 from replay.v1.queues import FcfsQueue, PriorityQueue
@@ -44,7 +43,8 @@ class V1Scheduler:
         self.waiting = (PriorityQueue(priority=state.priority, arrival_s=state.arrival_s)
                         if spec.policy == "priority" else FcfsQueue())
         self.mode = spec.preemption_mode
-        self.host = HostTier(num_blocks=spec.num_cpu_blocks) if self.mode == "swap" else None
+        if self.mode == "swap":
+            raise ValueError("V1 has no swap preemption (its host tier is CPU KV offloading)")
         self.max_active = (spec.max_num_active_seqs if spec.max_num_active_seqs is not None
                            else spec.max_num_seqs)
         # vLLM: int(watermark * num_blocks), null block included.
@@ -59,7 +59,6 @@ class V1Scheduler:
         # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
         self.prefilling = np.zeros(state.n, dtype=bool)
         self._prefill_rows: set[int] = set()   # the running rows among them
-        self._swapped: set[int] = set()        # waiting rows whose KV went to the host tier
         self._last_rows = np.zeros(0, _I64)
         self._admitted: dict[int, int] = {}
         # Async scheduling (0.33 AsyncScheduler, lag 1): a token sampled by the step in flight
@@ -78,6 +77,17 @@ class V1Scheduler:
         # of the step in flight (async: applied one step late); the clock (`tell_time`).
         self.conn = Connector(spec, keys, self._prompt) if spec.kv_offloading else None
         self.loading: list[int] = []
+        # vLLM `_inflight_prefills`: admitted rows still prefilling after their scheduled chunk
+        # and rows loading from the CPU tier; a CPU-hit admission must leave their remaining
+        # blocks free (`_inflight_prefill_reserved_blocks`).
+        self._inflight_prefills: set[int] = set()
+        # Loading rows whose finished load the waiting loop has seen: vLLM promotes a request
+        # out of WAITING_FOR_REMOTE_KVS only when its waiting loop reaches it
+        # (`_handle_blocked_waiting_request`), not when the load is reported done.
+        self._promoted: set[int] = set()
+        # Aborted rows whose blocks go back later (vLLM deferred frees, see abort_request).
+        self._free_after_step: list[int] = []
+        self._free_after_load: set[int] = set()
         self._rows_in_flight: set[int] = set()
         self._conn_in_flight: list = []
         self._now_s = self._step_start_s = 0.0
@@ -89,27 +99,40 @@ class V1Scheduler:
         self._arrived.append(row)
 
     def abort_request(self, row: int) -> None:
-        """Client abort (test hook): leave whichever queue, free the blocks."""
+        """Client abort (test hook): leave whichever queue, free the blocks. With the connector
+        under async scheduling (vLLM's defer_block_free), the blocks of a request whose step is
+        in flight go back once that step's output is processed; those of a request whose CPU
+        load is in flight once the load is reported done (`finish_requests`)."""
         st = int(self.state.status[row])
-        nt = self._prompt[row] + int(self.state.num_output[row])
         if self.conn is not None and st in (Status.RUNNING, Status.WAITING):
-            # vLLM calls the connector's request_finished for an aborted request too.
-            self.conn.request_finished(row, self.kv.tables.get(row, []), nt)
+            # vLLM calls the connector's request_finished for an aborted request too; it offers
+            # the tokens computed so far (FINISHED_ABORTED in `_build_store_jobs`).
+            self.conn.request_finished(row, self.kv.tables.get(row, []), self._real_tokens(row),
+                                       aborted_at=int(self.state.num_computed[row]))
         if st == Status.RUNNING:
             self.running.remove(row)
             self._prefill_rows.discard(row)
-            self._release(row)
+            if self.conn is not None and row in self._rows_in_flight:
+                if self._promised:
+                    self._promised_total -= self._promised.pop(row, 0)
+                self._free_after_step.append(row)
+            else:
+                self._release(row)
         elif row in self.loading:
             self.loading.remove(row)
-            self.kv.free(row)
+            self._promoted.discard(row)
+            if self.conn.load_done(row) is None:
+                self._free_after_load.add(row)
+            else:
+                self.kv.free(row)
         elif st == Status.WAITING:
             self.waiting.remove(row)
             if row in self._arrived:
                 self._arrived.remove(row)
-            self._swapped.discard(row)
         else:
             return
         self._in_flight = self._in_flight[self._in_flight != row]
+        self._inflight_prefills.discard(row)
         self.state.status[row] = Status.ABORTED
 
     @property
@@ -122,7 +145,7 @@ class V1Scheduler:
 
     @property
     def num_swapped(self) -> int:
-        return len(self._swapped)
+        return 0
 
     def block_table(self, row: int) -> list[int]:
         """GPU block ids of a request holding GPU blocks, in token order."""
@@ -132,9 +155,7 @@ class V1Scheduler:
         return self.kv.pool.num_used
 
     def cpu_blocks_used(self) -> int:
-        if self.conn is not None:
-            return self.conn.tier.num_used
-        return 0 if self.host is None else self.host.num_used
+        return 0 if self.conn is None else self.conn.tier.num_used
 
     def has_unfinished(self) -> bool:
         return (bool(self.running) or len(self.waiting) > 0 or bool(self.loading)
@@ -153,15 +174,14 @@ class V1Scheduler:
     def snapshot(self) -> dict:
         pool = self.kv.pool
         snap = {"waiting": self.loading + self.waiting.rows(), "running": list(self.running),
-                "swapped": [], "free_gpu": pool.num_free,
-                "free_cpu": None if self.host is None else self.host.num_blocks - self.host.num_used,
+                "swapped": [], "free_gpu": pool.num_free, "free_cpu": None,
                 "blocks": {r: list(self.kv.tables.get(r, [])) for r in self.running},
                 "computed": {r: int(self.state.num_computed[r]) for r in self._last_rows.tolist()},
                 "kv_usage": pool.usage(), "free_queue": pool.free_order()}
         if self.conn is not None:
             tier = self.conn.tier
             snap["free_cpu"] = tier.capacity - tier.num_used
-            snap["waiting_for_kv"] = [r for r in self.loading if self.conn.load_done(r) is None]
+            snap["waiting_for_kv"] = [r for r in self.loading if r not in self._promoted]
             snap["cpu_pending"] = tier.num_pending
             if tier.lru is not None:
                 snap["cpu_lru"] = tier.lru_order()
@@ -172,6 +192,19 @@ class V1Scheduler:
     # ---------------------------------------------------------------- helpers
     def _cdiv(self, n: int) -> int:
         return -(-n // self.block_size)
+
+    def _real_tokens(self, row: int) -> int:
+        """vLLM `request.num_tokens`: prompt and sampled tokens, without async placeholders
+        (only real tokens have block hashes: the GPU prefix cache and the offload keys stop
+        there)."""
+        return self._prompt[row] + int(self.state.num_output[row]) - int(self.placeholders[row])
+
+    def _reserved_for_prefills(self) -> int:
+        """Blocks the in-flight prefills still need to hold their whole (real) sequence
+        (vLLM `_inflight_prefill_reserved_blocks`)."""
+        L, held = self.spec.max_model_len, self.kv.held
+        return sum(max(self._cdiv(min(self._real_tokens(q), L)) - held[q], 0)
+                   for q in self._inflight_prefills)
 
     def _never_runs(self, row: int) -> str | None:
         spec = self.spec
@@ -204,35 +237,29 @@ class V1Scheduler:
 
     def _admission(self, row: int, budget: int, thr: int):
         """The waiting-phase checks for the head `row` without side effects on the pool:
-        (num_new_tokens, Admission, host keys to load, CPU-hit tokens to load), None when it
-        cannot be admitted now, or "skip" when the connector defers its lookup (F10)."""
+        (num_new_tokens, Admission, CPU-hit tokens to load), None when it cannot be admitted now,
+        or "skip" when the connector defers its lookup (F10)."""
         spec, kv, bs = self.spec, self.kv, self.block_size
         nt = self._prompt[row] + int(self.state.num_output[row])
         hits = kv.get_computed_blocks(row, nt)
         if self.conn is not None:
-            cpu = self.conn.lookup(row, len(hits) * bs, nt)
+            cpu = self.conn.lookup(row, len(hits) * bs, self._real_tokens(row))
             if cpu is None:
                 return "skip"
             if cpu:
                 # A CPU hit: blocks for the hit and the load now, no tokens this step (F4).
+                # vLLM 0.33 admits an async load only if its blocks fit beside what the
+                # in-flight prefills (other loads among them) still need: a loading request
+                # cannot be preempted, so this keeps loads from deadlocking the pool.
                 adm = Admission(hit_blocks=tuple(hits), num_tokens=nt,
                                 full_sequence_must_fit=spec.scheduler_reserve_full_isl,
                                 watermark_blocks=self.watermark_blocks if self.running else 0,
-                                num_loaded_blocks=cpu // bs)
+                                num_loaded_blocks=cpu // bs,
+                                reserved_blocks=self._reserved_for_prefills())
                 if kv.num_blocks_needed(row, 0, adm) is None:
                     return None
-                return 0, adm, [], cpu
-        load_keys: list[int] = []
-        if self.host is not None and self.host.num_used:
-            # The offload tier continues the GPU hit (connector: longer external match).
-            max_blocks = (nt - 1) // bs
-            if len(hits) < max_blocks:
-                lookup = self.host.lookup
-                for key in kv.block_keys(row, len(hits), max_blocks):
-                    if lookup(key) is None:
-                        break
-                    load_keys.append(key)
-        n = nt - (len(hits) + len(load_keys)) * bs
+                return 0, adm, cpu
+        n = nt - len(hits) * bs
         if 0 < thr < n:
             n = thr
         if not spec.enable_chunked_prefill and n > budget:
@@ -240,8 +267,7 @@ class V1Scheduler:
         n = min(n, budget)
         adm = Admission(hit_blocks=tuple(hits), num_tokens=nt,
                         full_sequence_must_fit=spec.scheduler_reserve_full_isl,
-                        watermark_blocks=self.watermark_blocks if self.running else 0,
-                        num_loaded_blocks=len(load_keys))
+                        watermark_blocks=self.watermark_blocks if self.running else 0)
         if kv.num_blocks_needed(row, n, adm) is None:
             return None
         if self.mode == "none":
@@ -249,39 +275,23 @@ class V1Scheduler:
             need = max(whole - len(hits), 0) + kv.pool.num_evictable(hits)
             if need + self._none_reserved() > kv.pool.num_free:
                 return None
-        return n, adm, load_keys, 0
+        return n, adm, 0
 
-    def _preempt(self, row: int, preempted: list, swap_out: list) -> None:
-        st, kv = self.state, self.kv
+    def _preempt(self, row: int, preempted: list) -> None:
+        st = self.state
         if self.conn is not None:
             self.conn.preempted(row)
-        c = int(st.num_computed[row])
-        st.computed_at_preemption[row] = c
-        mode = "recompute"
-        fallback = False
-        if self.host is not None:
-            n_full = c // self.block_size
-            table = kv.tables.get(row, [])
-            if n_full and self.host.num_blocks:
-                swap_out.extend(self.host.store(table[:n_full],
-                                                     kv.block_keys(row, 0, n_full)))
-                mode = "swap"
-                self._swapped.add(row)
-            else:
-                fallback = self.host.num_blocks == 0
+        st.computed_at_preemption[row] = st.num_computed[row]
         table = self._release(row)
         st.num_computed[row] = 0
         st.status[row] = Status.WAITING
         st.num_preemptions[row] += 1
-        if mode == "swap":
-            st.num_swaps[row] += 1
-        else:
-            st.num_recomputes[row] += 1
+        st.num_recomputes[row] += 1
         self.prefilling[row] = False
         self._prefill_rows.discard(row)
+        self._inflight_prefills.discard(row)
         self.waiting.prepend(row)
-        preempted.append(Preemption(row=row, mode=mode, num_blocks=len(table),
-                                    swap_full_fallback=fallback))
+        preempted.append(Preemption(row=row, mode="recompute", num_blocks=len(table)))
 
     # ---------------------------------------------------------------- one step
     def schedule(self) -> StepPlan:
@@ -308,12 +318,9 @@ class V1Scheduler:
         # Admissions: row -> new / resumed (every other scheduled row is running).
         self._admitted = {}
         preempted: list[Preemption] = []
-        swap_out: list[tuple[int, int]] = []
-        budget = self._running_loop(0, sched, budget, thr, preempted, swap_out)
-        swap_in: list[tuple[int, int]] = []
-        swapped_in: list[int] = []
+        budget = self._running_loop(0, sched, budget, thr, preempted)
         if not preempted:
-            budget = self._waiting_phase(sched, budget, thr, rejected, swap_in, swapped_in)
+            budget = self._waiting_phase(sched, budget, thr, rejected)
 
         rows = np.fromiter(sched, _I64, len(sched))
         nnew = np.fromiter(sched.values(), _I64, len(sched))
@@ -323,13 +330,19 @@ class V1Scheduler:
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
         self._last_rows = rows
+        if self._inflight_prefills:
+            # `_update_after_schedule`: a request whose chunk reaches its known tokens is no
+            # longer an in-flight prefill.
+            for r in rows.tolist():
+                if st.num_computed[r] >= self._prompt[r] + st.num_output[r]:
+                    self._inflight_prefills.discard(r)
         offload = {}
         if conn is not None:
             # build_connector_meta: write-through stores of the scheduled requests (batch
             # order), then the finishes since the last step and the flushes.
             tables = self.kv.tables
             for r, c in zip(rows.tolist(), st.num_computed[rows].tolist()):
-                conn.plan_stores(r, c, self._prompt[r] + int(st.num_output[r]), tables[r])
+                conn.plan_stores(r, c, self._real_tokens(r), tables[r])
             conn.end_schedule()
             offload = dict(offload_lookups=tuple(conn.lookups), offload_hits=tuple(conn.hits),
                            offload_loads=tuple(conn.loads), offload_stores=tuple(conn.stores),
@@ -338,14 +351,11 @@ class V1Scheduler:
                            offload_flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=self.prefilling[rows], kind=kind,
-            swap_out=np.array(swap_out, dtype=_I64).reshape(-1, 2),
-            swap_in=np.array(swap_in, dtype=_I64).reshape(-1, 2),
-            preempted=tuple(preempted), swapped_in=tuple(swapped_in), rejected=tuple(rejected),
-            **offload)
+            is_prefill=self.prefilling[rows], kind=kind, preempted=tuple(preempted),
+            rejected=tuple(rejected), **offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
-                      preempted: list, swap_out: list) -> int:
+                      preempted: list) -> int:
         """vLLM's running loop from request i on: allocate, preempting until it fits."""
         st, kv, L = self.state, self.kv, self.spec.max_model_len
         running, prompt = self.running, self._prompt
@@ -369,7 +379,10 @@ class V1Scheduler:
                 continue
             blocked = False
             while True:
-                new = kv.grow(r, n, c, nt)
+                # Only real tokens are cached: a block that holds an async placeholder has no
+                # hash yet (vLLM caches up to request.num_tokens), so it is registered at a
+                # later step.
+                new = kv.grow(r, n, c, nt - int(ph[r]))
                 if new is not None:
                     break
                 if self.mode == "none":
@@ -396,13 +409,13 @@ class V1Scheduler:
                         budget += sched.pop(victim)   # un-schedule and refund (0.33)
                 else:
                     victim = running.pop()
-                self._preempt(victim, preempted, swap_out)
+                self._preempt(victim, preempted)
                 if victim == r:
                     break
             if blocked:
                 break
             if new and self.conn is not None:
-                self.conn.allocated(r, new)
+                self.conn.allocated(new)
             if new is None:
                 if priority and st.status[r] == Status.WAITING:
                     continue   # it preempted itself; higher-priority requests after it may fit
@@ -412,8 +425,7 @@ class V1Scheduler:
             i += 1
         return budget
 
-    def _waiting_phase(self, sched: dict[int, int], budget: int, thr: int, rejected: list,
-                       swap_in: list, swapped_in: list) -> int:
+    def _waiting_phase(self, sched: dict[int, int], budget: int, thr: int, rejected: list) -> int:
         st, kv, L = self.state, self.kv, self.spec.max_model_len
         running, waiting = self.running, self.waiting
         if self.loading:
@@ -428,48 +440,51 @@ class V1Scheduler:
                 skipped.append(waiting.pop())
                 continue
             if got is None:
-                if running or sched or self.loading or skipped:
+                if (running or sched or self.loading or skipped or self._free_after_step
+                        or self._free_after_load):
                     break
-                # Nothing runs and the head still does not fit: it never will (vLLM hangs).
+                # Nothing runs, nothing will give blocks back, no lookup waits for a transfer,
+                # and the head still does not fit: it never will (vLLM hangs).
                 waiting.pop()
                 st.status[r] = Status.REJECTED
-                self._swapped.discard(r)
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
-            n, adm, load_keys, cpu = got
+            n, adm, cpu = got
             new = kv.allocate_slots(r, n, adm.num_tokens, adm, delay_cache=cpu > 0)
             assert new is not None
             waiting.pop()
-            gpu = (len(adm.hit_blocks) + len(load_keys)) * self.block_size
-            # Tokens not computed: a whole-sequence CPU hit still recomputes its last one (F5).
-            hit = min(gpu + cpu, adm.num_tokens - 1) if cpu else gpu
+            gpu = len(adm.hit_blocks) * self.block_size
             if self.conn is not None:
-                self.conn.allocated(r, new)
-                self.conn.admitted(r, len(adm.hit_blocks) * self.block_size, cpu)
+                self.conn.admitted(r, len(adm.hit_blocks) * self.block_size, cpu,
+                                   kv.tables[r])
             if st.num_preemptions[r] > 0:
+                # Tokens recomputed: a whole-sequence CPU hit still recomputes its last one (F5).
+                hit = min(gpu + cpu, adm.num_tokens - 1) if cpu else gpu
                 st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
             else:
-                st.cached_prompt_tokens[r] = hit
-                st.cpu_hit_tokens[r] = hit - gpu
+                # vLLM's counters at first admission (PrefillStats: num_local_cached_tokens,
+                # num_external_cached_tokens; vllm:prefix_cache_hits and
+                # vllm:external_prefix_cache_hits): the whole CPU hit, also when it reaches the
+                # last prompt token, which is then recomputed (F5).
+                st.cached_prompt_tokens[r] = gpu + cpu
+                st.cpu_hit_tokens[r] = cpu
             if cpu:
                 # F4: WAITING_FOR_REMOTE_KVS, holding its blocks; it computes once the load is
                 # reported done. The load takes no token budget.
                 self.conn.plan_load(r, len(adm.hit_blocks) * self.block_size, cpu,
                                     new[: cpu // self.block_size])
                 self.loading.append(r)
+                self._inflight_prefills.add(r)
                 continue
             running.append(r)
-            if load_keys:
-                hosts = self.host.load(load_keys)
-                swap_in.extend(zip(hosts, new[: len(load_keys)]))
-                swapped_in.append(r)
-            self._swapped.discard(r)
             if self.mode == "none":
                 whole = self._cdiv(min(self._prompt[r] + self._out_len[r], L))
                 self._promised[r] = whole
                 self._promised_total += whole
-            self._start(r, hit, n, sched)
+            self._start(r, gpu, n, sched)
+            if gpu + n < self._real_tokens(r):
+                self._inflight_prefills.add(r)
             budget -= n
         for r in reversed(skipped):
             waiting.prepend(r)
@@ -491,7 +506,8 @@ class V1Scheduler:
         (no new lookup) with the GPU-hit and loaded tokens computed, less one when that is its
         whole sequence (F5: its last token is recomputed for its logits); one still loading is
         skipped. Returns the budget left, or None when a loaded request does not fit (head-of-line
-        blocking: the waiting queue is not tried either)."""
+        blocking: the waiting queue is not tried either). vLLM never gives a loaded request's
+        blocks back; its admission rule (`_reserved_for_prefills`) keeps loads from deadlocking."""
         st, kv, conn, spec = self.state, self.kv, self.conn, self.spec
         for r in list(self.loading):
             if budget <= 0 or len(self.running) >= self.max_active:
@@ -499,6 +515,7 @@ class V1Scheduler:
             done = conn.load_done(r)
             if done is None:
                 continue
+            self._promoted.add(r)
             nt = self._prompt[r] + int(st.num_output[r])
             computed = min(done, nt - 1)
             kv.cache_blocks(r, computed)
@@ -511,18 +528,14 @@ class V1Scheduler:
             if spec.enable_chunked_prefill or n <= budget:
                 n = min(n, budget)
                 new = kv.extend_held(r, n, computed, nt, adm)
-            stuck = new is None and not self.running and not sched
-            if stuck and len(self.loading) > 1 and n <= budget:
-                # Stuck: nothing runs, and the blocks the head needs are held by requests that
-                # loaded behind it (real vLLM waits forever). kvcap hands theirs back; they
-                # wait again (their chunks stay in the tier) and the head runs.
-                for other in [x for x in self.loading
-                              if x != r and conn.load_done(x) is not None]:
-                    self._unload(other)
-                new = kv.extend_held(r, n, computed, nt, adm)
-            if new is None and stuck and (len(self.loading) == 1 or n > budget):
-                # Nothing runs and it still does not fit: it never will (vLLM hangs).
+            if (new is None and not self.running and not sched and not self._free_after_step
+                    and not self._free_after_load
+                    and all(conn.load_done(x) is not None for x in self.loading)):
+                # Nothing runs, no load is in flight and it still does not fit: it never will
+                # (vLLM hangs; its admission rule makes this a corner case).
                 self.loading.remove(r)
+                self._promoted.discard(r)
+                self._inflight_prefills.discard(r)
                 kv.free(r)
                 conn.dropped(r)
                 st.status[r] = Status.REJECTED
@@ -531,25 +544,15 @@ class V1Scheduler:
                 continue
             if new is None:
                 return None
-            conn.allocated(r, new)
+            # `update_state_after_alloc` for the admission: every block of its table.
+            conn.allocated(kv.tables[r])
             conn.start_computing(r)
             self.loading.remove(r)
+            self._promoted.discard(r)
             self.running.append(r)
             self._start(r, computed, n, sched)
             budget -= n
         return budget
-
-    def _unload(self, row: int) -> None:
-        """A loaded request gives its GPU blocks back and waits at the front again; its next
-        admission counts its hit (and recompute) afresh."""
-        st = self.state
-        if st.num_preemptions[row] > 0:
-            hit = min(self.conn.load_done(row), self._prompt[row] + int(st.num_output[row]) - 1)
-            st.recomputed_tokens[row] -= int(st.computed_at_preemption[row]) - hit
-        self.loading.remove(row)
-        self.kv.free(row)
-        self.conn.unloaded(row)
-        self.waiting.prepend(row)
 
     def update(self, plan: StepPlan) -> StepOutput:
         """One sampled token for every scheduled request whose chunk reached the end of its known
@@ -558,6 +561,10 @@ class V1Scheduler:
         whose last token that step sampled)."""
         st = self.state
         rows = plan.rows
+        for r in self._free_after_step:
+            # The step in flight when they were aborted is processed now (_drain_deferred_frees).
+            self.kv.free(r)
+        self._free_after_step.clear()
         sampled = st.num_computed[rows] >= st.prompt_len[rows] + st.num_output[rows]
         got = rows[sampled]
         st.num_output[got] += 1
@@ -570,6 +577,14 @@ class V1Scheduler:
             self.placeholders[got] += 1
             applied, self._in_flight = self._in_flight, got
             self.placeholders[applied] -= 1
+            if self.spec.enable_prefix_caching and applied.size:
+                # vLLM update_from_output: with placeholders, a running request's blocks are
+                # cached up to the tokens of its processed steps (num_computed_tokens -
+                # num_in_flight_tokens) once the output is applied; the step in flight stays out.
+                in_step = dict(zip(rows.tolist(), plan.num_new_tokens.tolist()))
+                for r in applied.tolist():
+                    if st.status[r] == Status.RUNNING:
+                        self.kv.cache_blocks(r, int(st.num_computed[r]) - in_step.get(r, 0))
         out = st.num_output[applied] - self.placeholders[applied]
         done = (out >= st.output_len[applied]) | (st.prompt_len[applied] + out >= self.spec.max_model_len)
         finished = applied[done]
@@ -581,6 +596,7 @@ class V1Scheduler:
             running = []
             conn = self.conn
             for r in fin:
+                self._inflight_prefills.discard(r)
                 if conn is not None:
                     conn.request_finished(r, self.kv.tables.get(r, []),
                                           self._prompt[r] + int(st.num_output[r]))
@@ -590,7 +606,6 @@ class V1Scheduler:
                 else:
                     # Preempted while its last token was in flight (vLLM: stopped_preempted_reqs).
                     self.waiting.remove(r)
-                    self._swapped.discard(r)
             st.status[finished] = Status.FINISHED
             gone = set(running)
             self.running = [r for r in self.running if r not in gone]
@@ -602,5 +617,9 @@ class V1Scheduler:
         if self.async_scheduling:
             done, self._conn_in_flight = self._conn_in_flight, done
             self._rows_in_flight = set(rows.tolist())
-        return StepOutput(sampled=sampled, finished=finished,
-                          offload_done=tuple(self.conn.apply(done)))
+        offload_done = tuple(self.conn.apply(done))
+        for r, kind in offload_done:
+            if kind == "load" and r in self._free_after_load:
+                self._free_after_load.discard(r)      # finished_recving of an aborted request
+                self.kv.free(r)
+        return StepOutput(sampled=sampled, finished=finished, offload_done=offload_done)

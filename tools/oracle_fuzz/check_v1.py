@@ -1,0 +1,169 @@
+"""Replay gen_v1.py's scenarios on both kvcap implementations (the reference V1Scheduler and the
+compiled StepCore) the way tests/oracle_driver.py drives them, and report, per implementation,
+how many match real vLLM and where the others first differ.
+
+    .venv/bin/python tools/oracle_fuzz/check_v1.py BATCH.jsonl [--show N] [--impl reference|compiled]
+        [--seeds 3,17] [--json]
+
+Skipped (counted apart): for the compiled core, scenarios with client aborts (not in its V1 core);
+for both: config errors, runs where vLLM raised, and runs that reached max_steps
+(real vLLM hangs on a request that can never fit; kvcap rejects it instead).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from replay.compiled import StepCore  # noqa: E402
+from replay.v1 import V1Scheduler  # noqa: E402
+from tests.oracle_driver import compare, drive, out_token, prompt_ids  # noqa: E402
+
+IMPLEMENTATIONS = {"reference": V1Scheduler,
+                   "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
+
+
+def skip_reason(d: dict) -> str | None:
+    want = d["expected"]
+    if not want or "config_error" in want[0]:
+        return "config_error"
+    if "abort" in want[-1]:
+        return "vllm_raised"
+    if len(want) >= d["scenario"]["max_steps"]:
+        return "vllm_hangs"
+    return None
+
+
+def tags(sc: dict) -> str:
+    off = sc["kv_offloading"]
+    return ",".join([off.get("eviction_policy", "lru"),
+                     "prompt" if off.get("offload_prompt_only", True) else "full",
+                     "async" if sc.get("async_scheduling") else "sync",
+                     f"T{off.get('transfer_steps', 1)}",
+                     "pc" if sc.get("prefix_caching", True) else "nopc"])
+
+
+# Fields that name chunks "R:i" (oracle README §4).
+CHUNK_FIELDS = ("cpu_load", "cpu_store", "cpu_evict", "cpu_lru_end", "cpu_arc_end")
+
+
+def chunk_namer(sc: dict):
+    """Chunk names by content. The oracle names a chunk after the first request that offered it
+    (its probe labels every key of a prepare_store call, also a failed one), the driver after the
+    first that stored it; both name the same key, the prefix of tokens it ends, so rename each
+    "R:i" to the first request, in trace order, whose tokens begin with that prefix."""
+    bs = sc["block_size"] * sc["kv_offloading"].get("blocks_per_chunk", 1)
+    reqs = sc["requests"]
+    toks = {str(r["id"]): prompt_ids(r, i) + [out_token(i, k) for k in range(r["output_tokens"])]
+            for i, r in enumerate(reqs)}
+    first: dict[tuple, str] = {}
+    for r in reqs:
+        t = toks[str(r["id"])]
+        for i in range(len(t) // bs):
+            first.setdefault(tuple(t[:(i + 1) * bs]), f"{r['id']}:{i}")
+
+    def name(label: str) -> str:
+        rid, i = label.rsplit(":", 1)
+        return first.get(tuple(toks[rid][:(int(i) + 1) * bs]), label)
+
+    def line(x: dict) -> dict:
+        x = dict(x)
+        for f in CHUNK_FIELDS:
+            v = x.get(f)
+            if v is None:
+                continue
+            if f in ("cpu_load", "cpu_store"):
+                x[f] = [t[:-1] + [[name(c) for c in t[-1]]] if t[-1] != "sync" else
+                        t[:-2] + [[name(c) for c in t[-2]], "sync"] for t in v]
+            elif f == "cpu_arc_end":
+                x[f] = {**v, "t1": [name(c) for c in v["t1"]], "t2": [name(c) for c in v["t2"]]}
+            else:
+                x[f] = [name(c) for c in v]
+        return x
+    return line
+
+
+def unsupported(d: dict, impl: str) -> str | None:
+    if impl == "compiled" and any(r.get("abort_step") is not None
+                                  for r in d["scenario"]["requests"]):
+        return "client aborts (not in the compiled V1 core)"
+    return None
+
+
+def check(d: dict, impl: str) -> list[str]:
+    try:
+        got = drive(IMPLEMENTATIONS[impl], d["scenario"], "v1")
+        canon = chunk_namer(d["scenario"])
+        return compare([canon(x) for x in got], [canon(x) for x in d["expected"]], "v1")
+    except Exception as e:  # a crash is a difference too
+        return [f"EXC {e!r} {traceback.format_exc()[-400:]}"]
+
+
+def field_of(diff: str) -> str:
+    parts = diff.split()
+    return parts[2].rstrip(":") if parts[0] == "step" else parts[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("batch", nargs="+")
+    ap.add_argument("--show", type=int, default=3)
+    ap.add_argument("--impl", choices=sorted(IMPLEMENTATIONS), action="append")
+    ap.add_argument("--seeds", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    impls = a.impl or ["reference", "compiled"]
+    seeds = None if a.seeds is None else {int(s) for s in a.seeds.split(",")}
+    skipped: Counter = Counter()
+    report = {i: {"checked": 0, "match": 0, "unsupported": 0, "first_field": Counter(), "tags": Counter(),
+                  "bad_seeds": []} for i in impls}
+    for path in a.batch:
+        for line in open(path):
+            d = json.loads(line)
+            if seeds is not None and d["seed"] not in seeds:
+                continue
+            why = skip_reason(d)
+            if why:
+                skipped[why] += 1
+                continue
+            for impl in impls:
+                r = report[impl]
+                if unsupported(d, impl):
+                    r["unsupported"] += 1
+                    continue
+                r["checked"] += 1
+                diffs = check(d, impl)
+                if not diffs:
+                    r["match"] += 1
+                    continue
+                r["first_field"][field_of(diffs[0])] += 1
+                r["tags"][tags(d["scenario"])] += 1
+                r["bad_seeds"].append(d["seed"])
+                if len(r["bad_seeds"]) <= a.show:
+                    print(f"[{impl}] seed {d['seed']} ({tags(d['scenario'])}):", *diffs[:4],
+                          sep="\n    ")
+    out = {"skipped": dict(skipped)}
+    for impl, r in report.items():
+        out[impl] = {"checked": r["checked"], "match": r["match"],
+                     "unsupported": r["unsupported"],
+                     "differ": r["checked"] - r["match"],
+                     "first_field": dict(r["first_field"].most_common()),
+                     "tags": dict(r["tags"].most_common()), "bad_seeds": r["bad_seeds"]}
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print("skipped", out["skipped"])
+        for impl in impls:
+            o = out[impl]
+            print(f"{impl}: {o['match']}/{o['checked']} match ({o['unsupported']} not run: "
+                  "client aborts); first differing field "
+                  f"{o['first_field']}; by knobs {o['tags']}; seeds {o['bad_seeds'][:40]}")
+
+
+if __name__ == "__main__":
+    main()
