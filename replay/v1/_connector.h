@@ -21,6 +21,12 @@ static inline int64_t oc_key(const Core *c, int64_t row, int64_t chunk) {
     return key_of(&c->keys, row, (chunk + 1) * c->oc.bpc - 1);
 }
 
+/* Whether the row's chunk i has a key of its own (no other request can store it). */
+static inline int oc_key_unique(const Core *c, int64_t row, int64_t i) {
+    const Keys *ks = &c->keys;
+    return ks->mode == 0 || (i + 1) * c->oc.bpc - 1 >= ks->num_shared[row];
+}
+
 /* The request's tokens with real values (async placeholders excluded: vLLM hashes blocks of
  * real tokens only). */
 static inline int64_t oc_num_tokens(const Core *c, int64_t row) {
@@ -49,21 +55,38 @@ static inline int64_t oc_rank(Core *c, int64_t row) {
     return c->oc.rank[row];
 }
 
+/* LRU: a chunk of rank (group g, lo) leaves group g: while g is a row whose finish is still to
+ * come, that row's flag says so (its finish looks the chunk up; the chunks still in its group
+ * move with the group). */
+static inline void oc_left(Core *c, int32_t g, int32_t lo) {
+    Oc *o = &c->oc;
+    if (g < c->q.n && o->ra[g]) o->ra[g][(-(int64_t)lo) / o->tpc - 1] |= RA_OUT;
+}
+
 /* manager._record_request_cache_access for one of the row's chunks (+ policy.on_request_access:
  * LRU ranks a chunk first seen by a request (request rank, -position), never lowering it). */
-static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t s) {
+static inline void oc_record_f(Core *c, int64_t row, int64_t chunk, uint8_t *f, int reused,
+                               int32_t s) {
     Oc *o = &c->oc;
-    uint8_t *f = oc_flags(c, row, chunk);
-    if (!f) return -1;
     if (!(*f & RA_SEEN)) {
         *f |= RA_SEEN;
         if (o->policy == POL_LRU) {
             int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
-            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos))
+            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos)) {
+                int32_t g = o->tier.ch[s].grp, lo = o->tier.ch[s].lo;
                 lru_rerank(&o->tier, s, (int32_t)row, -pos);
+                oc_left(c, g, lo);
+            } else {
+                *f |= RA_OUT;
+            }
         }
     }
     if (reused && !(*f & RA_INSERTED)) *f |= RA_REUSED;
+}
+static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t s) {
+    uint8_t *f = oc_flags(c, row, chunk);
+    if (!f) return -1;
+    oc_record_f(c, row, chunk, f, reused, s);
     return 0;
 }
 
@@ -176,51 +199,52 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     int32_t *todo = o->scratch;           /* chunk indices to store */
     int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys and slots, computed once */
     int32_t *sb = o->sbuf;
+    if (!oc_flags(c, row, end - 1)) return -2;
+    uint8_t *fl = o->ra[row];
     t->stamp++;
     KeyIt it;
     keyit_init(&c->keys, &it, row, start);
+    /* LRU: a chunk with a key of its own is in the tier exactly when this row stored it and
+     * it did not leave the row's group (RA_OUT): no lookup for the others (most of a trace
+     * without prefix information). */
+    int lru = o->policy == POL_LRU;
     for (int64_t i = start; i < end; i++) {
         kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
         if (i < start + 16) tier_prefetch(t, kb[i - start]);
     }
     for (int64_t i = start; i < end; i++) {
         if (i + 16 < end) tier_prefetch(t, kb[i + 16 - start]);
-        int32_t s = sb[i - start] = tier_get(t, kb[i - start]);
+        int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && oc_key_unique(c, row, i);
+        int32_t s = sb[i - start] = absent ? -1 : tier_get(t, kb[i - start]);
         if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
     }
     if (o->policy == POL_ARC) {
         /* on_store_miss: the first miss of each chunk by this request may be a ghost hit. */
-        for (int64_t k = ntodo - 1; k >= 0; k--) {
-            uint8_t *f = oc_flags(c, row, todo[k]);
-            if (!f) return -2;
-            if (!(*f & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
-        }
+        for (int64_t k = ntodo - 1; k >= 0; k--)
+            if (!(fl[todo[k]] & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
     }
-    for (int64_t k = 0; k < ntodo; k++) {
-        uint8_t *f = oc_flags(c, row, todo[k]);
-        if (!f) return -2;
-        *f |= RA_STORE_MISS;
-    }
+    for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
     for (int64_t i = start, k = 0; i < end; i++) {
-        if (k < ntodo && todo[k] == i) { k++; if (oc_record_at(c, row, i, 0, -1)) return -2; continue; }
+        if (k < ntodo && todo[k] == i) { k++; oc_record_f(c, row, i, &fl[i], 0, -1); continue; }
         int32_t s = sb[i - start];
-        if (t->ch[s].ref >= 0 && oc_record_at(c, row, i, 1, s)) return -2;
+        if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
     }
     if (!ntodo) return 0;
     int64_t need = ntodo - tier_free_chunks(t);
     if (need > 0) {
         if (need > t->num_evictable) return -1;
-        if (tier_evict(t, need, o->scratch + ntodo, o->ekeys) < 0) return -1;
-        for (int64_t k = 0; k < need; k++)
+        int32_t *out = o->scratch + ntodo;
+        if (tier_evict(t, need, out, o->ekeys) < 0) return -1;
+        for (int64_t k = 0; k < need; k++) {
             if (joblist_push(&o->evicted, o->ekeys[k])) return -2;
+            if (o->policy == POL_LRU) oc_left(c, t->ch[out[k]].grp, t->ch[out[k]].lo);
+        }
     }
     if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
         sb[todo[k] - start] = tier_insert(t, kb[todo[k] - start], (int32_t)row, (todo[k] + 1) * o->tpc);
-        uint8_t *f = oc_flags(c, row, todo[k]);
-        if (!f) return -2;
-        *f |= RA_INSERTED;
+        fl[todo[k]] = (uint8_t)((fl[todo[k]] | RA_INSERTED) & ~RA_OUT);
     }
     return ntodo;
 }
@@ -267,16 +291,21 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
 }
 
 /* on_request_finished: the row's recency is committed (LRU: fresh ranks, tail first; ARC:
- * reused chunks move to T2, F8). */
+ * reused chunks move to T2, F8). Its access record goes with it. */
 static void oc_request_finished(Core *c, int64_t row) {
     Oc *o = &c->oc;
     Tier *t = &o->tier;
-    int32_t fg = (int32_t)(c->q.n + row);   /* its fresh ranks: one group (see Grp) */
-    if (o->policy == POL_LRU) grp_open(t, fg, ++t->next_rank);
-    int64_t m = 0, *kb = o->kbuf;         /* the seen chunks' keys, their lookups overlapped */
+    int lru = o->policy == POL_LRU;
+    /* LRU: the row's group takes the fresh rank with the chunks in it, in order (see Grp); the
+     * row's other chunks still in the tier join it. A chunk of its own key that left the group
+     * was evicted and is gone (only this row stores it). ARC: every chunk it saw. */
+    if (lru && o->rank[row]) grp_renew(t, (int32_t)row, ++t->next_rank);
+    int64_t m = 0, *kb = o->kbuf;         /* the chunks to look up, their lookups overlapped */
     int32_t *idx = o->scratch;
     for (int64_t i = o->ra_cap[row] - 1; i >= 0; i--) {
-        if (!(o->ra[row][i] & RA_SEEN)) continue;
+        uint8_t f = o->ra[row][i];
+        if (!(f & RA_SEEN)) continue;
+        if (lru && (!(f & RA_OUT) || oc_key_unique(c, row, i))) continue;
         idx[m] = (int32_t)i;
         kb[m++] = oc_key(c, row, i);
     }
@@ -287,8 +316,10 @@ static void oc_request_finished(Core *c, int64_t row) {
         uint8_t f = o->ra[row][i];
         int32_t s = tier_get(t, kb[k]);
         if (s < 0) continue;
-        if (o->policy == POL_LRU) {
-            lru_rerank(t, s, fg, -(i + 1) * o->tpc);
+        if (lru) {
+            int32_t g = t->ch[s].grp, lo = t->ch[s].lo;
+            lru_rerank(t, s, (int32_t)row, -(i + 1) * o->tpc);
+            oc_left(c, g, lo);
         } else if ((f & RA_INSERTED) && !(f & RA_REUSED)) {
             int list = t->ch[s].list;
             arc_unlink(t, s); arc_append(t, s, list);
@@ -296,7 +327,8 @@ static void oc_request_finished(Core *c, int64_t row) {
             arc_unlink(t, s); arc_append(t, s, 2);
         }
     }
-    if (o->policy == POL_LRU) { grp_retire(t, fg); grp_retire(t, (int32_t)row); }
+    free(o->ra[row]); o->ra[row] = NULL; o->ra_cap[row] = 0;
+    if (lru && o->rank[row]) grp_retire(t, (int32_t)row);
 }
 
 static void oc_flush_row(Oc *o, int64_t row, int only_stores) {

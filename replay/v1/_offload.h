@@ -11,7 +11,8 @@
  */
 
 /* Per request, per chunk index (RequestAccess.flags). */
-enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8 };
+enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8,
+       RA_OUT = 16 /* LRU: seen, but not (or no longer) in the row's own rank group */ };
 enum { POL_LRU = 0, POL_ARC = 1 };
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
 
@@ -77,8 +78,9 @@ static void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
  * counter value) and an order inside it. The evictable chunks are then a list of groups in rank
  * order (a new rank is the largest: appended) each holding a list ordered by -position, so that
  * every rank change, pin, unpin and eviction is O(1) list work (a finger makes the in-order
- * insertions of a request's consecutive chunks O(1) too) instead of lru.py's heap pushes. Group g
- * < nrows is row g's provisional rank, nrows + r row r's finish. */
+ * insertions of a request's consecutive chunks O(1) too) instead of lru.py's heap pushes. Group r
+ * is row r's: its provisional rank, then its finish's (the group renewed: its chunks keep their
+ * order and take the fresh rank at once; the connector moves in the row's other chunks). */
 typedef struct {
     int64_t rank;                /* counter value (0: not in the group list) */
     int32_t prev, next;          /* group list links (sentinel: Tier.ng) */
@@ -97,7 +99,7 @@ typedef struct {
     int32_t *free_slots; int64_t nfree_list, next_fresh;
     int64_t num_evictable, num_pending;
     uint32_t stamp;
-    /* LRU: the groups (2 per row + the list sentinel at index ng). */
+    /* LRU: the groups (1 per row + the list sentinel at index ng). */
     Grp *grp; int64_t ng;
     int64_t next_rank;
     /* ARC. */
@@ -118,6 +120,15 @@ static void grp_open(Tier *t, int32_t g, int64_t rank) {
     Grp *x = &t->grp[g];
     int32_t h = (int32_t)t->ng, p = t->grp[h].prev;
     x->rank = rank; x->head = x->tail = x->finger = -1; x->members = 0; x->retired = 0;
+    t->grp[p].next = g; x->prev = p; x->next = h; t->grp[h].prev = g;
+}
+/* Group g takes a new rank, the largest so far (its chunks with it). */
+static void grp_renew(Tier *t, int32_t g, int64_t rank) {
+    Grp *x = &t->grp[g];
+    int32_t h = (int32_t)t->ng;
+    t->grp[x->prev].next = x->next; t->grp[x->next].prev = x->prev;
+    int32_t p = t->grp[h].prev;
+    x->rank = rank;
     t->grp[p].next = g; x->prev = p; x->next = h; t->grp[h].prev = g;
 }
 static void grp_close(Tier *t, int32_t g) {
@@ -222,7 +233,7 @@ static int tier_init(Tier *t, int64_t n, int policy, int64_t nrows) {
     if (!t->ch || !t->free_slots) return -1;
     if (kmap_init(&t->map, n) < 0) return -1;
     if (policy == POL_LRU) {
-        t->ng = 2 * nrows;
+        t->ng = nrows;
         t->grp = (Grp *)calloc((size_t)t->ng + 1, sizeof(Grp));
         if (!t->grp) return -1;
         t->grp[t->ng].prev = t->grp[t->ng].next = (int32_t)t->ng;
