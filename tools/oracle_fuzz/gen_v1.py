@@ -1,13 +1,14 @@
 """Generate random small V1 scenarios with CPU KV offloading on and run them through real vLLM
 0.33 (the oracle's run_v1, in-process), one JSON object per line: {"seed", "scenario", "expected"}.
 
-    $ORACLE_HOME/v1/bin/python tools/oracle_fuzz/gen_v1.py SEED0 COUNT OUT.jsonl
+    $ORACLE_HOME/v1/bin/python tools/oracle_fuzz/gen_v1.py SEED0 COUNT OUT.jsonl [--knobs]
 
 Knobs drawn per scenario: LRU or ARC, offload_prompt_only on/off, sync or async scheduling,
 transfer_steps 1 or 2, GPU prefix caching on/off, chunked prefill on/off, FCFS or priority,
 tight GPU pools (preemption), small CPU tiers (eviction and failed stores), prompts built from a
 small alphabet of blocks (shared prefixes), repeated prompts and next-turn prompts (an earlier
-prompt plus its output plus more), occasional aborts.
+prompt plus its output plus more), occasional aborts; with --knobs also the full-ISL gate off, the
+long-prefill cap, the watermark and max_num_active_seqs.
 
 Request ids are chosen so that Python's set of request ids iterates them in trace order under
 PYTHONHASHSEED=0 (the oracle's seed): real vLLM processes same-step finishes in the iteration
@@ -48,7 +49,7 @@ IDS = _ordered_ids(MAX_REQUESTS)
 assert list({*IDS[:5]}) == IDS[:5] and list({*IDS}) == IDS
 
 
-def scenario(rng):
+def scenario(rng, knobs=False):
     bs = rng.choice([2, 4])
     max_len = rng.choice([16, 24, 32])
     chunked = rng.random() < 0.8
@@ -102,6 +103,15 @@ def scenario(rng):
         prompts.append(toks)
         reqs.append(r)
     sc["requests"] = reqs
+    if knobs:   # more V1 scheduler knobs, drawn last so the base scenario of a seed stays put
+        if rng.random() < 0.5:
+            sc["scheduler_reserve_full_isl"] = False
+        if rng.random() < 0.3:
+            sc["long_prefill_token_threshold"] = rng.choice([2, 4, 8])
+        if rng.random() < 0.3:
+            sc["watermark"] = rng.choice([0.05, 0.1, 0.2])
+        if rng.random() < 0.2:
+            sc["max_num_active_seqs"] = rng.randint(1, 3)
     return sc
 
 
@@ -117,9 +127,10 @@ def run(sc):
 
 def main():
     seed0, n, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    knobs = "--knobs" in sys.argv[4:]
     with open(out, "w") as f:
         for s in range(seed0, seed0 + n):
-            sc = scenario(random.Random(s))
+            sc = scenario(random.Random(s), knobs)
             f.write(json.dumps({"seed": s, "scenario": sc, "expected": run(sc)}) + "\n")
             f.flush()
 

@@ -31,15 +31,19 @@ CASES = {
     "N1_async_cache_only_real_tokens": (1575, "N1", "Async: a block is registered in the GPU prefix cache at schedule time only up to the real tokens (a placeholder's block is not hit)."),
     "N1_async_cache_on_output": (1468, "N1", "Async: when a step's output is applied, the request's blocks are cached up to its processed tokens (update_from_output cache_blocks)."),
     "N4_waiting_for_kv_until_the_loop_sees_it": (24, "N4", "A request stays WAITING_FOR_REMOTE_KVS after its load is done until the waiting loop reaches it (a step that preempts never does)."),
+    "N5_long_prefill_cap_counts_loading_requests": (7503, "N5", "--knobs: the long-prefill cap applies when running + waiting + kv_holding_waiting (loading) requests are more than one."),
 }
+# Cases drawn with gen_v1.py --knobs (more scheduler knobs).
+KNOBS = {"N5_long_prefill_cap_counts_loading_requests"}
 
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     for name, (seed, rule, about) in CASES.items():
-        sc = gen_v1.scenario(random.Random(seed))
+        sc = gen_v1.scenario(random.Random(seed), name in KNOBS)
         lines = gen_v1.run(sc)
-        head = {"name": name, "seed": seed, "rule": rule, "about": about, "scenario": sc}
+        head = {"name": name, "seed": seed, "knobs": name in KNOBS, "rule": rule, "about": about,
+                "scenario": sc}
         with open(OUT / f"{name}.jsonl", "w") as f:
             for x in [head] + lines:
                 f.write(json.dumps(x, separators=(",", ":")) + "\n")
