@@ -1,5 +1,5 @@
 """Regression cases for the OffloadingConnector rules the reference corrected against real vLLM
-0.33 (#16 (a): R1-R4, C1, C2, C4, the async caching rule N1 and N4, N5), each a small random scenario
+0.33 (#16 (a): R1-R4, C1, C2, C4, the async caching rule N1, and N3-N5), each a small random scenario
 whose expected lines real vLLM produced (tests/data/oracle_v1/, written by
 tools/oracle_fuzz/make_v1_cases.py from tools/oracle_fuzz/gen_v1.py seeds): every step must match
 on both implementations (chunks compared by content), and the first-admission counters must be
@@ -28,6 +28,8 @@ COMPILED_MISSING = {
         "N1: async GPU prefix caching at schedule time stops at the real tokens",
     "C4_abort_in_flight_frees_after_step": "client aborts (the compiled V1 core has none)",
     "C4_no_rejection_while_frees_deferred": "client aborts (the compiled V1 core has none)",
+    "N3_skipped_loading_request_stays_first":
+        "N3: a skipped kv_holding_waiting request stays ahead of the waiting queue",
     "N5_long_prefill_cap_counts_loading_requests":
         "N5: the long-prefill cap counts kv_holding_waiting (loading) requests",
 }

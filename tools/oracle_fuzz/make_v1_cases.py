@@ -31,6 +31,7 @@ CASES = {
     "N1_async_cache_only_real_tokens": (1575, "N1", "Async: a block is registered in the GPU prefix cache at schedule time only up to the real tokens (a placeholder's block is not hit)."),
     "N1_async_cache_on_output": (1468, "N1", "Async: when a step's output is applied, the request's blocks are cached up to its processed tokens (update_from_output cache_blocks)."),
     "N4_waiting_for_kv_until_the_loop_sees_it": (24, "N4", "A request stays WAITING_FOR_REMOTE_KVS after its load is done until the waiting loop reaches it (a step that preempts never does)."),
+    "N3_skipped_loading_request_stays_first": (1522, "N3", "Priority: a request whose load is in flight is skipped for the step and put back in front of kv_holding_waiting, which the waiting view lists before the waiting queue."),
     "N5_long_prefill_cap_counts_loading_requests": (7503, "N5", "--knobs: the long-prefill cap applies when running + waiting + kv_holding_waiting (loading) requests are more than one."),
 }
 # Cases drawn with gen_v1.py --knobs (more scheduler knobs).
