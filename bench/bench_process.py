@@ -1,18 +1,27 @@
 """Benchmark: the whole `kvcap replay` process (interpreter start, imports, trace load, replay,
-DuckDB write, summary), wall seconds and peak RSS from `/usr/bin/time -v`, each case in a fresh
-process writing a fresh DB (recorded results, not a timed test).
+DuckDB write, summary): wall seconds, CPU seconds (user + system) and peak RSS from
+`/usr/bin/time -v`, each run a fresh process writing a fresh DB (recorded results, not a timed
+test). Reports min and median of --repeat runs: on a shared machine the min is the number to
+compare, and CPU seconds move less with the load than wall seconds do.
 
 Cases: Azure conv, Mooncake conversation, Azure conv repeated 10x one after the other (193,660
 requests: the memory target), and optionally a synthetic Poisson trace of --synth-requests
 requests at 15 req/s (1M: the speed target; 10M: the memory bound of issue 13). Traces made here
 go to --dir (default $TMPDIR), never into the repository.
 
-    .venv/bin/python bench/bench_process.py [--synth-requests 1000000] [--repeat 3] [--dir /tmp]
+`--baseline DIR` (a checkout of another commit, e.g. `git archive <commit> | tar -x -C DIR`
+with the compiled cores copied in) runs that code too, interleaved run by run with this one
+(same load for both), through this virtual environment with PYTHONPATH=DIR.
+
+    .venv/bin/python bench/bench_process.py [--only azure-conv,mooncake] [--repeat 5]
+        [--synth-requests 1000000] [--dir /tmp] [--baseline /tmp/base]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,25 +55,39 @@ def synthetic(out: Path, requests: int) -> Path:
     return path
 
 
-def measure(trace: Path, work: Path) -> tuple[float, float]:
-    """(wall s, peak RSS MiB) of one `kvcap replay` into a fresh DB."""
+def _seconds(clock: str) -> float:
+    return sum(float(x) * 60 ** i for i, x in enumerate(reversed(clock.split(":"))))
+
+
+def measure(trace: Path, work: Path, code: Path | None = None) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MiB) of one `kvcap replay --json` into a fresh DB; `code`: run
+    the kvcap of that checkout instead of this one."""
     db = work / "bench.duckdb"
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(code)) if code else None
     res = subprocess.run(["/usr/bin/time", "-v", str(KVCAP), "replay", str(trace), "--db", str(db),
-                          "--json"], capture_output=True, text=True, check=True)
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", res.stderr)[1]
-    secs = sum(float(x) * 60 ** i for i, x in enumerate(reversed(wall.split(":"))))
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", res.stderr)[1]) / 1024
-    return secs, rss
+                          "--json"], capture_output=True, text=True, check=True, env=env)
+    field = lambda name: re.search(rf"{re.escape(name)}: (\S+)", res.stderr)[1]  # noqa: E731
+    wall = _seconds(field("Elapsed (wall clock) time (h:mm:ss or m:ss)"))
+    cpu = float(field("User time (seconds)")) + float(field("System time (seconds)"))
+    return wall, cpu, int(field("Maximum resident set size (kbytes)")) / 1024
+
+
+def row(name: str, runs: list[tuple[float, float, float]]) -> str:
+    wall, cpu, rss = zip(*runs)
+    return (f"| {name} | {min(wall):.2f} / {statistics.median(wall):.2f} | "
+            f"{min(cpu):.2f} / {statistics.median(cpu):.2f} | {max(rss):,.0f} | {len(runs)} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--synth-requests", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="checkout of other code to run interleaved with this one")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvcap-bench-", dir=args.dir))
     cases = {"azure-conv": lambda: SHARED / "AzureLLMInferenceTrace_conv.csv",
@@ -73,14 +96,22 @@ def main() -> None:
     if args.synth_requests:
         cases[f"poisson {args.synth_requests:,}"] = lambda: synthetic(work, args.synth_requests)
     only = [c for c in args.only.split(",") if c]
-    print("| trace | wall s (best of n) | peak RSS MiB (max) |\n|---|---:|---:|")
+    print(f"load average before: {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print("| trace | wall s min / median | CPU s min / median | peak RSS MiB (max) | runs |\n"
+          "|---|---:|---:|---:|---:|")
     for name, make in cases.items():
         if only and name not in only:
             continue
         trace = make()
-        runs = [measure(trace, work) for _ in range(args.repeat)]
-        print(f"| {name} | {min(r[0] for r in runs):.2f} | {max(r[1] for r in runs):,.0f} |",
-              flush=True)
+        ours, theirs = [], []
+        for _ in range(args.repeat):
+            ours.append(measure(trace, work))
+            if args.baseline:
+                theirs.append(measure(trace, work, args.baseline))
+        print(row(name, ours), flush=True)
+        if args.baseline:
+            print(row(f"{name} (baseline {args.baseline.name})", theirs), flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
 
 if __name__ == "__main__":

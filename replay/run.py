@@ -26,7 +26,7 @@ from replay.raw import RawRun
 from replay.results import RunResult, build_tables
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
-from traces.schema import DEFAULT_HASH_BLOCK_TOKENS
+from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, hash_block_tokens
 
 KVCAP_VERSION = "0.1.0"
 
@@ -36,10 +36,13 @@ def trace_sha256(trace: pl.DataFrame) -> str:
     h = hashlib.sha256()
     for col in ("arrival_s", "prompt_tokens", "output_tokens", "priority"):
         h.update(trace[col].to_numpy().astype(np.float64 if col == "arrival_s" else np.int64).tobytes())
-    if trace["prefix_hashes"].null_count() < trace.height:
+    if has_prefix_hashes(trace):
         flat = trace["prefix_hashes"].explode().fill_null(0).to_numpy().astype(np.uint64)
         lens = trace["prefix_hashes"].list.len().fill_null(-1).to_numpy().astype(np.int64)
         h.update(flat.tobytes()); h.update(lens.tobytes())
+        # The hashes' granularity; the default is left out so earlier run ids stay.
+        if (hbt := hash_block_tokens(trace)) != DEFAULT_HASH_BLOCK_TOKENS:
+            h.update(f"hash_block_tokens={hbt}".encode())
     return h.hexdigest()
 
 
@@ -59,13 +62,17 @@ def request_state(trace: pl.DataFrame) -> RequestState:
                         priority=trace["priority"].to_numpy())
 
 
-def block_keys(trace: pl.DataFrame, block_size: int,
-               hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS):
-    if trace["prefix_hashes"].null_count() == trace.height:
+def has_prefix_hashes(trace: pl.DataFrame) -> bool:
+    return trace["prefix_hashes"].null_count() < trace.height
+
+
+def block_keys(trace: pl.DataFrame, block_size: int):
+    """The trace's prefix keys: each hash stands for the trace's `hash_block_tokens` tokens."""
+    if not has_prefix_hashes(trace):
         return UniqueBlockKeys()
     return TraceBlockKeys(block_size=block_size, prompt_len=trace["prompt_tokens"].to_numpy(),
                           prefix_hashes=trace["prefix_hashes"].to_list(),
-                          hash_block_tokens=hash_block_tokens)
+                          hash_block_tokens=hash_block_tokens(trace))
 
 
 def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
@@ -194,5 +201,7 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
         "async_scheduling": spec.async_scheduling if config.scheduler == "v1" else None,
         # Whether vLLM's CPU KV OffloadingConnector was on (num_cpu_blocks is then its chunks).
         "kv_offloading": spec.kv_offloading,
+        # Prompt tokens per prefix hash of the trace (None: no prefix hashes).
+        "hash_block_tokens": hash_block_tokens(trace) if has_prefix_hashes(trace) else None,
     }
     return RunResult(run=run, **tables)

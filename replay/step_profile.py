@@ -152,9 +152,15 @@ def profile_name(gpu: str, model: str, dtype: str, tp: int) -> str:
     return f"{gpu}--{model}--{dtype}--tp{tp}"
 
 
+# kv_cache_dtype -> the profiles' dtype key (bf16 weights). vLLM's "fp8" is e4m3 on CUDA, the
+# format the source measured; fp8_e5m2 has no measured profile (the roofline prices it).
+_DTYPE_KEYS = {"auto": "bf16", "fp8": "bf16-fp8kv", "fp8_e4m3": "bf16-fp8kv"}
+
+
 def dtype_key(weight_dtype_bytes: int, kv_cache_dtype: str) -> str | None:
-    """The profiles' dtype key: bf16 weights with a bf16 KV cache ("auto") only, so far."""
-    return "bf16" if weight_dtype_bytes == 2 and kv_cache_dtype == "auto" else None
+    """The profiles' dtype key: bf16 weights with a bf16 KV cache ("auto") or an fp8 (e4m3)
+    one; None for anything else."""
+    return _DTYPE_KEYS.get(kv_cache_dtype) if weight_dtype_bytes == 2 else None
 
 
 def shipped(gpu: str, model: str, dtype: str | None, tp: int) -> Path | None:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from capacity.analyses.offload import host_ram_verdict, knee, nice_gib
+from capacity.analyses.offload import host_bounded_knee, host_ram_verdict, knee, nice_gib
 
 
 def pts(*rows):
@@ -76,3 +76,22 @@ def test_nice_sizes_and_host_ram_verdict():
     assert host_ram_verdict(103 * gib, 256) == "warn"
     assert host_ram_verdict(180 * gib, 256) == "error"
     assert host_ram_verdict(180 * gib, None) is None
+
+
+def test_a_knee_the_host_cannot_pin_is_not_recommended():
+    # The whole curve's knee is 64 GiB, but the host can pin up to 16 GiB ("error" above): the
+    # knee is taken among 0-16 (best there 850; 16 is the only size within 5%), and the answer
+    # names the 64-GiB knee it could not reach.
+    verdict = {0: "ok", 8: "ok", 16: "warn", 32: "error", 64: "error"}
+    rows = [SimpleNamespace(kv_offloading_size_gib=s, prefill_tokens=w, ttft_p99_s=t,
+                            host_ram_verdict=verdict[s], host_ram_gib=float(s))
+            for s, w, t in ((0, 1000, 2.0), (8, 900, 1.5), (16, 850, 1.2), (32, 830, 1.04),
+                            (64, 800, 1.0))]
+    assert knee(rows, 0.05).size_gib == 32
+    k = host_bounded_knee(rows, 0.05)
+    assert (k.size_gib, k.index, k.unconstrained_gib) == (16, 2, 32)
+    assert "32 GiB" in k.reason and "up to 16 GiB" in k.reason
+    # A knee that fits is returned as is.
+    verdict[32] = "warn"
+    rows[3].host_ram_verdict = "warn"
+    assert host_bounded_knee(rows, 0.05) == knee(rows, 0.05)

@@ -46,7 +46,10 @@ def mooncake_head(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep(mooncake_head, tmp_path_factory):
-    return kvcap_json("size-offload", mooncake_head, *POOL, "--sizes", SIZES, "--workers", "2")
+    # A host with 2 TiB of RAM for this GPU: the H100 reference (256 GiB per GPU) could not pin
+    # these sizes, and the knee would be capped (test_a_knee_the_host_cannot_pin_is_capped).
+    return kvcap_json("size-offload", mooncake_head, *POOL, "--sizes", SIZES, "--workers", "2",
+                      "--host-ram-gib", "2048")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +104,16 @@ def test_mooncake_curve_and_its_recommendation_confirmed_by_a_replay(sweep, moon
     assert run["cpu_hit_tokens"] == pts[i]["cpu_hit_tokens"]
     assert run["ttft_p99_s"] == pytest.approx(pts[i]["ttft_p99_s"])
     assert run["ttft_p99_s"] <= best_ttft * (1 + tol)
+
+
+def test_a_knee_the_host_cannot_pin_is_capped(sessions):
+    # The same curve as `small` (knee 16 GiB) on a host of 20 GiB: 16 GiB would pin more than 70%
+    # of it, so the recommendation is the knee among 0-4 GiB and names the 16-GiB knee.
+    out = kvcap_json("size-offload", sessions, *SMALL, "--sizes", "0,4,16", "--workers", "2",
+                     "--host-ram-gib", "20")
+    assert out["unconstrained_kv_offloading_size_gib"] == 16.0
+    assert out["recommended_kv_offloading_size_gib"] in (0.0, 4.0)
+    assert out["host_ram_verdict"] != "error" and "16 GiB" in out["reason"], out["reason"]
 
 
 def test_v0_and_bad_flags_are_one_line_errors(sessions):

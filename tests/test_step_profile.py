@@ -112,8 +112,24 @@ def test_unmeasured_combination_warns_once_and_uses_the_roofline(capsys):
         assert cm.measured is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "qwen2.5-7b on h100" in err[0] and "analytic roofline" in err[0]
-    cm = cost_model_for(_engine(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="fp8"))
+    # The source measured fp8 KV as e4m3 only, and on A100 not at all.
+    cm = cost_model_for(_engine(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="fp8_e5m2"))
     assert cm.measured is None
+    cm = cost_model_for(_engine(model="llama-3.1-8b", gpu="a100-80gb", kv_cache_dtype="fp8"))
+    assert cm.measured is None
+
+
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3"])
+def test_an_fp8_kv_cache_selects_its_own_profile(kv):
+    """Same GEMMs as bf16 KV; decode attention reading half the bytes is cheaper at long context
+    (about 0.6x on H100 at 16k), not slower anywhere that the bytes dominate."""
+    fp8 = cost_model_for(_engine(model="llama-3.1-8b", gpu="h100", kv_cache_dtype=kv)).measured
+    bf16 = cost_model_for(_engine(model="llama-3.1-8b", gpu="h100")).measured
+    assert fp8.name == "h100--llama-3.1-8b--bf16-fp8kv--tp1"
+    assert fp8.linear == bf16.linear and fp8.lm_head == bf16.lm_head
+    for b, c in ((1, 16384), (64, 2048), (256, 4096)):
+        ratio = fp8.decode_attention.at(b, c) / bf16.decode_attention.at(b, c)
+        assert 0.4 < ratio < 0.8, (b, c, ratio)
 
 
 def test_every_shipped_profile_parses_and_cites_its_source():

@@ -70,8 +70,9 @@ def _rows(path: Path, sql: str, params: list) -> list[tuple]:
 class Kernels:
     """One system's measured kernels for one model shape at one tensor-parallel size."""
 
-    def __init__(self, src: Source, gpu: str, model, tp: int, hbm_bytes_per_s: float) -> None:
-        self.system = SYSTEMS[gpu]
+    def __init__(self, src: Source, gpu: str, model, tp: int, hbm_bytes_per_s: float,
+                 kv_cache_dtype: str = "bfloat16") -> None:
+        self.system, self.kv_cache_dtype = SYSTEMS[gpu], kv_cache_dtype
         sysdir = src.data / self.system
         self.model, self.tp, self.hbm = model, tp, hbm_bytes_per_s
         self.paths = {k: _latest(sysdir, op, t) for k, (op, t) in {
@@ -98,7 +99,8 @@ class Kernels:
                                          self._attention("generation_attention", "step + 1"))
         if not self.context or not self.generation:
             raise LookupError(f"{self.system}: no attention measured for {self.heads} query / "
-                              f"{self.kv_heads} KV heads of size {m.head_dim}")
+                              f"{self.kv_heads} KV heads of size {m.head_dim}, "
+                              f"{kv_cache_dtype} KV cache")
         self._ar = {}
         if tp > 1:
             rows = _rows(self.paths["allreduce"], "select message_size, avg(latency) from TABLE "
@@ -110,14 +112,15 @@ class Kernels:
             self._ar_ms = [r[1] for r in rows]
 
     def _attention(self, table: str, x_expr: str) -> dict[tuple[int, int], float]:
-        """(batch, tokens-per-row or context) -> ms, bf16 KV, no sliding window, the kernel
-        source with the most rows for this head shape (FA3 on Hopper)."""
+        """(batch, tokens-per-row or context) -> ms, this KV cache dtype (bf16 or fp8) with bf16
+        attention math, no sliding window, the kernel source with the most rows for this head
+        shape and KV dtype (FA3 on Hopper)."""
         path = self.paths[table]
         cols = {r[0] for r in _rows(path, "describe select * from TABLE", [])}
         where = ("num_heads = ? and num_key_value_heads = ? and head_dim = ? "
-                 "and kv_cache_dtype = 'bfloat16' and attn_dtype = 'bfloat16'"
+                 "and kv_cache_dtype = ? and attn_dtype = 'bfloat16'"
                  + (" and window_size = 0" if "window_size" in cols else ""))
-        p = [self.heads, self.kv_heads, self.model.head_dim]
+        p = [self.heads, self.kv_heads, self.model.head_dim, self.kv_cache_dtype]
         ks = _rows(path, f"select kernel_source, count(*) c from TABLE where {where} "
                    "group by 1 order by c desc, 1", p)
         if not ks:
@@ -171,6 +174,14 @@ class Kernels:
     def decode_attention_s(self, batch: int, context: int) -> float | None:
         t = self.generation.get((batch, context))
         return None if t is None else self.model.num_layers * t / 1e3
+
+    def allreduce_knots(self) -> list[tuple[float, float]]:
+        """(tokens, seconds) at every measured message size from the largest at or below one
+        token up: the all-reduce's own knots (a message is tokens * hidden bf16 values)."""
+        per_token = self.model.hidden_size * BYTES
+        first = max([i for i, s in enumerate(self._ar_sizes) if s <= per_token], default=0)
+        return [(s / per_token, 2 * self.model.num_layers * ms / 1e3)
+                for s, ms in zip(self._ar_sizes[first:], self._ar_ms[first:])]
 
     def allreduce_s(self, tokens: int) -> float:
         """Two all-reduces of tokens * hidden bf16 values per layer (CUDA-graph custom

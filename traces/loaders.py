@@ -28,7 +28,8 @@ import polars as pl
 from traces import formats, validate, vllm_bench
 from traces.atomic import atomic_path
 from traces.csvread import POLARS_ERRORS
-from traces.schema import SCHEMA, TraceError
+from traces.schema import (HASH_BLOCK_TOKENS, SCHEMA, TraceError, check_hash_block_tokens,
+                           with_hash_block_tokens)
 from traces.sources import Source, open_source, read_columns
 from traces.timeparse import relative_seconds
 
@@ -45,18 +46,24 @@ class LoadReport:
 
 
 def load_trace(path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None,
-               time_unit: str | None = None, timestamp_format: str | None = None) -> pl.DataFrame:
-    """The canonical trace of `path`. `mapping` is `{source column: canonical field}`."""
+               time_unit: str | None = None, timestamp_format: str | None = None,
+               hash_block_tokens: int | None = None) -> pl.DataFrame:
+    """The canonical trace of `path`. `mapping` is `{source column: canonical field}`;
+    `hash_block_tokens`: prompt tokens per prefix hash, overriding the file's (Mooncake: 512)."""
     return load_trace_with_report(path, format=format, mapping=mapping, time_unit=time_unit,
-                                  timestamp_format=timestamp_format)[0]
+                                  timestamp_format=timestamp_format,
+                                  hash_block_tokens=hash_block_tokens)[0]
 
 
 def load_trace_with_report(path: str | Path, format: str | None = None,
                            mapping: Mapping[str, str] | None = None, time_unit: str | None = None,
-                           timestamp_format: str | None = None) -> tuple[pl.DataFrame, LoadReport]:
+                           timestamp_format: str | None = None,
+                           hash_block_tokens: int | None = None) -> tuple[pl.DataFrame, LoadReport]:
+    if hash_block_tokens is not None:
+        check_hash_block_tokens(hash_block_tokens)
     try:
         with _panic_reports_hidden():
-            return _load(Path(path), format, mapping, time_unit, timestamp_format)
+            df, report = _load(Path(path), format, mapping, time_unit, timestamp_format)
     except TraceError:
         raise
     except (*POLARS_ERRORS, OSError, UnicodeError, csv.Error, RecursionError) as exc:
@@ -64,6 +71,9 @@ def load_trace_with_report(path: str | Path, format: str | None = None,
         # anything else a parser throws is still one line naming the file, never a traceback.
         what = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TraceError(f"{path}: cannot read the file ({type(exc).__name__}: {what[:200]})") from None
+    if hash_block_tokens is not None:
+        df = with_hash_block_tokens(df, hash_block_tokens)
+    return df, report
 
 
 @contextlib.contextmanager
@@ -128,6 +138,8 @@ def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
         arrival, origin = _exact_seconds(src, df, time_col)
     order = validate.check_order(src, arrival, df, time_col, sorted_input=spec.sorted_input)
     out = validate.assemble(df, arrival, present)
+    if HASH_BLOCK_TOKENS in df.columns:   # kvcap Parquet of a trace with its own granularity
+        out = out.with_columns(validate.granularity(src, df))
     moved = 0
     if order is not None:
         moved = int((order != pl.int_range(len(order), eager=True, dtype=order.dtype)).sum())
@@ -173,6 +185,8 @@ def _dtypes(src: Source, spec: formats.FormatSpec, present: dict[str, str]) -> d
         dtypes["Log Type"] = pl.Utf8()
     if spec.name == "vllm_bench_requests" and "success" in src.columns:
         dtypes["success"] = pl.Boolean()
+    if spec.name == "kvcap" and HASH_BLOCK_TOKENS in src.columns:
+        dtypes[HASH_BLOCK_TOKENS] = pl.Int64()
     return dtypes
 
 
@@ -218,5 +232,6 @@ def write_trace(df: pl.DataFrame, path: str | Path) -> None:
     if not path.parent.is_dir():
         raise TraceError(f"cannot write {path}: folder {path.parent} does not exist")
     # A disk error propagates as OSError naming `path` (the CLI prints it as one line).
+    schema = {**SCHEMA, **({HASH_BLOCK_TOKENS: pl.Int32()} if HASH_BLOCK_TOKENS in df.columns else {})}
     with atomic_path(path) as tmp:
-        df.select(list(SCHEMA)).cast(SCHEMA).write_parquet(tmp)
+        df.select(list(schema)).cast(schema).write_parquet(tmp)

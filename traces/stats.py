@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from traces.schema import DEFAULT_HASH_BLOCK_TOKENS
+from traces.schema import hash_block_tokens
 
 PERCENTILES = (50, 90, 99)
 
@@ -35,7 +35,7 @@ def length_summary(values: np.ndarray) -> dict[str, float]:
     return out
 
 
-def trace_info(df: pl.DataFrame, *, hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS) -> dict:
+def trace_info(df: pl.DataFrame) -> dict:
     """Summary of a canonical trace as a JSON-ready dict (keys of DESIGN §7 and more)."""
     n = len(df)
     if n == 0:
@@ -67,7 +67,7 @@ def trace_info(df: pl.DataFrame, *, hash_block_tokens: int = DEFAULT_HASH_BLOCK_
         "output_tokens": length_summary(output),
         "priorities": _counts(df, "priority"),
         "tenants": _counts(df, "tenant"),
-        "prefix": prefix_reuse(df, hash_block_tokens=hash_block_tokens),
+        "prefix": prefix_reuse(df),
     }
     return info
 
@@ -83,25 +83,27 @@ def _counts(df: pl.DataFrame, column: str) -> dict[str, int]:
     return {str(k): int(v) for k, v in counts.iter_rows()}
 
 
-def prefix_reuse(df: pl.DataFrame, *, hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS) -> dict | None:
-    """Block references, unique blocks, % references seen earlier, % prompt tokens in a seen prefix."""
+def prefix_reuse(df: pl.DataFrame) -> dict | None:
+    """Block references, unique blocks, % references seen earlier, % prompt tokens in a seen prefix
+    (each hash standing for the trace's `hash_block_tokens` tokens)."""
     if df["prefix_hashes"].null_count() == len(df):
         return None
+    hbt = hash_block_tokens(df)
     blocks = (df.select(pl.int_range(pl.len()).alias("row"), "prompt_tokens", "prefix_hashes")
               .explode("prefix_hashes").drop_nulls("prefix_hashes")
               .with_columns(pos=pl.int_range(pl.len()).over("row"))
               # seen: the first request that used this hash came strictly before this one
               .with_columns(seen=(pl.col("row").min().over("prefix_hashes") < pl.col("row")))
               .with_columns(lead=pl.col("seen").cast(pl.Int8).cum_min().over("row")))
-    block_tokens = pl.min_horizontal(pl.lit(hash_block_tokens, pl.Int64),
-                                     pl.col("prompt_tokens").cast(pl.Int64) - pl.col("pos") * hash_block_tokens)
+    block_tokens = pl.min_horizontal(pl.lit(hbt, pl.Int64),
+                                     pl.col("prompt_tokens").cast(pl.Int64) - pl.col("pos") * hbt)
     agg = blocks.select(refs=pl.len(), unique=pl.col("prefix_hashes").n_unique(),
                         seen=pl.col("seen").sum(),
                         covered=(block_tokens.clip(lower_bound=0) * pl.col("lead")).sum()).row(0, named=True)
     rows_with = df.filter(pl.col("prefix_hashes").is_not_null())
     total_prompt = int(rows_with["prompt_tokens"].cast(pl.Int64).sum())
     return {
-        "hash_block_tokens": hash_block_tokens,
+        "hash_block_tokens": hbt,
         "requests_with_hashes": len(rows_with),
         "block_refs": int(agg["refs"]),
         "unique_blocks": int(agg["unique"]),

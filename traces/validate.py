@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from traces.schema import SCHEMA
+from traces.schema import HASH_BLOCK_TOKENS, SCHEMA
 from traces.sources import Source
 
 INT32_MAX = 2**31 - 1
@@ -69,6 +69,17 @@ def check_hashes(src: Source, df: pl.DataFrame, column: str) -> None:
     bad = lists.list.eval(pl.element().is_null()).list.any().fill_null(False)
     if bad.any():
         raise src.error(_first(df, bad), column, "null inside the list of prefix hashes")
+
+
+def granularity(src: Source, df: pl.DataFrame) -> pl.Expr:
+    """kvcap Parquet's `hash_block_tokens` column: one whole number >= 1 in every row."""
+    col = df[HASH_BLOCK_TOKENS]
+    bad = (col.is_null() | (col < 1) | (col != col[0])).fill_null(True)
+    if bad.any():
+        raise src.error(_first(df, bad), HASH_BLOCK_TOKENS,
+                        f"value {col[int(bad.arg_max())]} is not the trace's one number of tokens "
+                        "per prefix hash (a whole number >= 1)")
+    return pl.lit(int(col[0]), pl.Int32).alias(HASH_BLOCK_TOKENS)
 
 
 def assemble(df: pl.DataFrame, arrival_s: pl.Series, present: dict[str, str]) -> pl.DataFrame:

@@ -16,20 +16,29 @@ GIB = 2 ** 30
 
 def nearest_rank(values, q: float, weights=None) -> float | None:
     """Nearest-rank q-quantile (0 < q <= 1); None when there are no samples."""
+    return nearest_ranks(values, (q,), weights)[0]
+
+
+def nearest_ranks(values, qs, weights=None) -> list[float | None]:
+    """`nearest_rank` for each q of `qs`, sorting weighted samples once (a replay's `tbt` table
+    has one sample per step: the sort is most of the summary)."""
     v = np.asarray(values, dtype=np.float64)
     if weights is None:
         v = v[~np.isnan(v)]
         if len(v) == 0:
-            return None
-        k = max(1, math.ceil(q * len(v)))
-        return float(np.partition(v, k - 1)[k - 1])
+            return [None for _ in qs]
+        ks = [max(1, math.ceil(q * len(v))) for q in qs]
+        part = np.partition(v, sorted({k - 1 for k in ks}))
+        return [float(part[k - 1]) for k in ks]
     w = np.asarray(weights, dtype=np.int64)
     if len(v) == 0 or w.sum() == 0:
-        return None
-    order = np.argsort(v, kind="stable")
+        return [None for _ in qs]
+    # Any order that sorts v gives the same answer (equal values are interchangeable), so the
+    # faster unstable sort.
+    order = np.argsort(v)
     cw = np.cumsum(w[order])
-    k = max(1, math.ceil(q * int(cw[-1])))
-    return float(v[order][np.searchsorted(cw, k, "left")])
+    ks = np.array([max(1, math.ceil(q * int(cw[-1]))) for q in qs], dtype=np.int64)
+    return [float(x) for x in v[order[np.searchsorted(cw, ks, "left")]]]
 
 
 def nearest_rank_chunked(chunks, q: float, *, limit: int = 1 << 22, bins: int = 1 << 16
@@ -82,10 +91,15 @@ def nearest_rank_chunked(chunks, q: float, *, limit: int = 1 << 22, bins: int = 
 
 def tbt_percentile(tbt, q: float) -> float | None:
     """Nearest-rank q-quantile of the `tbt` table (weighted samples), in memory or spilled."""
+    return tbt_percentiles(tbt, (q,))[0]
+
+
+def tbt_percentiles(tbt, qs) -> list[float | None]:
+    """`tbt_percentile` for each q of `qs` (one sort of an in-memory table)."""
     if isinstance(tbt, pl.DataFrame):
-        return nearest_rank(tbt["tbt_s"].to_numpy(), q, tbt["weight"].to_numpy())
-    return nearest_rank_chunked(
-        lambda: ((c["tbt_s"], c["weight"]) for c in tbt.spill.chunks()), q)
+        return nearest_ranks(tbt["tbt_s"].to_numpy(), qs, tbt["weight"].to_numpy())
+    return [nearest_rank_chunked(
+        lambda: ((c["tbt_s"], c["weight"]) for c in tbt.spill.chunks()), q) for q in qs]
 
 
 def produced_tokens(requests: pl.DataFrame) -> pl.Expr:
@@ -143,6 +157,8 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
     peak_gpu = int(steps["gpu_blocks_used"].max() or 0) if steps.height else 0
     out_tokens = int(fin.select(produced_tokens(fin).sum()).item() or 0)
     ttft = fin["ttft_s"].to_numpy()
+    ttft_p50, ttft_p99 = nearest_ranks(ttft, (0.5, 0.99))
+    tbt_p50, tbt_p99 = tbt_percentiles(tbt, (0.5, 0.99))
     res = {
         "run_id": run["run_id"], "status": run["status"],
         # Which engine loop was replayed: "async" / "sync" (V1), "sync" (V0).
@@ -157,8 +173,8 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         "steps": steps.height,
         "throughput_rps": fin.height / sim if sim > 0 else 0.0,
         "output_tokens_per_s": out_tokens / sim if sim > 0 else 0.0,
-        "ttft_p50_s": nearest_rank(ttft, 0.5), "ttft_p99_s": nearest_rank(ttft, 0.99),
-        "tbt_p50_s": tbt_percentile(tbt, 0.5), "tbt_p99_s": tbt_percentile(tbt, 0.99),
+        "ttft_p50_s": ttft_p50, "ttft_p99_s": ttft_p99,
+        "tbt_p50_s": tbt_p50, "tbt_p99_s": tbt_p99,
         "tpot_p50_s": nearest_rank(fin["tpot_s"].to_numpy(), 0.5),
         "e2e_p50_s": nearest_rank(fin["e2e_s"].to_numpy(), 0.5),
         "preemptions_recompute": count["preempt_recompute"],

@@ -20,7 +20,10 @@ a replayed size, never an interpolation.
 Host RAM: the tier pins what `resolve` computes (`kv_offloading_host_ram_bytes`). vLLM 0.33 does not
 check it against the host; kvcap applies V0's swap-space thresholds (warn above 40%, error above
 70% of the host RAM of the GPUs the replica uses, replay/memory.py), against `--host-ram-gib` or,
-when not given, a reference server of the GPU (`REFERENCE_HOST_RAM`).
+when not given, a reference server of the GPU (`REFERENCE_HOST_RAM`). A knee the host cannot pin
+(verdict "error") is never the recommendation: the knee is then taken among the sizes the host can
+pin, and the answer names the unconstrained knee and what it would pin — a tier that needs more
+RAM than the server has is an answer to a different question (buy hosts), not a flag to set.
 """
 from __future__ import annotations
 
@@ -78,6 +81,9 @@ class Knee:
     size_gib: float
     within_both: bool       # False: TTFT p99 was not within tolerance anywhere prefill work was
     reason: str
+    # The knee of the whole sweep when the host cannot pin it (this knee is the one among the
+    # sizes it can); None when the knee fits.
+    unconstrained_gib: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +136,8 @@ class OffloadSizing:
                 "points": [dataclasses.asdict(p) for p in self.points],
                 "recommended_kv_offloading_size_gib": self.knee.size_gib,
                 "tolerance": self.tolerance, "within_tolerance_on_both": self.knee.within_both,
-                "reason": self.knee.reason, "needed": self.needed, "flags": list(self.flags()),
+                "reason": self.knee.reason,
+                "unconstrained_kv_offloading_size_gib": self.knee.unconstrained_gib, "needed": self.needed, "flags": list(self.flags()),
                 "host_ram_gib": self.recommended.host_ram_gib,
                 "host_ram_verdict": self.recommended.host_ram_verdict,
                 "host_ram_total_gib": self.host_ram_total_gib,
@@ -183,6 +190,27 @@ def knee(points: Sequence, tolerance: float = TOLERANCE) -> Knee:
         f"the smallest swept size within {tol} of the fewest prefill tokens ({p.prefill_tokens:,} "
         f"vs {least_work:,}); no size is also within {tol} of the lowest TTFT p99 "
         f"({_sec(best_ttft)}), which varies across the sweep for reasons other than the tier"))
+
+
+def host_bounded_knee(points: Sequence, tolerance: float = TOLERANCE) -> Knee:
+    """`knee`, unless the host cannot pin it (`host_ram_verdict` "error"): then the knee among the
+    sizes it can pin (pinned RAM grows with size, so they are the smallest ones; size 0 always
+    fits), with the unconstrained knee named in the reason."""
+    pts = sorted(points, key=lambda p: p.kv_offloading_size_gib)
+    k = knee(pts, tolerance)
+    if pts[k.index].host_ram_verdict != "error":
+        return k
+    fit = [p for p in pts if p.host_ram_verdict != "error"]
+    if not fit:
+        raise ValueError("knee: no swept size fits in host RAM (not even 0)")
+    kf = knee(fit, tolerance)
+    big = pts[k.index]
+    reason = (f"{kf.reason}, among the sizes the host can pin (up to {fit[-1].kv_offloading_size_gib:g}"
+              f" GiB); the whole sweep's knee, {big.kv_offloading_size_gib:g} GiB, would pin "
+              f"{big.host_ram_gib:g} GiB of host RAM, past {SWAP_RAM_ERROR_FRACTION:.0%} of the "
+              f"host's: with this host "
+              f"the tier cannot reach it")
+    return dataclasses.replace(kf, reason=reason, unconstrained_gib=big.kv_offloading_size_gib)
 
 
 def _sec(v: float | None) -> str:
@@ -308,6 +336,6 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
     return OffloadSizing(
         scheduler=config.scheduler, tensor_parallel_size=config.tensor_parallel_size,
         scheduler_loop="async" if run0.get("async_scheduling") else "sync",
-        tolerance=tolerance, points=tuple(pts), knee=knee(pts, tolerance),
+        tolerance=tolerance, points=tuple(pts), knee=host_bounded_knee(pts, tolerance),
         host_ram_total_gib=total, host_ram_source=source)
 

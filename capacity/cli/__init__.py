@@ -2,38 +2,110 @@
 
 Every command takes `--json` and then prints exactly one JSON object on stdout; progress and logs go
 to stderr. Bad input exits non-zero with a one-line reason.
+
+Commands are registered lazily: a command's module (and what it imports: the analyses, the
+report, torch for calibrate) is loaded when that command runs or when `--help` lists it, so
+`kvcap replay` does not pay for sixteen other commands (about 0.1 s of interpreter time, and
+typer's conversion of each command's parameters).
 """
 from __future__ import annotations
 
+import importlib
+from collections.abc import MutableMapping
+
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+from capacity.cli import values
+
+# name -> (module, attribute): a command function or, for `trace`, a sub-app. The order is the
+# order `kvcap --help` lists them in (typer lists commands before sub-apps).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "replay": ("capacity.cli.replay", "replay_cmd"),
+    "runs": ("capacity.cli.replay", "runs_cmd"),
+    "calibrate": ("capacity.cli.calibrate", "calibrate_cmd"),
+    "size-swap": ("capacity.cli.plan", "size_swap_cmd"),
+    "size-offload": ("capacity.cli.offload", "size_offload_cmd"),
+    "compare-modes": ("capacity.cli.plan", "compare_modes_cmd"),
+    "report": ("capacity.cli.plan", "report_cmd"),
+    "logs": ("capacity.cli.evidence", "logs_cmd"),
+    "attribute": ("capacity.cli.evidence", "attribute_cmd"),
+    "validate": ("capacity.cli.evidence", "validate_cmd"),
+    "tune": ("capacity.cli.tune", "tune_cmd"),
+    "headroom": ("capacity.cli.tune", "headroom_cmd"),
+    "alerts": ("capacity.cli.tune", "alerts_cmd"),
+    "fleet": ("capacity.cli.fleet", "fleet_cmd"),
+    "plan": ("capacity.cli.fleet", "plan_cmd"),
+    "sweep": ("capacity.cli.sweep", "sweep_cmd"),
+    "trace": ("capacity.cli.trace", "app"),
+}
+# Registered on `app` itself (typer needs two commands to make a group): the module `replay`
+# needs anyway.
+EAGER = ("replay", "runs")
+
+
+def command_object(name: str):
+    """The command function (or sub-app) registered as `name`."""
+    module, attr = COMMANDS[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+def click_command(name: str):
+    """Command `name` converted by typer exactly as if it had been registered on `app`: through
+    a one-command app of the same settings (typer's public conversion, no private helpers)."""
+    obj = command_object(name)
+    one = typer.Typer(add_completion=False)
+    if isinstance(obj, typer.Typer):
+        one.add_typer(obj, name=name)
+        return typer.main.get_command(one).commands[name]
+    one.command(name)(obj)
+    return typer.main.get_command(one)
+
+
+class LazyCommands(MutableMapping):
+    """A group's commands by name: every name of COMMANDS is a key, and its click command is
+    made on first lookup (run, `--help`, "did you mean" matches names only)."""
+
+    def __init__(self, loaded) -> None:
+        self.loaded = dict(loaded)
+        for cmd in self.loaded.values():
+            values.install(cmd)
+
+    def __getitem__(self, name: str):
+        if name not in self.loaded and name in COMMANDS:
+            self.loaded[name] = cmd = click_command(name)
+            values.install(cmd)
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, cmd) -> None:
+        self.loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self.loaded[name]
+
+    def __iter__(self):
+        return iter([*COMMANDS, *(n for n in self.loaded if n not in COMMANDS)])
+
+    def __len__(self) -> int:
+        return len(COMMANDS.keys() | self.loaded.keys())
+
+
+class LazyGroup(TyperGroup):
+    """The `kvcap` group: lists every command, converts one only when it is looked up."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.commands = LazyCommands(self.commands)
+        values.install(self)
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(self.commands)      # names only (typer's own walks the values)
+
+
+app = typer.Typer(cls=LazyGroup, no_args_is_help=True, add_completion=False,
                   help="Replay LLM request traces through a paged-KV engine model and plan KV capacity.")
-
-
-def _register() -> None:
-    # Imported here, after `app` exists, so each command module stays importable on its own.
-    from capacity.cli import calibrate, evidence, fleet, offload, plan, replay, sweep, trace, tune
-    app.add_typer(trace.app, name="trace")
-    app.command("replay")(replay.replay_cmd)
-    app.command("runs")(replay.runs_cmd)
-    app.command("calibrate")(calibrate.calibrate_cmd)
-    app.command("size-swap")(plan.size_swap_cmd)
-    app.command("size-offload")(offload.size_offload_cmd)
-    app.command("compare-modes")(plan.compare_modes_cmd)
-    app.command("report")(plan.report_cmd)
-    app.command("logs")(evidence.logs_cmd)
-    app.command("attribute")(evidence.attribute_cmd)
-    app.command("validate")(evidence.validate_cmd)
-    app.command("tune")(tune.tune_cmd)
-    app.command("headroom")(tune.headroom_cmd)
-    app.command("alerts")(tune.alerts_cmd)
-    app.command("fleet")(fleet.fleet_cmd)
-    app.command("plan")(fleet.plan_cmd)
-    app.command("sweep")(sweep.sweep_cmd)
-
-
-_register()
+for _name in EAGER:
+    app.command(_name)(command_object(_name))
 
 
 def main() -> None:

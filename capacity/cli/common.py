@@ -107,6 +107,8 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
                                   "a fraction from 0 to below 1 (0.05 = 5 %)")),
     "precision": ("--precision", (lambda x: _finite(x) and 0.001 <= x <= 0.5,
                                   "a relative precision from 0.001 to 0.5 (0.05 = 5 %)")),
+    "hash_block_tokens": ("--hash-block-tokens", (lambda x: x >= 1, "a whole number of prompt "
+                                                  "tokens per prefix hash >= 1 (Mooncake: 512)")),
 }
 # Comma lists: parameter -> (flag, element type, rule).
 LIST_RULES: dict[str, tuple[str, type, tuple]] = {
@@ -230,11 +232,18 @@ def engine_config(flags: dict):
     return EngineConfig(**flags)
 
 
-def load_trace_file(path: Path, *, trace_format: str | None = None):
+# Every command that loads a trace: how many prompt tokens one of its prefix hashes stands for.
+HASH_BLOCK_TOKENS_OPTION = typer.Option(
+    None, "--hash-block-tokens", help="Prompt tokens per prefix hash of the trace "
+    "(default: the trace's own, Mooncake hash_ids: 512).")
+
+
+def load_trace_file(path: Path, *, trace_format: str | None = None,
+                    hash_block_tokens: int | None = None):
     from traces.loaders import load_trace
     if not Path(path).exists():
         raise CliError(f"{path}: no such file")
-    return load_trace(path, format=trace_format)
+    return load_trace(path, format=trace_format, hash_block_tokens=hash_block_tokens)
 
 
 # The planning analyses bin simulated time in 60-s windows (classify, preemptions per minute):
@@ -261,14 +270,16 @@ def check_span(trace, name: str, window_s: float = 60.0) -> None:
 
 
 def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: float = 1.0,
-                *, binned: bool = True):
+                *, binned: bool = True, hash_block_tokens: int | None = None):
     """The trace a command works on (the built-in default scenario when no file), rate-scaled,
-    and a name for it; `binned`: the command bins time (`check_span`)."""
+    and a name for it; `binned`: the command bins time (`check_span`); `hash_block_tokens`:
+    `--hash-block-tokens`, the trace's tokens per prefix hash."""
     if file is None:
         from traces.synth import DEFAULT_SCENARIO, default_trace
         trace, name = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}"
     else:
-        trace, name = load_trace_file(file, trace_format=trace_format), file.name
+        trace, name = load_trace_file(file, trace_format=trace_format,
+                                      hash_block_tokens=hash_block_tokens), file.name
     if rate_scale != 1.0:
         from traces.transforms import scale_rate
         trace = scale_rate(trace, rate_scale)

@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import (emit_json, engine_flags, guarded, seconds_text, trace_input)
+from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, emit_json, engine_flags, guarded,
+                                 seconds_text, trace_input)
 
 err = Console(stderr=True)
 
@@ -51,6 +52,7 @@ def fleet_cmd(
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (rr, prefix)."),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Store each replica as a run + `fleets`."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
@@ -63,7 +65,7 @@ def fleet_cmd(
     if replicas < 1 or replicas > 4096:
         from capacity.cli.common import CliError
         raise CliError(f"--replicas {replicas}: must be a whole number from 1 to 4096")
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
     with err.status(f"fleet: replaying {replicas} replicas ({router})…"):
         fleet = run_fleet(trace, engine, replicas=replicas, router=router, planner=planner)
@@ -157,6 +159,7 @@ def plan_cmd(
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Store every replay (fleets included)."),
     as_json: bool = typer.Option(False, "--json"),
     candidates=None,
@@ -175,7 +178,7 @@ def plan_cmd(
     if not 1 <= max_replicas <= 4096:
         raise CliError(f"--max-replicas {max_replicas}: must be a whole number from 1 to 4096")
     table = price_table(gpu_price, prices)
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
     fleets: list = []
     with err.status(f"plan: {len(candidates)} candidate(s), one-replica headroom then fleet "

@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import CliError, emit_json, engine_flags, guarded, store_runs, trace_input
+from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
+                                 guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
@@ -71,6 +72,7 @@ def size_offload_cmd(
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
@@ -84,7 +86,7 @@ def size_offload_cmd(
     swept = parse_sizes(sizes)
     if engine.kv_offloading_size:
         swept = (*swept, engine.kv_offloading_size)   # the size given is a point of the sweep
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
     with err.status("size-offload: replaying the sweep…"):
         z = size_offload(trace, engine, sizes=swept or None, tolerance=tolerance,

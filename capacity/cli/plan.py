@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import (CliError, emit_json, engine_flags, guarded, store_runs,
-                                 trace_input)
+from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
+                                 guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
@@ -49,6 +49,7 @@ def size_swap_cmd(
     host_ram_gib: Optional[float] = typer.Option(None, "--host-ram-gib", help="Host RAM, for vLLM's 40%/70% checks."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
@@ -66,7 +67,7 @@ def size_swap_cmd(
                        "--scheduler v0 for --swap-space")
     from capacity.analyses.planner import Planner
     from capacity.analyses.sizing import size_swap
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     try:
         fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
     except ValueError:
@@ -93,6 +94,7 @@ def compare_modes_cmd(
     slo_ttft_p99: Optional[float] = typer.Option(None, "--slo-ttft-p99", help="Seconds (optional)."),
     slo_tbt_p99: Optional[float] = typer.Option(None, "--slo-tbt-p99", help="Seconds (optional)."),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
@@ -101,7 +103,7 @@ def compare_modes_cmd(
     caching on/off) vs. queue-only."""
     from capacity.analyses.modes import compare_modes
     from capacity.analyses.planner import Planner
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(trace_name=name)
     with err.status("compare-modes: replaying 4 variants…"):  # V0 swap / V1 offload + 3
         cmp = compare_modes(trace, engine, planner=planner, slo_ttft_p99_s=slo_ttft_p99,
@@ -149,6 +151,7 @@ def report_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Path = typer.Option(None, "--db", help="DuckDB file for the runs (default: OUT/kvcap.duckdb)."),
     evidence_db: Optional[Path] = typer.Option(None, "--evidence-db", help="DuckDB of `kvcap logs` with "
                                                "Prometheus series: adds replay vs. production."),
@@ -173,7 +176,7 @@ def report_cmd(
     wall0 = time.perf_counter()
     if evidence_db is not None and not evidence_db.is_file():
         raise CliError(f"--evidence-db: {evidence_db}: no such database (write it with `kvcap logs`)")
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
     planner = Planner(workers=workers, trace_name=name)
     with err.status("report: baseline, stability, sizing, modes, tuning, headroom…"):

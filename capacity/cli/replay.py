@@ -2,23 +2,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from capacity.cli.common import CliError, emit_json, engine_flags, guarded, trace_input
+from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
+                                 guarded, trace_input)
 
-err = Console(stderr=True)
+# rich is imported where a terminal is drawn on: `kvcap replay --json` never loads it.
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def replay_with_progress(trace, engine, *, executor: str, reference: bool, label: str | None,
                          trace_name: str, quiet: bool, stub_options: dict | None = None,
                          record_batches: bool = False, spill_dir: str | None = None):
     """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from replay.run import replay
     total_s = float(trace["arrival_s"].max() or 0.0) - float(trace["arrival_s"].min() or 0.0)
     if quiet:
@@ -26,6 +25,9 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
                       implementation="reference" if reference else "auto",
                       trace_name=trace_name, stub_options=stub_options,
                       record_batches=record_batches, spill_dir=spill_dir)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    err = Console(stderr=True)
     with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.fields[sim]}"),
                   TextColumn("{task.fields[reqs]}"), TimeElapsedColumn(), console=err,
                   transient=True) as prog:
@@ -42,6 +44,7 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
 
 
 def summary_table(s: dict, db: str) -> Table:
+    from rich.table import Table
     t = Table(title=f"run {s['run_id']} ({s['status']})", show_header=False)
     fmt = lambda v, unit="": "-" if v is None else (f"{v:,.3f}{unit}" if isinstance(v, float) else f"{v:,}{unit}")  # noqa: E731
     rows = [
@@ -80,6 +83,7 @@ def replay_cmd(
     db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to append the run to."),
     label: Optional[str] = typer.Option(None, "--label"),
     trace_format: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     reference: bool = typer.Option(False, "--reference", help="Replay on the Python reference implementation instead of the compiled core."),
     stub_shape: Optional[str] = typer.Option(None, "--stub-shape", help="Stub model: full | tiny (default: full on CUDA, tiny on CPU)."),
     timing: str = typer.Option("model", "--timing", help="Stub clock: model (cost model, same decisions) | measured."),
@@ -97,7 +101,7 @@ def replay_cmd(
     from capacity.analyses.metrics import summary
     from replay.store import write_run
     wall0 = time.perf_counter()
-    trace, _ = trace_input(file, trace_format, rate_scale, binned=False)
+    trace, _ = trace_input(file, trace_format, rate_scale, binned=False, hash_block_tokens=hash_block_tokens)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
     facts = _facts_from_logs(from_logs, log_source, engine) if from_logs is not None else None
@@ -126,6 +130,7 @@ def replay_cmd(
     if as_json:
         emit_json(s)
     else:
+        from rich.console import Console
         Console().print(summary_table(s, str(db)))
 
 
@@ -150,6 +155,8 @@ def runs_cmd(db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
     if not db.exists():
         raise FileNotFoundError(f"{db}: no such database")
     df = list_runs(db)
+    from rich.console import Console
+    from rich.table import Table
     if as_json:
         emit_json({"db": str(db), "runs": df.with_columns(
             df["created_at"].cast(str)).to_dicts() if df.height else []})

@@ -29,6 +29,8 @@ MapOpt = typer.Option(None, "--map", help="COLUMN=FIELD (repeat): map a source c
                       "prompt_tokens, output_tokens, request_id, priority, tenant or prefix_hashes")
 UnitOpt = typer.Option(None, "--time-unit", help="unit of numeric times: s, ms, us")
 TsFmtOpt = typer.Option(None, "--timestamp-format", help="strftime-style format of text times, or 'auto'")
+HbtOpt = typer.Option(None, "--hash-block-tokens", help="prompt tokens per prefix hash (default: the "
+                      "trace's own, Mooncake hash_ids: 512)")
 
 
 def _fail(message: str) -> None:
@@ -48,10 +50,11 @@ def _mapping(pairs: list[str] | None) -> dict[str, str] | None:
     return out
 
 
-def _load(file: Path, format, map_, time_unit, timestamp_format):
+def _load(file: Path, format, map_, time_unit, timestamp_format, hash_block_tokens=None):
     try:
         return load_trace_with_report(file, format=format, mapping=_mapping(map_), time_unit=time_unit,
-                                      timestamp_format=timestamp_format)
+                                      timestamp_format=timestamp_format,
+                                      hash_block_tokens=hash_block_tokens)
     except TraceError as exc:
         _fail(str(exc))
 
@@ -60,9 +63,10 @@ def _load(file: Path, format, map_, time_unit, timestamp_format):
 def info(file: Path = typer.Argument(..., help="trace file (CSV, JSONL or Parquet)"),
          format: Optional[str] = FormatOpt, map_: Optional[list[str]] = MapOpt,
          time_unit: Optional[str] = UnitOpt, timestamp_format: Optional[str] = TsFmtOpt,
+         hash_block_tokens: Optional[int] = HbtOpt,
          json_: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Requests, duration, rates, peaks, length percentiles and prefix reuse of a trace."""
-    df, report = _load(file, format, map_, time_unit, timestamp_format)
+    df, report = _load(file, format, map_, time_unit, timestamp_format, hash_block_tokens)
     stats = trace_info(df)
     stats.update(format=report.format, file=report.path, rows_read=report.rows_read,
                  failed_requests=report.failed_requests, rows_reordered=report.rows_reordered,
@@ -99,6 +103,7 @@ def _table(s: dict, report: LoadReport) -> Table:
         t.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in s["tenants"].items()) or "-")
     p = s["prefix"]
     if p:
+        t.add_row("tokens per prefix hash", f"{p['hash_block_tokens']:,}")
         t.add_row("block refs / unique blocks", f"{p['block_refs']:,} / {p['unique_blocks']:,}")
         t.add_row("block refs seen earlier", f"{p['refs_seen_pct']:.1f} %")
         t.add_row("prompt tokens in a seen leading prefix", f"{p['prefix_covered_pct']:.1f} %")
@@ -144,9 +149,10 @@ def convert(file: Path = typer.Argument(..., help="trace file to convert"),
             output: Path = typer.Option(..., "-o", "--output", help="output Parquet file"),
             format: Optional[str] = FormatOpt, map_: Optional[list[str]] = MapOpt,
             time_unit: Optional[str] = UnitOpt, timestamp_format: Optional[str] = TsFmtOpt,
+            hash_block_tokens: Optional[int] = HbtOpt,
             json_: bool = typer.Option(False, "--json")) -> None:
-    """Write a trace in kvcap's canonical Parquet form."""
-    df, report = _load(file, format, map_, time_unit, timestamp_format)
+    """Write a trace in kvcap's canonical Parquet form (keeping --hash-block-tokens)."""
+    df, report = _load(file, format, map_, time_unit, timestamp_format, hash_block_tokens)
     try:
         write_trace(df, output)
     except (TraceError, OSError) as exc:

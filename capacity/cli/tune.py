@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from capacity.cli.common import (CliError, emit_json, engine_flags, guarded, store_runs,
-                                 trace_input)
+from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
+                                 guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
@@ -59,6 +59,7 @@ def tune_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Store every replay here (one writer)."),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
@@ -71,7 +72,7 @@ def tune_cmd(
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid")
     tokens = (parse_grid(max_num_batched_tokens_grid, "--max-num-batched-tokens-grid")
               if max_num_batched_tokens_grid else None)
-    trace, name = trace_input(file, trace_format, rate_scale)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     budget = Budget.parse(preemption_budget, max_preemptions_per_minute)
     planner = Planner(workers=workers, trace_name=name)
     n = len(grid) * len(tokens or [None])
@@ -104,6 +105,7 @@ def headroom_cmd(
     target_peak: Optional[float] = typer.Option(None, "--target-peak", help="Peak to plan for, x today's traffic."),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db"),
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
@@ -113,7 +115,7 @@ def headroom_cmd(
     from capacity.analyses.criteria import Budget
     from capacity.analyses.headroom import headroom
     from capacity.analyses.planner import Planner
-    trace, name = trace_input(file, trace_format, 1.0)
+    trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
     with err.status("headroom: searching the rate scale…"):
         h = headroom(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
@@ -143,6 +145,7 @@ def alerts_cmd(
     model_name: Optional[str] = typer.Option(None, "--model-name", help="model_name label to match."),
     window_s: float = typer.Option(60.0, "--window-s"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
+    hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
@@ -150,7 +153,7 @@ def alerts_cmd(
     from capacity.analyses.classify import alert_rule, classify
     from replay.run import replay
     from traces import atomic
-    trace, name = trace_input(file, trace_format, 1.0)
+    trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
     with err.status("alerts: replaying normal traffic…"):
         res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
     tables = res.tables()
