@@ -22,16 +22,8 @@ IMPLEMENTATIONS = {"reference": V1Scheduler,
                    "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
 # What the compiled V1 core lacks for a case (board.md, 07:46 offref verdicts).
 COMPILED_MISSING = {
-    "C1_load_admission_reserves_prefill_blocks":
-        "N2: an async CPU load is admitted only beside the in-flight prefills' remaining blocks",
-    "N1_async_cache_only_real_tokens":
-        "N1: async GPU prefix caching at schedule time stops at the real tokens",
     "C4_abort_in_flight_frees_after_step": "client aborts (the compiled V1 core has none)",
     "C4_no_rejection_while_frees_deferred": "client aborts (the compiled V1 core has none)",
-    "N3_skipped_loading_request_stays_first":
-        "N3: a skipped kv_holding_waiting request stays ahead of the waiting queue",
-    "N5_long_prefill_cap_counts_loading_requests":
-        "N5: the long-prefill cap counts kv_holding_waiting (loading) requests",
 }
 
 

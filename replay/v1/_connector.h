@@ -33,6 +33,31 @@ static inline int64_t oc_num_tokens(const Core *c, int64_t row) {
     return c->q.prompt[row] + c->q.num_output[row] - (c->async_sched ? c->ph[row] : 0);
 }
 
+/* The in-flight prefill set (N2). */
+static inline void oc_infl_add(Oc *o, int64_t row) {
+    if (o->infl_pos[row]) return;
+    o->infl[o->ninfl++] = (int32_t)row;
+    o->infl_pos[row] = (int32_t)o->ninfl;
+}
+static inline void oc_infl_del(Oc *o, int64_t row) {
+    int32_t p = o->infl_pos[row];
+    if (!p) return;
+    int32_t last = o->infl[--o->ninfl];
+    o->infl[p - 1] = last; o->infl_pos[last] = p;
+    o->infl_pos[row] = 0;
+}
+/* Blocks the in-flight prefills still need to hold their whole (real) sequence (vLLM
+ * _inflight_prefill_reserved_blocks; the order of the sum does not matter). */
+static int64_t oc_reserved(const Core *c) {
+    const Oc *o = &c->oc;
+    int64_t sum = 0;
+    for (int64_t k = 0; k < o->ninfl; k++) {
+        int32_t q = o->infl[k];
+        sum += max64(cdiv(min64(oc_num_tokens(c, q), c->L), c->bs) - c->held[q], 0);
+    }
+    return sum;
+}
+
 static inline uint8_t *oc_flags(Core *c, int64_t row, int64_t chunk) {
     Oc *o = &c->oc;
     if (chunk >= o->ra_cap[row]) {
@@ -331,6 +356,29 @@ static void oc_request_finished(Core *c, int64_t row) {
     if (lru && o->rank[row]) grp_retire(t, (int32_t)row);
 }
 
+/* No load in flight among the requests holding blocks (kv_holding_waiting, including those
+ * skipped this step); the head of kv_holding_waiting is the one being admitted. */
+static int oc_loads_done(const Core *c, int from_kvh) {
+    const Oc *o = &c->oc;
+    int64_t cap = c->q.n + 1;
+    for (int64_t i = from_kvh ? 1 : 0; i < o->kvh_len; i++) {
+        int32_t r = kvh_at(o, i, cap);
+        if (o->loading[r] && !o->recv_done[r]) return 0;
+    }
+    for (int64_t k = 0; k < o->nskip_k; k++) {
+        int32_t r = o->skip_k[k];
+        if (o->loading[r] && !o->recv_done[r]) return 0;
+    }
+    return 1;
+}
+
+/* A request rejected while holding its loaded blocks (it never runs; no recency commit). */
+static void oc_dropped(Core *c, int64_t row) {
+    Oc *o = &c->oc;
+    free(o->ra[row]); o->ra[row] = NULL; o->ra_cap[row] = 0;
+    if (o->policy == POL_LRU && o->rank[row]) grp_retire(&o->tier, (int32_t)row);
+}
+
 static void oc_flush_row(Oc *o, int64_t row, int only_stores) {
     for (int64_t k = 0; k < o->live.n; k++) {
         Job *j = &o->jobs[o->live.d[k]];
@@ -532,7 +580,8 @@ static void oc_free(Oc *o, int64_t n) {
                   o->fin_rows, o->alloc_stamp, o->jobs, o->store_fifo.d, o->load_fifo.d,
                   o->unsubmitted.d, o->reported.d, o->free_jobs.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
-                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf};
+                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf,
+                  o->infl, o->infl_pos};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
 

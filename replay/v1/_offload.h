@@ -451,6 +451,9 @@ typedef struct {
     /* Async scheduling (F11): non-empty steps scheduled / whose output was applied; a row's
      * blocks cannot be freed for a preemption while its last step is in flight. */
     int64_t *last_seq; int64_t sched_seq, proc_seq; int inflight_nonempty;
+    /* vLLM _inflight_prefills (N2): admitted rows still prefilling after their scheduled chunk
+     * and rows loading from the tier; infl_pos[row] is its index + 1 (0: not in). */
+    int32_t *infl, *infl_pos; int64_t ninfl;
     /* Time mode (tsteps 0): this step's start and end, when each direction's link is free. */
     double now_s, end_s, store_free_s, load_free_s;
     int told_start;              /* StepCore: tell_time gave this step's start (end next) */
