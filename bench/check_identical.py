@@ -59,6 +59,12 @@ CASES = {
                                                        num_gpu_blocks_override=3000)),
     "mooncake_v1_offload_full16": ("mooncake", dict(kv_offloading_size=16.0,
                                                     offload_prompt_only=False)),
+    # The same connector on a trace without prefix information (every key a request's own),
+    # and ARC with a small tier under GPU pressure.
+    "conv_v1_offload64": ("conv", dict(kv_offloading_size=64.0)),
+    "conv_v1_offload_arc2_1000": ("conv", dict(kv_offloading_size=2.0,
+                                               kv_offloading_eviction_policy="arc",
+                                               num_gpu_blocks_override=1000)),
     "conv_v1_1000_seqs64": ("conv", dict(num_gpu_blocks_override=1000, max_num_seqs=64)),
     "synth_v0_1024": ("synth", dict(scheduler="v0", max_num_seqs=1024)),
     # Priority scheduling with preemption (the priority-mix scenario: interactive + batch).

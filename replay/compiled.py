@@ -371,9 +371,10 @@ class StepCore:
                     "free_gpu": s["free_gpu"], "free_cpu": s["free_cpu"], "blocks": s["tables"]}
         waiting = s["waiting"]
         if spec.policy == "priority":
-            # The heap array in vLLM's iteration order: sorted by (priority, arrival, row).
-            prio, arr = self.state.priority, self.state.arrival_s
-            waiting = sorted(waiting, key=lambda r: (prio[r], arr[r], r))
+            # kv_holding_waiting (loading requests) in its order, then the heap array in vLLM's
+            # iteration order: sorted by (priority, arrival, row).
+            prio, arr, nk = self.state.priority, self.state.arrival_s, s["num_kv_holding"]
+            waiting = waiting[:nk] + sorted(waiting[nk:], key=lambda r: (prio[r], arr[r], r))
         usable = spec.num_gpu_blocks - 1
         out = {"waiting": waiting, "running": s["running"], "swapped": [],
                "free_gpu": s["free_gpu"], "free_cpu": None, "blocks": s["tables"],

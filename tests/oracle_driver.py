@@ -124,8 +124,9 @@ def batch_kinds(plan) -> list[str]:
     return [BATCH_KINDS[k] for k in plan.kind.tolist()]
 
 
-def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
-    """Run the scenario; `make_scheduler(spec, state, keys)` builds the scheduler under test."""
+def drive(make_scheduler, sc: dict, engine: str, *, inspect=None) -> list[dict]:
+    """Run the scenario; `make_scheduler(spec, state, keys)` builds the scheduler under test;
+    `inspect(state, ids)`, if given, sees the request counters at the end."""
     spec, state, ids, keys = build(sc, engine)
     sched = make_scheduler(spec, state, keys)
     reqs = sc["requests"]
@@ -232,6 +233,8 @@ def drive(make_scheduler, sc: dict, engine: str) -> list[dict]:
         out.append(line)
         if step >= last_arrival and not sched.has_unfinished():
             break
+    if inspect is not None:
+        inspect(state, ids)
     return out
 
 
@@ -245,6 +248,48 @@ COMPARED_OFFLOAD = ("free_cpu", "free_cpu_end", "waiting_for_kv", "cpu_lookup", 
                     "cpu_load", "cpu_store", "cpu_evict", "cpu_store_failed", "cpu_flush",
                     "cpu_done", "cpu_pending_end", "cpu_lru_end", "cpu_arc_end")
 COMPARED_ABORT = ("abort_victim", "waiting", "running", "swapped", "free_gpu", "free_cpu")
+
+
+# Fields that name chunks "R:i" (oracle README §4).
+CHUNK_FIELDS = ("cpu_load", "cpu_store", "cpu_evict", "cpu_lru_end", "cpu_arc_end")
+
+
+def chunks_by_content(sc: dict):
+    """A function renaming the chunks of an output line by content. The oracle names a chunk
+    after the first request that offered it (its probe labels every key of a prepare_store call,
+    also a failed one), the driver after the first that stored it; both name the same key, the
+    prefix of tokens it ends, so each "R:i" becomes the first request, in trace order, whose
+    tokens begin with that prefix."""
+    bs = sc["block_size"] * sc["kv_offloading"].get("blocks_per_chunk", 1)
+    reqs = sc["requests"]
+    toks = {str(r["id"]): prompt_ids(r, i) + [out_token(i, k) for k in range(r["output_tokens"])]
+            for i, r in enumerate(reqs)}
+    first: dict[tuple, str] = {}
+    for r in reqs:
+        t = toks[str(r["id"])]
+        for i in range(len(t) // bs):
+            first.setdefault(tuple(t[:(i + 1) * bs]), f"{r['id']}:{i}")
+
+    def name(label: str) -> str:
+        rid, i = label.rsplit(":", 1)
+        return first.get(tuple(toks[rid][:(int(i) + 1) * bs]), label)
+
+    def line(x: dict) -> dict:
+        x = dict(x)
+        for f in CHUNK_FIELDS:
+            v = x.get(f)
+            if v is None:
+                continue
+            if f in ("cpu_load", "cpu_store"):
+                x[f] = [t[:-1] + [[name(c) for c in t[-1]]] if t[-1] != "sync" else
+                        t[:-2] + [[name(c) for c in t[-2]], "sync"] for t in v]
+            elif f == "cpu_arc_end":
+                x[f] = {**v, "t1": [name(c) for c in v["t1"]], "t2": [name(c) for c in v["t2"]]}
+            else:
+                x[f] = [name(c) for c in v]
+        return x
+    return line
+
 
 
 def compare(got: list[dict], want: list[dict], engine: str) -> list[str]:

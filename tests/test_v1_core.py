@@ -2,7 +2,8 @@
 golden scenarios S1-S20 and the vLLM oracle pin down): identical steps, requests, events, stalls
 and TBT on Hypothesis workloads over every knob the core reads, with the C block pool's
 accounting invariants checked after each run (free + used = total, no block owned twice, the
-cache map only points at hashed blocks); real-trace heads; eligibility and progress."""
+cache map only points at hashed blocks), with and without CPU KV offloading; real-trace heads;
+eligibility and progress."""
 from __future__ import annotations
 
 import os
@@ -73,6 +74,19 @@ def offload_specs(draw):
                         "offload_prompt_only": draw(st.booleans()),
                         "offload_transfer_steps": draw(st.sampled_from([0, 1, 2])),
                         "offload_host_link_bytes_per_s": draw(st.sampled_from([1e8, 1e10]))})
+
+
+@settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 300)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads(), spec=offload_specs())
+def test_offloading_core_equals_reference(w, spec):
+    """The differential test with the OffloadingConnector on (#16: both implementations follow
+    real vLLM 0.33 rule for rule, tools/oracle_fuzz/): sync and async, LRU and ARC, prompt-only
+    on and off, transfers in steps or in time; a failure names the first divergence."""
+    arrival, prompt, output, prio, hashes = w
+    fast, slow = run_both(spec, arrival, prompt, output, hashes, prio)
+    assert_identical(fast, slow)
+    assert np.all(np.isin(fast.state.status, [Status.FINISHED, Status.REJECTED]))
 
 
 @settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 150)) // 2, deadline=None,

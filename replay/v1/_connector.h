@@ -21,10 +21,41 @@ static inline int64_t oc_key(const Core *c, int64_t row, int64_t chunk) {
     return key_of(&c->keys, row, (chunk + 1) * c->oc.bpc - 1);
 }
 
+/* Whether the row's chunk i has a key of its own (no other request can store it). */
+static inline int oc_key_unique(const Core *c, int64_t row, int64_t i) {
+    const Keys *ks = &c->keys;
+    return ks->mode == 0 || (i + 1) * c->oc.bpc - 1 >= ks->num_shared[row];
+}
+
 /* The request's tokens with real values (async placeholders excluded: vLLM hashes blocks of
  * real tokens only). */
 static inline int64_t oc_num_tokens(const Core *c, int64_t row) {
     return c->q.prompt[row] + c->q.num_output[row] - (c->async_sched ? c->ph[row] : 0);
+}
+
+/* The in-flight prefill set (N2). */
+static inline void oc_infl_add(Oc *o, int64_t row) {
+    if (o->infl_pos[row]) return;
+    o->infl[o->ninfl++] = (int32_t)row;
+    o->infl_pos[row] = (int32_t)o->ninfl;
+}
+static inline void oc_infl_del(Oc *o, int64_t row) {
+    int32_t p = o->infl_pos[row];
+    if (!p) return;
+    int32_t last = o->infl[--o->ninfl];
+    o->infl[p - 1] = last; o->infl_pos[last] = p;
+    o->infl_pos[row] = 0;
+}
+/* Blocks the in-flight prefills still need to hold their whole (real) sequence (vLLM
+ * _inflight_prefill_reserved_blocks; the order of the sum does not matter). */
+static int64_t oc_reserved(const Core *c) {
+    const Oc *o = &c->oc;
+    int64_t sum = 0;
+    for (int64_t k = 0; k < o->ninfl; k++) {
+        int32_t q = o->infl[k];
+        sum += max64(cdiv(min64(oc_num_tokens(c, q), c->L), c->bs) - c->held[q], 0);
+    }
+    return sum;
 }
 
 static inline uint8_t *oc_flags(Core *c, int64_t row, int64_t chunk) {
@@ -40,31 +71,47 @@ static inline uint8_t *oc_flags(Core *c, int64_t row, int64_t chunk) {
     return &o->ra[row][chunk];
 }
 
+/* The row's provisional LRU rank (lru.py _get_request_rank), its group opened on first use. */
 static inline int64_t oc_rank(Core *c, int64_t row) {
-    if (!c->oc.rank[row]) c->oc.rank[row] = ++c->oc.tier.next_rank;
+    if (!c->oc.rank[row]) {
+        c->oc.rank[row] = ++c->oc.tier.next_rank;
+        grp_open(&c->oc.tier, (int32_t)row, c->oc.rank[row]);
+    }
     return c->oc.rank[row];
+}
+
+/* LRU: a chunk of rank (group g, lo) leaves group g: while g is a row whose finish is still to
+ * come, that row's flag says so (its finish looks the chunk up; the chunks still in its group
+ * move with the group). */
+static inline void oc_left(Core *c, int32_t g, int32_t lo) {
+    Oc *o = &c->oc;
+    if (g < c->q.n && o->ra[g]) o->ra[g][(-(int64_t)lo) / o->tpc - 1] |= RA_OUT;
 }
 
 /* manager._record_request_cache_access for one of the row's chunks (+ policy.on_request_access:
  * LRU ranks a chunk first seen by a request (request rank, -position), never lowering it). */
-static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t s) {
+static inline void oc_record_f(Core *c, int64_t row, int64_t chunk, uint8_t *f, int reused,
+                               int32_t s) {
     Oc *o = &c->oc;
-    uint8_t *f = oc_flags(c, row, chunk);
-    if (!f) return -1;
     if (!(*f & RA_SEEN)) {
         *f |= RA_SEEN;
         if (o->policy == POL_LRU) {
             int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
-            if (s >= 0) {
-                Chunk *x = &o->tier.ch[s];
-                if (x->rank_hi < rr || (x->rank_hi == rr && x->rank_lo < -pos)) {
-                    x->rank_hi = rr; x->rank_lo = -pos;
-                    lru_moved(&o->tier, s);
-                }
+            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos)) {
+                int32_t g = o->tier.ch[s].grp, lo = o->tier.ch[s].lo;
+                lru_rerank(&o->tier, s, (int32_t)row, -pos);
+                oc_left(c, g, lo);
+            } else {
+                *f |= RA_OUT;
             }
         }
     }
     if (reused && !(*f & RA_INSERTED)) *f |= RA_REUSED;
+}
+static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t s) {
+    uint8_t *f = oc_flags(c, row, chunk);
+    if (!f) return -1;
+    oc_record_f(c, row, chunk, f, reused, s);
     return 0;
 }
 
@@ -107,25 +154,41 @@ static int64_t oc_lookup(Core *c, int64_t row, int64_t local) {
     return got;
 }
 
+/* A job record for up to nslots chunks and nblocks blocks: a finished job's record (and its
+ * arrays) is reused, so records grow with the jobs in flight, not with the run. */
 static int64_t oc_new_job(Core *c, int64_t row, int store, int64_t nslots, int64_t nblocks) {
     Oc *o = &c->oc;
-    if (o->njobs_all == o->jobs_cap) {
-        int64_t nc = o->jobs_cap ? o->jobs_cap * 2 : 64;
-        Job *p = (Job *)realloc(o->jobs, (size_t)nc * sizeof(Job));
-        if (!p) return -1;
-        o->jobs = p; o->jobs_cap = nc;
+    int64_t ji;
+    if (o->free_jobs.n) ji = o->free_jobs.d[--o->free_jobs.n];
+    else {
+        if (o->njobs_all == o->jobs_cap) {
+            int64_t nc = o->jobs_cap ? o->jobs_cap * 2 : 64;
+            Job *p = (Job *)realloc(o->jobs, (size_t)nc * sizeof(Job));
+            if (!p) return -1;
+            o->jobs = p; o->jobs_cap = nc;
+        }
+        ji = o->njobs_all++;
+        memset(&o->jobs[ji], 0, sizeof(Job));
     }
-    Job *j = &o->jobs[o->njobs_all];
-    memset(j, 0, sizeof *j);
-    j->id = o->next_id++;
+    Job *j = &o->jobs[ji];
     j->row = (int32_t)row;
     j->store = (int8_t)store;
-    j->slots = (int32_t *)malloc((size_t)(nslots ? nslots : 1) * sizeof(int32_t));
-    j->blocks = (int32_t *)malloc((size_t)(nblocks ? nblocks : 1) * sizeof(int32_t));
-    if (!j->slots || !j->blocks) return -1;
+    j->flush = j->submitted = 0;
+    j->done_at = 0; j->done_s = 0;
+    j->nslots = j->nblocks = 0;
+    if (nslots > j->slots_cap) {
+        int32_t *p = (int32_t *)realloc(j->slots, (size_t)nslots * sizeof(int32_t));
+        if (!p) return -1;
+        j->slots = p; j->slots_cap = nslots;
+    }
+    if (nblocks > j->blocks_cap) {
+        int32_t *p = (int32_t *)realloc(j->blocks, (size_t)nblocks * sizeof(int32_t));
+        if (!p) return -1;
+        j->blocks = p; j->blocks_cap = nblocks;
+    }
     o->njobs[row]++;
-    if (joblist_push(&o->live, o->njobs_all)) return -1;
-    return o->njobs_all++;
+    if (joblist_push(&o->live, ji)) return -1;
+    return ji;
 }
 
 /* update_state_after_alloc with `ext` > 0 tokens to load after the row's local hit: pin the
@@ -153,54 +216,60 @@ static int oc_plan_load(Core *c, int64_t row, int64_t ext) {
 /* manager.prepare_store for the row's chunks [start, end): chunks already in the tier count as
  * reused (their recency is recorded), missing ones are stored, all or nothing (F15): evict what
  * is needed from ready, unpinned chunks outside this offer. Returns the number of chunks
- * inserted (their indices in o->scratch), or -1 when they do not fit, -2 on error. */
+ * inserted (their indices in o->scratch, their tier slots at o->sbuf[index - start]), or -1
+ * when they do not fit, -2 on error. */
 static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end) {
     Oc *o = &c->oc;
     Tier *t = &o->tier;
     int32_t *todo = o->scratch;           /* chunk indices to store */
     int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys and slots, computed once */
     int32_t *sb = o->sbuf;
+    if (!oc_flags(c, row, end - 1)) return -2;
+    uint8_t *fl = o->ra[row];
     t->stamp++;
     KeyIt it;
     keyit_init(&c->keys, &it, row, start);
+    /* LRU: a chunk with a key of its own is in the tier exactly when this row stored it and
+     * it did not leave the row's group (RA_OUT): no lookup for the others (most of a trace
+     * without prefix information). */
+    int lru = o->policy == POL_LRU;
     for (int64_t i = start; i < end; i++) {
-        int64_t key = kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
-        int32_t s = sb[i - start] = tier_get(t, key);
+        kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
+        if (i < start + 16) tier_prefetch(t, kb[i - start]);
+    }
+    for (int64_t i = start; i < end; i++) {
+        if (i + 16 < end) tier_prefetch(t, kb[i + 16 - start]);
+        int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && oc_key_unique(c, row, i);
+        int32_t s = sb[i - start] = absent ? -1 : tier_get(t, kb[i - start]);
         if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
     }
     if (o->policy == POL_ARC) {
         /* on_store_miss: the first miss of each chunk by this request may be a ghost hit. */
-        for (int64_t k = ntodo - 1; k >= 0; k--) {
-            uint8_t *f = oc_flags(c, row, todo[k]);
-            if (!f) return -2;
-            if (!(*f & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
-        }
+        for (int64_t k = ntodo - 1; k >= 0; k--)
+            if (!(fl[todo[k]] & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
     }
-    for (int64_t k = 0; k < ntodo; k++) {
-        uint8_t *f = oc_flags(c, row, todo[k]);
-        if (!f) return -2;
-        *f |= RA_STORE_MISS;
-    }
+    for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
     for (int64_t i = start, k = 0; i < end; i++) {
-        if (k < ntodo && todo[k] == i) { k++; if (oc_record_at(c, row, i, 0, -1)) return -2; continue; }
+        if (k < ntodo && todo[k] == i) { k++; oc_record_f(c, row, i, &fl[i], 0, -1); continue; }
         int32_t s = sb[i - start];
-        if (t->ch[s].ref >= 0 && oc_record_at(c, row, i, 1, s)) return -2;
+        if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
     }
     if (!ntodo) return 0;
     int64_t need = ntodo - tier_free_chunks(t);
     if (need > 0) {
         if (need > t->num_evictable) return -1;
-        if (tier_evict(t, need, o->scratch + ntodo, o->ekeys) < 0) return -1;
-        for (int64_t k = 0; k < need; k++)
+        int32_t *out = o->scratch + ntodo;
+        if (tier_evict(t, need, out, o->ekeys) < 0) return -1;
+        for (int64_t k = 0; k < need; k++) {
             if (joblist_push(&o->evicted, o->ekeys[k])) return -2;
+            if (o->policy == POL_LRU) oc_left(c, t->ch[out[k]].grp, t->ch[out[k]].lo);
+        }
     }
-    int64_t rr = o->policy == POL_LRU ? oc_rank(c, row) : 0;
+    if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
-        tier_insert(t, kb[todo[k] - start], rr, (todo[k] + 1) * o->tpc);
-        uint8_t *f = oc_flags(c, row, todo[k]);
-        if (!f) return -2;
-        *f |= RA_INSERTED;
+        sb[todo[k] - start] = tier_insert(t, kb[todo[k] - start], (int32_t)row, (todo[k] + 1) * o->tpc);
+        fl[todo[k]] = (uint8_t)((fl[todo[k]] | RA_INSERTED) & ~RA_OUT);
     }
     return ntodo;
 }
@@ -233,7 +302,7 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     Job *j = &o->jobs[ji];
     for (int64_t k = 0; k < got; k++) {
         int64_t i = o->scratch[k];
-        j->slots[j->nslots++] = tier_get(&o->tier, oc_key(c, row, i));
+        j->slots[j->nslots++] = o->sbuf[i - start];
         for (int64_t b = 0; b < o->bpc; b++) j->blocks[j->nblocks++] = c->tbl[row][i * o->bpc + b];
     }
     o->next_stored[row] = max64(o->next_stored[row], nch);
@@ -247,18 +316,35 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
 }
 
 /* on_request_finished: the row's recency is committed (LRU: fresh ranks, tail first; ARC:
- * reused chunks move to T2, F8). */
+ * reused chunks move to T2, F8). Its access record goes with it. */
 static void oc_request_finished(Core *c, int64_t row) {
     Oc *o = &c->oc;
     Tier *t = &o->tier;
+    int lru = o->policy == POL_LRU;
+    /* LRU: the row's group takes the fresh rank with the chunks in it, in order (see Grp); the
+     * row's other chunks still in the tier join it. A chunk of its own key that left the group
+     * was evicted and is gone (only this row stores it). ARC: every chunk it saw. */
+    if (lru && o->rank[row]) grp_renew(t, (int32_t)row, ++t->next_rank);
+    int64_t m = 0, *kb = o->kbuf;         /* the chunks to look up, their lookups overlapped */
+    int32_t *idx = o->scratch;
     for (int64_t i = o->ra_cap[row] - 1; i >= 0; i--) {
         uint8_t f = o->ra[row][i];
         if (!(f & RA_SEEN)) continue;
-        int32_t s = tier_get(t, oc_key(c, row, i));
+        if (lru && (!(f & RA_OUT) || oc_key_unique(c, row, i))) continue;
+        idx[m] = (int32_t)i;
+        kb[m++] = oc_key(c, row, i);
+    }
+    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, kb[k]);
+    for (int64_t k = 0; k < m; k++) {
+        if (k + 16 < m) tier_prefetch(t, kb[k + 16]);
+        int64_t i = idx[k];
+        uint8_t f = o->ra[row][i];
+        int32_t s = tier_get(t, kb[k]);
         if (s < 0) continue;
-        if (o->policy == POL_LRU) {
-            t->ch[s].rank_hi = ++t->next_rank; t->ch[s].rank_lo = 0;
-            lru_moved(t, s);
+        if (lru) {
+            int32_t g = t->ch[s].grp, lo = t->ch[s].lo;
+            lru_rerank(t, s, (int32_t)row, -(i + 1) * o->tpc);
+            oc_left(c, g, lo);
         } else if ((f & RA_INSERTED) && !(f & RA_REUSED)) {
             int list = t->ch[s].list;
             arc_unlink(t, s); arc_append(t, s, list);
@@ -266,6 +352,31 @@ static void oc_request_finished(Core *c, int64_t row) {
             arc_unlink(t, s); arc_append(t, s, 2);
         }
     }
+    free(o->ra[row]); o->ra[row] = NULL; o->ra_cap[row] = 0;
+    if (lru && o->rank[row]) grp_retire(t, (int32_t)row);
+}
+
+/* No load in flight among the requests holding blocks (kv_holding_waiting, including those
+ * skipped this step); the head of kv_holding_waiting is the one being admitted. */
+static int oc_loads_done(const Core *c, int from_kvh) {
+    const Oc *o = &c->oc;
+    int64_t cap = c->q.n + 1;
+    for (int64_t i = from_kvh ? 1 : 0; i < o->kvh_len; i++) {
+        int32_t r = kvh_at(o, i, cap);
+        if (o->loading[r] && !o->recv_done[r]) return 0;
+    }
+    for (int64_t k = 0; k < o->nskip_k; k++) {
+        int32_t r = o->skip_k[k];
+        if (o->loading[r] && !o->recv_done[r]) return 0;
+    }
+    return 1;
+}
+
+/* A request rejected while holding its loaded blocks (it never runs; no recency commit). */
+static void oc_dropped(Core *c, int64_t row) {
+    Oc *o = &c->oc;
+    free(o->ra[row]); o->ra[row] = NULL; o->ra_cap[row] = 0;
+    if (o->policy == POL_LRU && o->rank[row]) grp_retire(&o->tier, (int32_t)row);
 }
 
 static void oc_flush_row(Oc *o, int64_t row, int only_stores) {
@@ -290,6 +401,9 @@ static int oc_meta(Core *c) {
     }
     for (int64_t k = 0; k < c->ns; k++) {
         int64_t r = c->s_rows[k];
+        /* Prompt only: nothing left once the offers reach the prompt's last full chunk (every
+         * decode step of every running row, the common case: no call, no divisions). */
+        if (o->prompt_only && (o->next_stored[r] + 1) * o->tpc > c->q.prompt[r]) continue;
         if (oc_plan_store(c, r, c->q.num_computed[r] + c->s_new[k])) return -1;
     }
     /* Rows finished in the last update(), in trace order. */
@@ -347,8 +461,7 @@ static int oc_job_done(Core *c, int64_t ji) {
     }
     o->done_rows[o->ndone] = j->row;
     o->done_store[o->ndone++] = j->store;
-    free(j->slots); free(j->blocks);
-    j->slots = NULL; j->blocks = NULL;
+    if (joblist_push(&o->free_jobs, ji)) return -1;
     for (int64_t k = 0; k < o->live.n; k++)
         if (o->live.d[k] == ji) {
             memmove(o->live.d + k, o->live.d + k + 1, (size_t)(o->live.n - k - 1) * sizeof(int64_t));
@@ -465,9 +578,10 @@ static void oc_free(Oc *o, int64_t n) {
     void *ps[] = {o->ra, o->ra_cap, o->rank, o->next_stored, o->local_tok, o->fin_blocks, o->njobs,
                   o->loading, o->recv_done, o->fin_wait, o->kvh, o->skip_w, o->skip_k,
                   o->fin_rows, o->alloc_stamp, o->jobs, o->store_fifo.d, o->load_fifo.d,
-                  o->unsubmitted.d, o->reported.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
+                  o->unsubmitted.d, o->reported.d, o->free_jobs.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
-                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf};
+                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf,
+                  o->infl, o->infl_pos};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
 
@@ -481,7 +595,7 @@ static PyObject *oc_job_tuple(const Core *c, const Job *j) {
     /* The chunks in the row's order: chunk i's key is the row's key i. */
     int64_t first = -1;
     for (int64_t k = 0; k < j->nslots; k++) {
-        int64_t key = o->tier.keys[j->slots[k]];
+        int64_t key = tier_key(&o->tier, j->slots[k]);
         if (first < 0) {
             for (int64_t i = 0; ; i++) if (oc_key(c, j->row, i) == key) { first = i; break; }
         }
@@ -546,26 +660,19 @@ static PyObject *oc_snapshot(const Core *c) {
     if (!wfk) return NULL;
     PyObject *order;
     if (o->policy == POL_LRU) {
-        int32_t *sl = (int32_t *)malloc(((size_t)t->num_evictable + 1) * sizeof(int32_t));
-        if (!sl) { Py_DECREF(wfk); return PyErr_NoMemory(); }
-        int64_t m = 0;
-        for (int64_t s = 0; s < t->n; s++)        /* the evictable chunks: heap + list */
-            if (t->ch[s].hpos == 1 || t->ch[s].list == 3) sl[m++] = (int32_t)s;
-        for (int64_t a = 1; a < m; a++) {           /* insertion sort by rank (tests only) */
-            int32_t x = sl[a]; int64_t b = a - 1;
-            while (b >= 0 && lru_rank_less(&t->ch[x], t->ch[sl[b]].rank_hi, t->ch[sl[b]].rank_lo)) { sl[b + 1] = sl[b]; b--; }
-            sl[b + 1] = x;
-        }
-        order = PyList_New(m);
-        for (int64_t k = 0; order && k < m; k++)
-            PyList_SET_ITEM(order, k, PyLong_FromLongLong(t->keys[sl[k]]));
-        free(sl);
+        order = PyList_New(0);
+        for (int32_t g = t->grp[t->ng].next; order && g != t->ng; g = t->grp[g].next)
+            for (int32_t s = t->grp[g].head; s >= 0; s = t->ch[s].next) {
+                PyObject *x = PyLong_FromLongLong(tier_key(t, s));
+                if (!x || PyList_Append(order, x) < 0) { Py_XDECREF(x); Py_CLEAR(order); break; }
+                Py_DECREF(x);
+            }
     } else {
         PyObject *t1 = PyList_New(0), *t2 = PyList_New(0);
         for (int list = 1; list <= 2; list++) {
             int32_t head = (int32_t)t->n + (list - 1);
             for (int32_t s = t->ch[head].next; s != head; s = t->ch[s].next) {
-                PyObject *x = PyLong_FromLongLong(t->keys[s]);
+                PyObject *x = PyLong_FromLongLong(tier_key(t, s));
                 PyList_Append(list == 1 ? t1 : t2, x);
                 Py_XDECREF(x);
             }

@@ -100,6 +100,7 @@ typedef struct {
     /* Async scheduling (scheduler.py): placeholders per row; rows that sampled in the step in
      * flight (fl) and in this one (fl_next). */
     int64_t *ph; int32_t *fl, *fl_next; int64_t nfl;
+    int64_t *in_step;                               /* async caching: a row's tokens this step */
     /* Block pool. */
     Blk *blk;          /* index num_blocks is the free queue's sentinel */
     int64_t num_free;
@@ -352,7 +353,7 @@ static int take_hits(Core *c, int64_t r, int64_t nh) {
  * from a CPU tier: new tokens, or -1. `load_async`: the tier's blocks are loaded first (the
  * OffloadingConnector, F4): nothing is computed this step, only the load's blocks allocated. */
 static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr, int64_t nh,
-                              int64_t nload, int load_async) {
+                              int64_t nload, int load_async, int64_t reserved) {
     int64_t bs = c->bs, L = c->L;
     int64_t nt = c->q.prompt[row] + c->q.num_output[row];
     int64_t n = 0;
@@ -370,7 +371,7 @@ static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr,
         if (need_full + wm > free) return -1;
     }
     int64_t need = max64(cdiv(min64(total_computed + n, L), bs) - nh, 0) + evictable;
-    if (need + wm > free) return -1;
+    if (need + wm > free - reserved) return -1;
     if (c->mode == MODE_NONE) {
         int64_t whole = cdiv(min64(c->q.prompt[row] + c->q.out_len[row], L), bs);
         int64_t need2 = max64(whole - nh, 0) + evictable;
@@ -380,6 +381,7 @@ static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr,
 }
 
 static int preempt(Core *c, int64_t row) {
+    if (c->oc.on) oc_infl_del(&c->oc, row);
     c->q.computed_at_pre[row] = c->q.num_computed[row];
     int64_t blocks = kv_free(c, row);
     c->q.num_computed[row] = 0;
@@ -431,8 +433,8 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
             if (!o->recv_done[r]) { oc_skip(c, r, from_kvh); continue; }
             /* _update_waiting_for_remote_kv: the loaded blocks are cached now; a whole-prompt
              * hit recomputes its last token (F5). */
-            cache_blocks(c, r, c->q.num_computed[r]);
             if (c->q.num_computed[r] == nt) c->q.num_computed[r] = nt - 1;
+            cache_blocks(c, r, c->q.num_computed[r]);
             o->loading[r] = o->recv_done[r] = 0;
         }
         int8_t kind = c->q.num_pre[r] > 0 ? BK_RESUMED : BK_NEW;
@@ -440,13 +442,27 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
             /* Its load is done: schedule the rest on the blocks it holds. */
             int64_t cc = c->q.num_computed[r], n = nt - cc;
             if (0 < thr && thr < n) n = thr;
-            if (!c->chunked && n > budget) break;
-            n = min64(n, budget);
-            int64_t wm = c->nrun ? c->watermark_blocks : 0;
-            if (c->reserve_full_isl &&
-                max64(cdiv(min64(nt, L), bs) - c->held[r], 0) + wm > c->num_free) break;
-            int64_t need = max64(cdiv(min64(cc + n, L), bs) - c->held[r], 0);
-            if (need + wm > c->num_free) break;
+            int64_t wm = c->nrun ? c->watermark_blocks : 0, need = 0;
+            int fits = c->chunked || n <= budget;
+            if (fits) {
+                n = min64(n, budget);
+                fits = !(c->reserve_full_isl &&
+                         max64(cdiv(min64(nt, L), bs) - c->held[r], 0) + wm > c->num_free);
+                need = max64(cdiv(min64(cc + n, L), bs) - c->held[r], 0);
+                fits = fits && need + wm <= c->num_free;
+            }
+            if (!fits && !c->nrun && !c->ns && oc_loads_done(c, from_kvh)) {
+                /* Nothing runs, no load is in flight and it still does not fit: it never
+                 * will (vLLM hangs; the N2 admission rule makes this a corner case). */
+                if (from_kvh) { o->kvh_head = (o->kvh_head + 1) % cap; o->kvh_len--; } else wq_pop(c);
+                oc_infl_del(o, r);
+                kv_free(c, r);
+                oc_dropped(c, r);
+                c->q.status[r] = ST_REJECTED;
+                c->rej_rows[c->nrej++] = (int32_t)r;
+                continue;
+            }
+            if (!fits) break;
             if (need > 0 && pop_into(c, r, need) < 0) return -1;
             oc_stamp_table(c, r);
             cache_blocks(c, r, min64(cc + n, nt));
@@ -465,9 +481,13 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
         if (ext < 0) { oc_skip(c, r, from_kvh); continue; }
         int64_t nload = ext / bs;
         int load = ext > 0;
-        int64_t n = admission_fits(c, r, budget, thr, nh, nload, load);
+        /* N2: an async load is admitted only beside what the in-flight prefills (other loads
+         * among them) still need (vLLM _inflight_prefill_reserved_blocks): a loading request
+         * cannot be preempted, so loads cannot deadlock the pool. */
+        int64_t n = admission_fits(c, r, budget, thr, nh, nload, load, load ? oc_reserved(c) : 0);
         if (n < 0) {
-            if (c->nrun || c->ns || o->kvh_len || o->nskip_k) break;
+            /* C3: not while a deferred lookup waits for a transfer either. */
+            if (c->nrun || c->ns || o->kvh_len || o->nskip_k || o->nskip_w) break;
             wq_pop(c);
             c->q.status[r] = ST_REJECTED;
             c->rej_rows[c->nrej++] = (int32_t)r;
@@ -489,10 +509,12 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
             c->q.num_computed[r] = computed;
             if (oc_plan_load(c, r, ext) < 0) return -1;
             o->loading[r] = 1;
+            oc_infl_add(o, r);
             oc_skip(c, r, from_kvh);
             continue;
         }
         cache_blocks(c, r, min64(computed + n, nt));
+        if (hit + n < oc_num_tokens(c, r)) oc_infl_add(o, r);
         wq_pop(c);
         c->running[c->nrun++] = (int32_t)r;
         c->q.status[r] = ST_RUNNING;
@@ -527,7 +549,8 @@ static int schedule(Core *c) {
     }
     c->narrived = 0;
     int64_t budget = c->max_batched;
-    int64_t thr = (c->nrun + c->wq_len > 1) ? c->thr_knob : 0;
+    /* 0.33 get_request_counts: running, waiting and kv_holding_waiting (loading) requests. */
+    int64_t thr = (c->nrun + c->wq_len + (c->oc.on ? c->oc.kvh_len : 0) > 1) ? c->thr_knob : 0;
     /* Running phase. */
     int64_t i = 0;
     while (i < c->nrun && budget > 0) {
@@ -544,7 +567,10 @@ static int schedule(Core *c) {
             int64_t need = max64(cdiv(min64(cc + n, L), bs) - c->held[r], 0);
             if (need <= c->num_free) {
                 if (need > 0 && pop_into(c, r, need) < 0) return -1;
-                cache_blocks(c, r, min64(cc + n, nt));
+                /* N1: only blocks of real tokens are cached (an async placeholder has no hash
+                 * yet; vLLM caches up to request.num_tokens): the rest when the output is
+                 * applied (update()). */
+                cache_blocks(c, r, min64(cc + n, nt - (c->async_sched ? c->ph[r] : 0)));
                 ok = 1;
                 break;
             }
@@ -600,7 +626,7 @@ static int schedule(Core *c) {
         while (budget > 0 && c->wq_len && c->nrun < c->max_active) {
             int64_t r = wq_peek(c), nt = c->q.prompt[r] + c->q.num_output[r];
             int64_t nh = get_computed_blocks(c, r, nt);
-            int64_t n = admission_fits(c, r, budget, thr, nh, 0, 0);
+            int64_t n = admission_fits(c, r, budget, thr, nh, 0, 0, 0);
             if (n < 0) {
                 if (c->nrun || c->ns) break;
                 wq_pop(c);
@@ -642,6 +668,13 @@ static int schedule(Core *c) {
         c->s_before[j] = c->q.num_computed[r];
         c->q.num_computed[r] += c->s_new[j];
         c->s_prefill[j] = c->prefilling[r];
+    }
+    if (c->oc.on && c->oc.ninfl) {
+        /* _update_after_schedule: a chunk reaching the known tokens ends an in-flight prefill. */
+        for (int64_t j = 0; j < c->ns; j++) {
+            int64_t r = c->s_rows[j];
+            if (c->q.num_computed[r] >= c->q.prompt[r] + c->q.num_output[r]) oc_infl_del(&c->oc, r);
+        }
     }
     return 0;
 }
@@ -689,10 +722,16 @@ static int update(Core *c) {
         c->oc.inflight_nonempty = c->ns > 0;
     }
     if (c->async_sched) {
-        /* This step's tokens are placeholders; the previous step's output is applied now. */
+        /* This step's tokens are placeholders; the previous step's output is applied now:
+         * vLLM update_from_output caches a running request's blocks up to the tokens of its
+         * processed steps (num_computed_tokens - the step in flight's), N1. */
+        int cache_out = c->caching && c->nfl;
+        if (cache_out) for (int64_t j = 0; j < c->ns; j++) c->in_step[c->s_rows[j]] = c->s_new[j];
         for (int64_t k = 0; k < c->nfl; k++) {
             int32_t r = c->fl[k];
             int64_t out = c->q.num_output[r] - --c->ph[r];
+            if (cache_out && c->q.status[r] == ST_RUNNING)
+                cache_blocks(c, r, c->q.num_computed[r] - c->in_step[r]);
             if (out >= c->q.out_len[r] || c->q.prompt[r] + out >= c->L) {
                 if (c->ph[r]) {
                     PyErr_SetString(PyExc_AssertionError, "async scheduling: a request was "
@@ -702,6 +741,7 @@ static int update(Core *c) {
                 c->fin[c->nfin++] = r;
             }
         }
+        if (cache_out) for (int64_t j = 0; j < c->ns; j++) c->in_step[c->s_rows[j]] = 0;
         int32_t *t = c->fl; c->fl = c->fl_next; c->fl_next = t;
         c->nfl = ng;
     }
@@ -709,6 +749,7 @@ static int update(Core *c) {
     for (int64_t j = 0; j < c->nfin; j++) {
         int32_t r = c->fin[j];
         if (c->oc.on) {
+            oc_infl_del(&c->oc, r);
             /* The connector stores its last chunks from these blocks at the next step. */
             c->oc.fin_blocks[r] = c->q.status[r] == ST_RUNNING ? c->held[r] : 0;
             c->oc.fin_wait[r] = 1;
@@ -793,7 +834,7 @@ static void core_free(Core *c) {
     oc_free(&c->oc, c->q.n);
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
-                  c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next,
+                  c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next, c->in_step,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, c->pre_mode, c->pre_fallback};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
@@ -876,6 +917,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->promised, n, int64_t);
     CALLOC(c->fin, n, int32_t);
     CALLOC(c->ph, n, int64_t); CALLOC(c->fl, n, int32_t); CALLOC(c->fl_next, n, int32_t);
+    CALLOC(c->in_step, n, int64_t);
     if (loop_init(&c->lp, &c->q) < 0) { PyErr_NoMemory(); goto fail; }
     CALLOC(c->s_rows, n, int32_t); CALLOC(c->s_new, n, int64_t);
     CALLOC(c->s_before, n, int64_t); CALLOC(c->s_prefill, n, uint8_t);
@@ -890,7 +932,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         o->on = 1; o->prompt_only = prompt_only; o->policy = evict;
         o->bpc = bpc; o->tpc = bpc * bs; o->tsteps = tsteps; o->link_bps = link;
         o->block_bytes = block_bytes;
-        if (tier_init(&o->tier, ncpu, evict) < 0) { PyErr_NoMemory(); goto fail; }
+        if (tier_init(&o->tier, ncpu, evict, n) < 0) { PyErr_NoMemory(); goto fail; }
         CALLOC(o->ra, n, uint8_t *); CALLOC(o->ra_cap, n, int64_t); CALLOC(o->rank, n, int64_t);
         CALLOC(o->next_stored, n, int64_t); CALLOC(o->local_tok, n, int64_t);
         CALLOC(o->fin_blocks, n, int64_t); CALLOC(o->njobs, n, int32_t);
@@ -906,6 +948,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         CALLOC(o->ekeys, ncpu + 1, int64_t);
         CALLOC(o->kbuf, cdiv(L, o->tpc) + 8, int64_t); CALLOC(o->sbuf, cdiv(L, o->tpc) + 8, int32_t);
         CALLOC(o->last_seq, n, int64_t);
+        CALLOC(o->infl, n, int32_t); CALLOC(o->infl_pos, n, int32_t);
     }
     PyObject *cap = PyCapsule_New(c, "kvcap.core", capsule_free);
     if (!cap) goto fail;
@@ -1072,9 +1115,10 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
     if (!free_queue) goto fail;
     PyObject *off = c->oc.on ? oc_snapshot(c) : (Py_INCREF(Py_None), Py_None);
     if (!off) goto fail;
-    return Py_BuildValue("{sNsNsNsNsLsLsNsi}", "running", list_i32(c->running, c->nrun),
+    return Py_BuildValue("{sNsNsNsLsNsLsLsNsi}", "running", list_i32(c->running, c->nrun),
                          "free_queue", free_queue,
-                         "waiting", waiting, "tables", tables, "free_gpu", (long long)c->num_free,
+                         "waiting", waiting, "num_kv_holding", (long long)nk,
+                         "tables", tables, "free_gpu", (long long)c->num_free,
                          "cpu_used", (long long)(c->oc.on ? tier_used(&c->oc.tier) : 0),
                          "offload", off,
                          "unfinished", has_unfinished(c));

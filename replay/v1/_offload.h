@@ -11,36 +11,96 @@
  */
 
 /* Per request, per chunk index (RequestAccess.flags). */
-enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8 };
+enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8,
+       RA_OUT = 16 /* LRU: seen, but not (or no longer) in the row's own rank group */ };
 enum { POL_LRU = 0, POL_ARC = 1 };
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
 
 typedef struct {
+    int64_t key;
     int32_t ref;                 /* -1 store in flight, 0 ready, > 0 loads in flight */
-    int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free) */
-    int32_t prev, next;          /* ARC list links */
-    int64_t rank_hi, rank_lo;    /* LRU: (rank, -position), evicted smallest first */
-    int32_t hpos;                /* LRU: index in the evictable heap, -1 when not in it */
+    int32_t prev, next;          /* ARC list links; LRU: links within its group (-1: end) */
+    int32_t grp;                 /* LRU: its rank's group (Grp) */
+    int32_t lo;                  /* LRU: second part of its rank (-position) */
     uint32_t stamp;              /* protected by the store being prepared (== Tier.stamp) */
-    uint32_t stamp2;             /* LRU heap compaction: already kept */
+    uint32_t mpos;               /* its entry in Tier.map */
+    int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free); LRU: 1 linked (evictable) */
 } Chunk;
 
-typedef struct { int64_t hi, lo; int32_t s; } HeapEnt;
+/* key -> chunk slot. Unlike the block map (map_t) an entry holds 32 bits of its key's hash (its
+ * home, and a filter: the key itself is compared in the chunk, which the caller reads anyway),
+ * and every chunk knows its entry (Chunk.mpos): a store's misses, an eviction's removal and a
+ * finish's lookups, millions on a long trace, each touch one small entry. */
+typedef struct { uint32_t h; int32_t val; } KEnt;
+typedef struct { KEnt *e; uint64_t mask; } kmap_t;
+
+static int kmap_init(kmap_t *m, int64_t n) {
+    uint64_t cap = 16;
+    while (cap < (uint64_t)(2 * n + 2)) cap <<= 1;
+    m->mask = cap - 1;
+    m->e = (KEnt *)malloc(cap * sizeof(KEnt));
+    if (!m->e) return -1;
+    for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
+    return 0;
+}
+static inline uint32_t kmap_hash(int64_t key) { return (uint32_t)mix64((uint64_t)key); }
+/* The entry holding `key` (hash h), or the empty one where it would go. */
+static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, uint32_t h) {
+    uint64_t i = h & m->mask;
+    for (;;) {
+        int32_t v = m->e[i].val;
+        if (v < 0 || (m->e[i].h == h && ch[v].key == key)) return i;
+        i = (i + 1) & m->mask;
+    }
+}
+/* Empty entry i (backward shift, as map_del_at), keeping the moved chunks' mpos. */
+static void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
+    KEnt *e = m->e;
+    uint64_t j = i;
+    for (;;) {
+        e[i].val = -1;
+        for (;;) {
+            j = (j + 1) & m->mask;
+            if (e[j].val < 0) return;
+            uint64_t home = e[j].h & m->mask;
+            if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
+        }
+        e[i] = e[j];
+        ch[e[i].val].mpos = (uint32_t)i;
+        i = j;
+    }
+}
+
+/* LRU ranks (lru.py) are pairs (rank, -position) with every rank from one counter: a request's
+ * provisional rank, shared by the chunks it touches first, or, at its finish, fresh ranks for its
+ * chunks tail first. A finish's fresh ranks are consecutive and nothing else takes a rank between
+ * them, so they order like one rank with the chunks' -position: every rank is a group (one
+ * counter value) and an order inside it. The evictable chunks are then a list of groups in rank
+ * order (a new rank is the largest: appended) each holding a list ordered by -position, so that
+ * every rank change, pin, unpin and eviction is O(1) list work (a finger makes the in-order
+ * insertions of a request's consecutive chunks O(1) too) instead of lru.py's heap pushes. Group r
+ * is row r's: its provisional rank, then its finish's (the group renewed: its chunks keep their
+ * order and take the fresh rank at once; the connector moves in the row's other chunks). */
+typedef struct {
+    int64_t rank;                /* counter value (0: not in the group list) */
+    int32_t prev, next;          /* group list links (sentinel: Tier.ng) */
+    int32_t head, tail, finger;  /* its evictable chunks, -position ascending (-1: none) */
+    int32_t members;             /* tier chunks of this rank, evictable or not */
+    int8_t retired;              /* takes no new members: leaves the list once it has none */
+} Grp;
 
 typedef struct { int64_t key; int32_t prev, next; int8_t list; } Ghost;
 
 typedef struct {
     int64_t n;                   /* capacity in chunks */
     int policy;
-    Chunk *ch;                   /* n slots + 2 list sentinels (n: T1 / LRU list, n + 1: T2) */
-    int64_t *keys;               /* per slot (apart from Chunk: the map probes stay compact) */
-    map_t map;                   /* key -> slot */
+    Chunk *ch;                   /* n slots + 2 list sentinels (ARC: n T1, n + 1 T2) */
+    kmap_t map;                  /* key -> slot */
     int32_t *free_slots; int64_t nfree_list, next_fresh;
     int64_t num_evictable, num_pending;
     uint32_t stamp;
-    /* LRU: min-heap of evictable slots by (rank_hi, rank_lo). */
-    HeapEnt *heap; int64_t nheap, nlive;   /* capacity 2n + 130 (compacted before it fills) */
-    uint32_t stamp2;
+    /* LRU: the groups (1 per row + the list sentinel at index ng). */
+    Grp *grp; int64_t ng;
     int64_t next_rank;
     /* ARC. */
     int64_t t1_len, t2_len, b1_len, b2_len;
@@ -50,109 +110,79 @@ typedef struct {
     int32_t *gfree; int64_t ngfree;
 } Tier;
 
-/* ------------------------------------------------------------------ LRU heap */
-/* A lazy min-heap of (rank, slot) entries, as lru.py's: removing a chunk only clears its flag
- * (Chunk.hpos: 1 in the heap, 2 picked by the eviction in progress, -1 not), and an entry counts
- * only while its slot is flagged and still has the entry's rank; the heap is rebuilt when stale
- * entries outnumber live ones. */
-static inline int ent_less(const HeapEnt *a, const HeapEnt *b) {
-    return a->hi != b->hi ? a->hi < b->hi : a->lo < b->lo;
+/* ------------------------------------------------------------------ LRU groups */
+static inline int lru_rank_less(const Tier *t, const Chunk *x, int64_t rank, int64_t lo) {
+    int64_t r = t->grp[x->grp].rank;
+    return r != rank ? r < rank : x->lo < lo;
 }
-static inline int ent_live(const Tier *t, const HeapEnt *e);
-static void lheap_up(Tier *t, int64_t i) {
-    HeapEnt x = t->heap[i];
-    while (i > 0) {
-        int64_t p = (i - 1) / 2;
-        if (!ent_less(&x, &t->heap[p])) break;
-        t->heap[i] = t->heap[p];
-        i = p;
-    }
-    t->heap[i] = x;
+/* Group g takes rank `rank`, the largest so far: the tail of the group list. */
+static void grp_open(Tier *t, int32_t g, int64_t rank) {
+    Grp *x = &t->grp[g];
+    int32_t h = (int32_t)t->ng, p = t->grp[h].prev;
+    x->rank = rank; x->head = x->tail = x->finger = -1; x->members = 0; x->retired = 0;
+    t->grp[p].next = g; x->prev = p; x->next = h; t->grp[h].prev = g;
 }
-static void lheap_down(Tier *t, int64_t i) {
-    HeapEnt x = t->heap[i];
-    for (;;) {
-        int64_t l = 2 * i + 1, m;
-        if (l >= t->nheap) break;
-        m = (l + 1 < t->nheap && ent_less(&t->heap[l + 1], &t->heap[l])) ? l + 1 : l;
-        if (!ent_less(&t->heap[m], &x)) break;
-        t->heap[i] = t->heap[m];
-        i = m;
-    }
-    t->heap[i] = x;
+/* Group g takes a new rank, the largest so far (its chunks with it). */
+static void grp_renew(Tier *t, int32_t g, int64_t rank) {
+    Grp *x = &t->grp[g];
+    int32_t h = (int32_t)t->ng;
+    t->grp[x->prev].next = x->next; t->grp[x->next].prev = x->prev;
+    int32_t p = t->grp[h].prev;
+    x->rank = rank;
+    t->grp[p].next = g; x->prev = p; x->next = h; t->grp[h].prev = g;
 }
-static void lheap_compact(Tier *t) {
-    int64_t w = 0;
-    for (int64_t i = 0; i < t->nheap; i++) {
-        HeapEnt *e = &t->heap[i];
-        if (!ent_live(t, e) || t->ch[e->s].stamp2 == t->stamp2) continue;
-        t->ch[e->s].stamp2 = t->stamp2;           /* one entry per chunk */
-        t->heap[w++] = *e;
-    }
-    t->stamp2++;
-    t->nheap = w;
-    for (int64_t i = w / 2 - 1; i >= 0; i--) lheap_down(t, i);
+static void grp_close(Tier *t, int32_t g) {
+    Grp *x = &t->grp[g];
+    t->grp[x->prev].next = x->next; t->grp[x->next].prev = x->prev;
+    x->rank = 0;
 }
-static void lheap_push_ent(Tier *t, int32_t s) {
-    Chunk *c = &t->ch[s];
-    t->heap[t->nheap] = (HeapEnt){c->rank_hi, c->rank_lo, s};
-    lheap_up(t, t->nheap++);
+static inline void grp_left(Tier *t, int32_t g) {
+    if (--t->grp[g].members == 0 && t->grp[g].retired) grp_close(t, g);
 }
-static void lheap_push(Tier *t, int32_t s) {
-    t->ch[s].hpos = 1;
-    t->nlive++;
-    lheap_push_ent(t, s);
-    if (t->nheap > 2 * t->nlive + 64) lheap_compact(t);
+static inline void grp_retire(Tier *t, int32_t g) {
+    if (!t->grp[g].rank) return;
+    t->grp[g].retired = 1;
+    if (!t->grp[g].members) grp_close(t, g);
 }
-static inline void lheap_remove(Tier *t, int32_t s) { t->ch[s].hpos = -1; t->nlive--; }
-static inline int ent_live(const Tier *t, const HeapEnt *e) {
-    const Chunk *c = &t->ch[e->s];
-    return c->hpos == 1 && c->rank_hi == e->hi && c->rank_lo == e->lo;
-}
-/* The live top entry (stale ones popped), or NULL. */
-static HeapEnt *lheap_top(Tier *t) {
-    while (t->nheap && !ent_live(t, &t->heap[0])) {
-        t->heap[0] = t->heap[--t->nheap];
-        if (t->nheap) lheap_down(t, 0);
-    }
-    return t->nheap ? &t->heap[0] : NULL;
-}
-static void lheap_pop(Tier *t) {
-    t->heap[0] = t->heap[--t->nheap];
-    if (t->nheap) lheap_down(t, 0);
-}
-/* The evictable chunks in rank order are the union of the heap and an ordered list: a fresh
- * rank (a finished request's recency, the common case) is larger than every rank so far, so its
- * chunk is appended to the list in O(1) instead of sifting through the heap; any other rank goes
- * to the heap. Eviction merges the two (lru.py's heap order, ranks are distinct). The list's
- * sentinel is slot n; Chunk.list == 3 marks list members. */
-static inline int lru_rank_less(const Chunk *x, int64_t hi, int64_t lo) {
-    return x->rank_hi != hi ? x->rank_hi < hi : x->rank_lo < lo;
-}
+/* The evictable chunk s into its group's list, by -position (from the finger, the last one
+ * placed: a request's chunks come in order). */
 static void lru_add(Tier *t, int32_t s) {
-    int32_t head = (int32_t)t->n, tail = t->ch[head].prev;
     Chunk *c = &t->ch[s];
-    if (tail == head || lru_rank_less(&t->ch[tail], c->rank_hi, c->rank_lo)) {
-        t->ch[tail].next = s; c->prev = tail; c->next = head; t->ch[head].prev = s;
-        c->list = 3;
+    Grp *g = &t->grp[c->grp];
+    c->list = 1;
+    if (g->head < 0) { c->prev = c->next = -1; g->head = g->tail = s; }
+    else if (c->lo < t->ch[g->head].lo) {
+        c->prev = -1; c->next = g->head; t->ch[g->head].prev = s; g->head = s;
+    } else if (c->lo > t->ch[g->tail].lo) {
+        c->next = -1; c->prev = g->tail; t->ch[g->tail].next = s; g->tail = s;
     } else {
-        lheap_push(t, s);
+        /* head.lo < lo < tail.lo: the first chunk after it is found walking from the finger. */
+        int32_t f = g->finger >= 0 ? g->finger : g->tail;
+        while (t->ch[f].lo < c->lo) f = t->ch[f].next;
+        while (t->ch[f].prev >= 0 && t->ch[t->ch[f].prev].lo > c->lo) f = t->ch[f].prev;
+        c->next = f; c->prev = t->ch[f].prev; t->ch[c->prev].next = s; t->ch[f].prev = s;
     }
+    g->finger = s;
 }
 static void lru_del(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
-    if (c->list == 3) {
-        t->ch[c->prev].next = c->next; t->ch[c->next].prev = c->prev;
-        c->list = 0;
-    } else if (c->hpos == 1) {
-        lheap_remove(t, s);
-    }
+    if (c->list != 1) return;
+    Grp *g = &t->grp[c->grp];
+    if (c->prev >= 0) t->ch[c->prev].next = c->next; else g->head = c->next;
+    if (c->next >= 0) t->ch[c->next].prev = c->prev; else g->tail = c->prev;
+    if (g->finger == s) g->finger = c->prev >= 0 ? c->prev : c->next;
+    c->list = 0;
 }
-/* A chunk's rank changed: re-place it when it is evictable. */
-static inline void lru_moved(Tier *t, int32_t s) {
-    if (t->ch[s].list != 3 && t->ch[s].hpos != 1) return;
-    lru_del(t, s);
-    lru_add(t, s);
+/* Chunk s takes rank (group g's, lo): re-placed when it is evictable. */
+static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t lo) {
+    Chunk *c = &t->ch[s];
+    int linked = c->list == 1;
+    if (linked) lru_del(t, s);
+    int32_t old = c->grp;
+    c->grp = g; c->lo = (int32_t)lo;
+    t->grp[g].members++;
+    grp_left(t, old);
+    if (linked) lru_add(t, s);
 }
 
 /* ------------------------------------------------------------------ ARC lists */
@@ -193,21 +223,26 @@ static void ghost_add(Tier *t, int64_t key, int list) {
 }
 
 /* ------------------------------------------------------------------ the tier */
-static int tier_init(Tier *t, int64_t n, int policy) {
+/* A tier of n chunks for a run of nrows requests. */
+static int tier_init(Tier *t, int64_t n, int policy, int64_t nrows) {
     memset(t, 0, sizeof *t);
     t->n = n;
     t->policy = policy;
     t->ch = (Chunk *)calloc((size_t)n + 2, sizeof(Chunk));
     t->free_slots = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
-    t->heap = (HeapEnt *)malloc((2 * (size_t)n + 130) * sizeof(HeapEnt));
-    t->stamp2 = 1;
+    if (!t->ch || !t->free_slots) return -1;
+    if (kmap_init(&t->map, n) < 0) return -1;
+    if (policy == POL_LRU) {
+        t->ng = nrows;
+        t->grp = (Grp *)calloc((size_t)t->ng + 1, sizeof(Grp));
+        if (!t->grp) return -1;
+        t->grp[t->ng].prev = t->grp[t->ng].next = (int32_t)t->ng;
+        return 0;
+    }
     t->gh = (Ghost *)calloc(3 * (size_t)n + 2, sizeof(Ghost));
     t->gfree = (int32_t *)malloc((3 * (size_t)n + 1) * sizeof(int32_t));
-    if (!t->ch || !t->free_slots || !t->heap || !t->gh || !t->gfree) return -1;
-    t->keys = (int64_t *)calloc((size_t)n + 2, sizeof(int64_t));
-    if (!t->keys || map_init(&t->map, n, t->keys, sizeof(int64_t)) < 0) return -1;
+    if (!t->gh || !t->gfree) return -1;
     if (map_init(&t->gmap, 3 * n, &t->gh[0].key, sizeof(Ghost)) < 0) return -1;
-    for (int64_t s = 0; s < n + 2; s++) t->ch[s].hpos = -1;
     for (int i = 0; i < 2; i++) {
         int32_t h = (int32_t)n + i, g = (int32_t)(3 * n) + i;
         t->ch[h].prev = t->ch[h].next = h;
@@ -218,20 +253,25 @@ static int tier_init(Tier *t, int64_t n, int policy) {
 }
 
 static void tier_free(Tier *t) {
-    free(t->ch); free(t->keys); free(t->map.slots); free(t->free_slots); free(t->heap); free(t->gh);
+    free(t->ch); free(t->map.e); free(t->free_slots); free(t->grp); free(t->gh);
     free(t->gmap.slots); free(t->gfree);
 }
 
 static inline int32_t tier_get(const Tier *t, int64_t key) {
-    return t->n ? map_get(&t->map, key) : -1;
+    return t->n ? t->map.e[kmap_find(&t->map, t->ch, key, kmap_hash(key))].val : -1;
 }
+/* Fetch key's map entry ahead of its lookup: a pass over many keys overlaps their misses. */
+static inline void tier_prefetch(const Tier *t, int64_t key) {
+    if (t->n) __builtin_prefetch(&t->map.e[kmap_hash(key) & t->map.mask]);
+}
+static inline int64_t tier_key(const Tier *t, int32_t s) { return t->ch[s].key; }
 static inline int64_t tier_used(const Tier *t) { return t->next_fresh - t->nfree_list; }
 static inline int64_t tier_free_chunks(const Tier *t) { return t->n - tier_used(t); }
 
 /* The chunk leaves the tier (evicted): its slot goes back to the pool. */
 static void tier_drop(Tier *t, int32_t s) {
-    map_del_at(&t->map, map_find(&t->map, t->keys[s]));
-    if (t->policy == POL_LRU) lru_del(t, s);
+    kmap_del_at(&t->map, t->ch[s].mpos, t->ch);
+    if (t->policy == POL_LRU) { lru_del(t, s); grp_left(t, t->ch[s].grp); }
     else if (t->ch[s].list) arc_unlink(t, s);
     t->ch[s].ref = 0;
     t->free_slots[t->nfree_list++] = s;
@@ -273,16 +313,19 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
     ghost_append(t, g, list);
 }
 
-/* A new chunk (its store just prepared, ref -1), ranked for the storing request (LRU) or in
- * T1 (ARC, leaving the ghost lists). */
-static int32_t tier_insert(Tier *t, int64_t key, int64_t request_rank, int64_t position) {
+/* A new chunk (its store just prepared, ref -1), ranked for the storing request, group g (LRU),
+ * or in T1 (ARC, leaving the ghost lists). */
+static int32_t tier_insert(Tier *t, int64_t key, int32_t g, int64_t position) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
-    t->keys[s] = key; c->ref = -1; c->hpos = -1; c->stamp = 0;
-    t->map.slots[map_find(&t->map, key)] = s;
+    uint32_t h = kmap_hash(key);
+    uint64_t at = kmap_find(&t->map, t->ch, key, h);
+    t->map.e[at].h = h; t->map.e[at].val = s;
+    c->key = key; c->mpos = (uint32_t)at; c->ref = -1; c->list = 0; c->stamp = 0;
     t->num_pending++;
     if (t->policy == POL_LRU) {
-        c->rank_hi = request_rank; c->rank_lo = -position;
+        c->grp = g; c->lo = (int32_t)-position;
+        t->grp[g].members++;
     } else {
         arc_append(t, s, 1);
         int32_t g = map_get(&t->gmap, key);
@@ -297,32 +340,17 @@ static int32_t tier_insert(Tier *t, int64_t key, int64_t request_rank, int64_t p
 static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     if (n == 0) return 0;
     if (t->policy == POL_LRU) {
-        /* lru.py evict: smallest ranks first (the heap and the list merged), protected ones
-         * skipped (and kept). */
-        int64_t got = 0, nd = 0;
-        int32_t *deferred = out + n;          /* caller sized out[] for n + num_evictable */
-        int32_t head = (int32_t)t->n, cur = t->ch[head].next;
-        int8_t *from_heap = (int8_t *)(deferred + t->num_evictable + 1);
-        HeapEnt *top;
-        while (got < n && ((top = lheap_top(t)) || cur != head)) {
-            int use_heap = top && (cur == head || lru_rank_less(&t->ch[top->s], t->ch[cur].rank_hi,
-                                                                t->ch[cur].rank_lo));
-            int32_t s;
-            if (use_heap) { s = top->s; lheap_pop(t); t->ch[s].hpos = 2; }
-            else { s = cur; cur = t->ch[cur].next; }
-            if (t->ch[s].stamp == t->stamp) { if (use_heap) deferred[nd++] = s; continue; }
-            from_heap[got] = (int8_t)use_heap;
-            out[got++] = s;
-        }
-        for (int64_t i = 0; i < nd; i++) { t->ch[deferred[i]].hpos = 1; lheap_push_ent(t, deferred[i]); }
-        if (got < n) {
-            for (int64_t i = 0; i < got; i++)
-                if (from_heap[i]) { t->ch[out[i]].hpos = 1; lheap_push_ent(t, out[i]); }
-            return -1;
-        }
-        for (int64_t i = 0; i < got; i++) if (from_heap[i]) { t->ch[out[i]].hpos = 1; }
+        /* lru.py evict: smallest ranks first, protected ones skipped (and kept). */
+        int64_t got = 0;
+        for (int32_t g = t->grp[t->ng].next; got < n && g != t->ng; g = t->grp[g].next)
+            for (int32_t s = t->grp[g].head; got < n && s >= 0; s = t->ch[s].next)
+                if (t->ch[s].stamp != t->stamp) {
+                    __builtin_prefetch(&t->map.e[t->ch[s].mpos]);
+                    out[got++] = s;
+                }
+        if (got < n) return -1;
         for (int64_t i = 0; i < got; i++) {
-            keys[i] = t->keys[out[i]];
+            keys[i] = tier_key(t, out[i]);
             t->num_evictable--;
             tier_drop(t, out[i]);
         }
@@ -358,7 +386,7 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     }
 #undef ARC_NEXT
     for (int64_t k = 0; k < got; k++) {
-        int64_t key = keys[k] = t->keys[out[k]];
+        int64_t key = keys[k] = tier_key(t, out[k]);
         int list = from_t1[k] ? 1 : 2;
         t->num_evictable--;
         tier_drop(t, out[k]);
@@ -374,13 +402,12 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
 /* ------------------------------------------------------------------ connector state */
 /* One transfer job (offloading/scheduler.py TransferJob + the emulated worker's FIFO entry). */
 typedef struct {
-    int64_t id;
     int32_t row;
     int8_t store, flush, submitted;
     int64_t done_at;             /* step mode: the step whose output reports it */
     double done_s;               /* time mode: when its bytes have crossed the host link */
-    int32_t *slots; int64_t nslots;      /* tier chunks it writes (store) or reads (load) */
-    int32_t *blocks; int64_t nblocks;    /* GPU blocks it reads (store) or writes (load) */
+    int32_t *slots; int64_t nslots, slots_cap;     /* tier chunks it writes (store) or reads (load) */
+    int32_t *blocks; int64_t nblocks, blocks_cap;  /* GPU blocks it reads (store) or writes (load) */
 } Job;
 
 /* A growable list of int64 (job indices: FIFOs, unsubmitted stores, this step's jobs; keys). */
@@ -405,7 +432,8 @@ typedef struct {
     int32_t *fin_rows; int64_t nfin_rows;      /* finished since the last schedule() */
     uint32_t *alloc_stamp; uint32_t astamp;    /* per GPU block: allocated in this batch */
     /* Jobs. */
-    Job *jobs; int64_t njobs_all, jobs_cap, next_id;
+    Job *jobs; int64_t njobs_all, jobs_cap;
+    JobList free_jobs;           /* finished jobs' records, reused */
     JobList store_fifo, load_fifo, unsubmitted, step_loads, step_stores, live;
     JobList reported;            /* done in the worker, not yet applied (async: one step) */
     int64_t step_loads_n, step_stores_n;       /* this step's transfers issued (loop progress) */
@@ -423,6 +451,9 @@ typedef struct {
     /* Async scheduling (F11): non-empty steps scheduled / whose output was applied; a row's
      * blocks cannot be freed for a preemption while its last step is in flight. */
     int64_t *last_seq; int64_t sched_seq, proc_seq; int inflight_nonempty;
+    /* vLLM _inflight_prefills (N2): admitted rows still prefilling after their scheduled chunk
+     * and rows loading from the tier; infl_pos[row] is its index + 1 (0: not in). */
+    int32_t *infl, *infl_pos; int64_t ninfl;
     /* Time mode (tsteps 0): this step's start and end, when each direction's link is free. */
     double now_s, end_s, store_free_s, load_free_s;
     int told_start;              /* StepCore: tell_time gave this step's start (end next) */

@@ -56,7 +56,14 @@ class LruPolicy:
     def _set(self, key: int, rank: tuple[int, int]) -> None:
         self.rank[key] = rank
         if key in self.evictable:
-            heapq.heappush(self.heap, (rank, key))
+            self._push(key)
+
+    def _push(self, key: int) -> None:
+        heapq.heappush(self.heap, (self.rank[key], key))
+        if len(self.heap) >= max(64, 2 * len(self.evictable)):
+            # Drop the stale entries (vLLM `_maybe_compact_heap`).
+            self.heap = [(self.rank[k], k) for k in self.evictable]
+            heapq.heapify(self.heap)
 
     def insert(self, key: int, idx: int, acc: Access) -> None:
         self.rank[key] = (self.request_rank(acc), -(idx + 1))
@@ -76,7 +83,7 @@ class LruPolicy:
 
     def mark_evictable(self, key: int) -> None:
         self.evictable.add(key)
-        heapq.heappush(self.heap, (self.rank[key], key))
+        self._push(key)
 
     def mark_non_evictable(self, key: int) -> None:
         self.evictable.discard(key)

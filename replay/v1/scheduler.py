@@ -310,9 +310,10 @@ class V1Scheduler:
         if conn is not None:
             conn.begin_step()
             self._step_start_s = self._now_s
-        # 0.33: the long-prefill cap is skipped when only one request exists.
+        # 0.33: the long-prefill cap is skipped when only one request exists
+        # (get_request_counts: running, waiting and kv_holding_waiting, loads among them).
         thr = (spec.long_prefill_token_threshold
-               if len(self.running) + len(self.waiting) > 1 else 0)
+               if len(self.running) + self.num_waiting > 1 else 0)
         # Batch in order: row -> new tokens (running requests first, then admissions).
         sched: dict[int, int] = {}
         # Admissions: row -> new / resumed (every other scheduled row is running).

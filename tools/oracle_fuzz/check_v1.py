@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from replay.compiled import StepCore  # noqa: E402
 from replay.v1 import V1Scheduler  # noqa: E402
-from tests.oracle_driver import compare, drive, out_token, prompt_ids  # noqa: E402
+from tests.oracle_driver import chunks_by_content, compare, drive  # noqa: E402
 
 IMPLEMENTATIONS = {"reference": V1Scheduler,
                    "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
@@ -48,46 +48,6 @@ def tags(sc: dict) -> str:
                      "pc" if sc.get("prefix_caching", True) else "nopc"])
 
 
-# Fields that name chunks "R:i" (oracle README §4).
-CHUNK_FIELDS = ("cpu_load", "cpu_store", "cpu_evict", "cpu_lru_end", "cpu_arc_end")
-
-
-def chunk_namer(sc: dict):
-    """Chunk names by content. The oracle names a chunk after the first request that offered it
-    (its probe labels every key of a prepare_store call, also a failed one), the driver after the
-    first that stored it; both name the same key, the prefix of tokens it ends, so rename each
-    "R:i" to the first request, in trace order, whose tokens begin with that prefix."""
-    bs = sc["block_size"] * sc["kv_offloading"].get("blocks_per_chunk", 1)
-    reqs = sc["requests"]
-    toks = {str(r["id"]): prompt_ids(r, i) + [out_token(i, k) for k in range(r["output_tokens"])]
-            for i, r in enumerate(reqs)}
-    first: dict[tuple, str] = {}
-    for r in reqs:
-        t = toks[str(r["id"])]
-        for i in range(len(t) // bs):
-            first.setdefault(tuple(t[:(i + 1) * bs]), f"{r['id']}:{i}")
-
-    def name(label: str) -> str:
-        rid, i = label.rsplit(":", 1)
-        return first.get(tuple(toks[rid][:(int(i) + 1) * bs]), label)
-
-    def line(x: dict) -> dict:
-        x = dict(x)
-        for f in CHUNK_FIELDS:
-            v = x.get(f)
-            if v is None:
-                continue
-            if f in ("cpu_load", "cpu_store"):
-                x[f] = [t[:-1] + [[name(c) for c in t[-1]]] if t[-1] != "sync" else
-                        t[:-2] + [[name(c) for c in t[-2]], "sync"] for t in v]
-            elif f == "cpu_arc_end":
-                x[f] = {**v, "t1": [name(c) for c in v["t1"]], "t2": [name(c) for c in v["t2"]]}
-            else:
-                x[f] = [name(c) for c in v]
-        return x
-    return line
-
-
 def unsupported(d: dict, impl: str) -> str | None:
     if impl == "compiled" and any(r.get("abort_step") is not None
                                   for r in d["scenario"]["requests"]):
@@ -98,7 +58,7 @@ def unsupported(d: dict, impl: str) -> str | None:
 def check(d: dict, impl: str) -> list[str]:
     try:
         got = drive(IMPLEMENTATIONS[impl], d["scenario"], "v1")
-        canon = chunk_namer(d["scenario"])
+        canon = chunks_by_content(d["scenario"])
         return compare([canon(x) for x in got], [canon(x) for x in d["expected"]], "v1")
     except Exception as e:  # a crash is a difference too
         return [f"EXC {e!r} {traceback.format_exc()[-400:]}"]

@@ -1,13 +1,15 @@
 """Generate random small V1 scenarios with CPU KV offloading on and run them through real vLLM
 0.33 (the oracle's run_v1, in-process), one JSON object per line: {"seed", "scenario", "expected"}.
 
-    $ORACLE_HOME/v1/bin/python tools/oracle_fuzz/gen_v1.py SEED0 COUNT OUT.jsonl
+    $ORACLE_HOME/v1/bin/python tools/oracle_fuzz/gen_v1.py SEED0 COUNT OUT.jsonl [--knobs] [--big]
 
 Knobs drawn per scenario: LRU or ARC, offload_prompt_only on/off, sync or async scheduling,
 transfer_steps 1 or 2, GPU prefix caching on/off, chunked prefill on/off, FCFS or priority,
 tight GPU pools (preemption), small CPU tiers (eviction and failed stores), prompts built from a
 small alphabet of blocks (shared prefixes), repeated prompts and next-turn prompts (an earlier
-prompt plus its output plus more), occasional aborts.
+prompt plus its output plus more), occasional aborts; with --knobs also the full-ISL gate off, the
+long-prefill cap, the watermark and max_num_active_seqs; with --big up to 8 requests, 64-token
+contexts, 8-token blocks and pools up to 23 blocks.
 
 Request ids are chosen so that Python's set of request ids iterates them in trace order under
 PYTHONHASHSEED=0 (the oracle's seed): real vLLM processes same-step finishes in the iteration
@@ -29,7 +31,7 @@ sys.path.insert(0, "/work/shared/oracle")
 import oracle  # noqa: E402
 
 oracle._quiet()
-MAX_REQUESTS = 7
+MAX_REQUESTS = 8
 
 
 def _ordered_ids(n):
@@ -45,21 +47,22 @@ def _ordered_ids(n):
 
 
 IDS = _ordered_ids(MAX_REQUESTS)
-assert list({*IDS[:5]}) == IDS[:5] and list({*IDS}) == IDS
+assert list({*IDS[:4]}) == IDS[:4] and list({*IDS}) == IDS
 
 
-def scenario(rng):
-    bs = rng.choice([2, 4])
-    max_len = rng.choice([16, 24, 32])
+def scenario(rng, knobs=False, big=False):
+    bs = rng.choice([2, 4, 8] if big else [2, 4])
+    max_len = rng.choice([32, 48, 64] if big else [16, 24, 32])
     chunked = rng.random() < 0.8
-    budget = rng.choice([4, 8, 12, 16, 32]) if chunked else rng.choice([max_len, 32, 64])
-    G = rng.randint(4, 14)                   # incl. the null block
+    budget = (rng.choice([4, 8, 12, 16, 32]) if chunked else
+              rng.choice([max_len, 64, 96] if big else [max_len, 32, 64]))
+    G = rng.randint(6, 24) if big else rng.randint(4, 14)    # incl. the null block
     C = rng.randint(1, 12)
     policy = "priority" if rng.random() < 0.2 else "fcfs"
     sc = {"block_size": bs, "num_gpu_blocks": G, "max_num_seqs": rng.randint(1, 4),
           "max_num_batched_tokens": budget, "max_model_len": max_len,
           "chunked_prefill": chunked, "prefix_caching": rng.random() < 0.75, "policy": policy,
-          "async_scheduling": rng.random() < 0.5, "max_steps": 100}
+          "async_scheduling": rng.random() < 0.5, "max_steps": 200 if big else 100}
     off = {"num_cpu_blocks": C}
     if rng.random() < 0.5:
         off["eviction_policy"] = rng.choice(["lru", "arc"])
@@ -70,8 +73,8 @@ def scenario(rng):
     sc["kv_offloading"] = off
     alphabet = [[1000 + a * 100 + j for j in range(bs)] for a in range(rng.randint(2, 5))]
     reqs, prompts = [], []
-    n = rng.randint(1, MAX_REQUESTS)
-    arrivals = sorted(rng.randint(1, 10) for _ in range(n))
+    n = rng.randint(1, MAX_REQUESTS if big else 7)
+    arrivals = sorted(rng.randint(1, 20 if big else 10) for _ in range(n))
     # Most KV slots a request may need: the GPU pool (a request that can never fit hangs
     # real vLLM; kvcap rejects it instead).
     cap = min((G - 1) * bs, max_len - 1)
@@ -92,7 +95,7 @@ def scenario(rng):
         else:                                       # unique tokens
             toks = [(i + 1) * 100_000 + k for k in range(p)]
         toks = toks[: max(1, cap - 1)]
-        out = rng.randint(1, max(1, min(10, cap + 1 - len(toks))))
+        out = rng.randint(1, max(1, min(20 if big else 10, cap + 1 - len(toks))))
         r = {"id": IDS[i], "arrival_step": arrivals[i], "prompt_token_ids": toks,
              "output_tokens": out}
         if policy == "priority":
@@ -102,6 +105,15 @@ def scenario(rng):
         prompts.append(toks)
         reqs.append(r)
     sc["requests"] = reqs
+    if knobs:   # more V1 scheduler knobs, drawn last so the base scenario of a seed stays put
+        if rng.random() < 0.5:
+            sc["scheduler_reserve_full_isl"] = False
+        if rng.random() < 0.3:
+            sc["long_prefill_token_threshold"] = rng.choice([2, 4, 8])
+        if rng.random() < 0.3:
+            sc["watermark"] = rng.choice([0.05, 0.1, 0.2])
+        if rng.random() < 0.2:
+            sc["max_num_active_seqs"] = rng.randint(1, sc["max_num_seqs"])
     return sc
 
 
@@ -117,9 +129,10 @@ def run(sc):
 
 def main():
     seed0, n, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    knobs, big = "--knobs" in sys.argv[4:], "--big" in sys.argv[4:]
     with open(out, "w") as f:
         for s in range(seed0, seed0 + n):
-            sc = scenario(random.Random(s))
+            sc = scenario(random.Random(s), knobs, big)
             f.write(json.dumps({"seed": s, "scenario": sc, "expected": run(sc)}) + "\n")
             f.flush()
 
