@@ -29,7 +29,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
-KVCAP = Path(sys.executable).parent / "kvcap"
+# What the `kvcap` executable runs (its entry point; `main` where a checkout has no `console`),
+# so a baseline checkout runs its own entry point through this environment.
+KVCAP = [sys.executable, "-c", "import sys, capacity.cli as c; sys.argv[0] = 'kvcap'; "
+         "sys.exit(getattr(c, 'console', c.main)())"]
 
 
 def conv_times_10(out: Path) -> Path:
@@ -66,8 +69,8 @@ def measure(trace: Path, work: Path, code: Path | None = None) -> tuple[float, f
     for p in (db, Path(f"{db}.wal")):
         p.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(code)) if code else None
-    res = subprocess.run(["/usr/bin/time", "-v", str(KVCAP), "replay", str(trace), "--db", str(db),
-                          "--json"], capture_output=True, text=True, check=True, env=env)
+    res = subprocess.run(["/usr/bin/time", "-v", *KVCAP, "replay", str(trace), "--db", str(db),
+                          "--json"], capture_output=True, text=True, check=True, env=env, cwd=work)
     field = lambda name: re.search(rf"{re.escape(name)}: (\S+)", res.stderr)[1]  # noqa: E731
     wall = _seconds(field("Elapsed (wall clock) time (h:mm:ss or m:ss)"))
     cpu = float(field("User time (seconds)")) + float(field("System time (seconds)"))

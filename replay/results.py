@@ -38,15 +38,20 @@ class SpilledTable:
     def columns(self) -> list[str]:
         return ["run_id", *(["step"] if self.numbered else []), *self.spill.dtypes]
 
-    def batches(self, rows: int = 1 << 20) -> Iterator[pl.DataFrame]:
-        start = 0
-        for cols in self.spill.chunks(rows):
-            n = len(next(iter(cols.values())))
-            head = {"run_id": _run_ids(self.run_id, n)}
-            if self.numbered:
-                head["step"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
-            start += n
-            yield pl.DataFrame({**head, **cols})
+    def batches(self, rows: int = 1 << 20, *, run_id: bool = True) -> Iterator[pl.DataFrame]:
+        """The table `rows` rows at a time (without the constant `run_id` column if asked).
+        Keeps no batch itself between two: a caller that drops each batch before asking for
+        the next holds one in memory, not two."""
+        chunks = self.spill.chunks(rows)
+        for start in range(0, self.spill.n, rows):
+            yield self._frame(next(chunks), start, run_id)
+
+    def _frame(self, cols: dict[str, np.ndarray], start: int, run_id: bool) -> pl.DataFrame:
+        n = len(next(iter(cols.values())))
+        head = {"run_id": _run_ids(self.run_id, n)} if run_id else {}
+        if self.numbered:
+            head["step"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
+        return pl.DataFrame({**head, **cols})
 
     def frame(self) -> pl.DataFrame:
         return pl.concat(list(self.batches()))

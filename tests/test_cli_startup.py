@@ -98,3 +98,30 @@ def test_install_gives_plain_parameters_the_fast_converter():
     click_cmd = typer.main.get_command(app).commands["replay"]
     kinds = {p.name: type(p._runtime_param).__name__ for p in click_cmd.params}
     assert kinds["max_num_seqs"] == kinds["db"] == kinds["rate_scale"] == "PlainValues"
+
+
+def _console(*argv: str, cwd: Path = REPO):
+    code = f"import sys\nfrom capacity.cli import console\nsys.argv = ['kvcap', *{list(argv)!r}]\nconsole()\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd)
+
+
+def test_the_executable_exits_with_the_commands_code_output_flushed(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,5,3\n1,6,2\n")
+    ok = _console("replay", str(trace), "--db", str(tmp_path / "k.duckdb"), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["requests_finished"] == 2
+    bad = _console("replay", str(tmp_path / "missing.csv"), "--db", str(tmp_path / "k.duckdb"))
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [f"kvcap: error: {tmp_path / 'missing.csv'}: no such file"]
+    assert _console("--help").returncode == 0 and "replay" in _console("--help").stdout
+    assert _console().returncode == 2
+
+
+def test_the_executable_still_runs_exit_handlers(tmp_path):
+    """Spill folders (and worker pools, logging) are cleaned up by exit handlers: they run."""
+    code = ("import atexit, sys\nfrom capacity.cli import console\n"
+            f"atexit.register(lambda: open({str(tmp_path / 'ran')!r}, 'w').close())\n"
+            "sys.argv = ['kvcap', '--help']\nconsole()\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0 and (tmp_path / "ran").exists()

@@ -162,14 +162,18 @@ def test_ctrl_c_during_insert_writes_nothing(tmp_path, monkeypatch):
 
     class Interrupting(_Con):
         def from_arrow(self, table):
-            rel = self._con.from_arrow(table)
-
             class Rel:
+                def __init__(self, rel):
+                    self._rel = rel
+
+                def project(self, *exprs):
+                    return Rel(self._rel.project(*exprs))
+
                 def insert_into(self, name):
                     if name == "requests":
                         raise KeyboardInterrupt
-                    return rel.insert_into(name)
-            return Rel()
+                    return self._rel.insert_into(name)
+            return Rel(self._con.from_arrow(table))
     monkeypatch.setattr(store.duckdb, "connect", lambda *a, **k: Interrupting(real(*a, **k), None))
     with pytest.raises(store.WriteInterrupted) as exc:
         store.write_run(db, tables("b"))

@@ -65,9 +65,34 @@ def test_second_writer_gets_a_clear_lock_error(tmp_path):
         holder.wait()
 
 
-def test_every_schema_type_has_a_null_column_type():
+def test_all_null_columns_of_every_schema_type_are_typed(tmp_path):
     """An all-NULL column is typed from the schema before DuckDB reads it over the Arrow C stream
-    (it refuses polars' untyped Null arrays): every type our tables use must be mapped."""
+    (it refuses polars' untyped Null arrays): every column of every table, run_id included."""
     from replay import store
-    kinds = {kind for table in store.SCHEMA for kind in store._columns(table).values()}
-    assert kinds <= set(store._POLARS_TYPE), kinds - set(store._POLARS_TYPE)
+    with store.connect(tmp_path / "n.duckdb") as con:
+        store.ensure_schema(con)
+        for table, spec in store.SCHEMA.items():
+            cols = store._columns(table)
+            # runs.run_id is the primary key (NOT NULL): there the other columns are all NULL.
+            key = {"run_id": ["r"]} if "PRIMARY KEY" in spec else {}
+            store._insert(con, table, pl.DataFrame({c: [None] for c in cols} | key))
+            want = tuple("r" if key and c == "run_id" else None for c in cols)
+            assert con.execute(f"SELECT * FROM {table}").fetchall() == [want], table
+
+
+def test_a_constant_run_id_is_written_as_given_and_a_mixed_one_row_by_row(tmp_path):
+    """The store hands DuckDB a one-valued run_id as a constant (a spilled table has none)."""
+    from replay import store
+    with store.connect(tmp_path / "c.duckdb") as con:
+        store.ensure_schema(con)
+        store._insert(con, "tbt", pl.DataFrame({"tbt_s": [0.5, 0.25], "weight": [1, 2]}),
+                      run_id="r1")
+        store._insert(con, "tbt", pl.DataFrame({"run_id": ["r2", "r2"], "tbt_s": [1.0, 2.0],
+                                                "weight": [3, 4]}), run_id="ignored")
+        store._insert(con, "fleets", pl.DataFrame({"fleet_id": ["f", "f"], "replica": [0, 1],
+                                                   "run_id": ["a", "b"]}))
+        assert con.execute("SELECT * FROM tbt").fetchall() == [
+            ("r1", 0.5, 1), ("r1", 0.25, 2), ("r2", 1.0, 3), ("r2", 2.0, 4)]
+        assert con.execute("SELECT replica, run_id FROM fleets").fetchall() == [(0, "a"), (1, "b")]
+
+
