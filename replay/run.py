@@ -26,7 +26,7 @@ from replay.raw import RawRun
 from replay.results import RunResult, build_tables
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
-from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, hash_block_tokens
+from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, has_prefix_hashes, hash_block_tokens
 
 KVCAP_VERSION = "0.1.0"
 
@@ -60,10 +60,6 @@ def request_state(trace: pl.DataFrame) -> RequestState:
                         prompt_len=trace["prompt_tokens"].to_numpy(),
                         output_len=trace["output_tokens"].to_numpy(),
                         priority=trace["priority"].to_numpy())
-
-
-def has_prefix_hashes(trace: pl.DataFrame) -> bool:
-    return trace["prefix_hashes"].null_count() < trace.height
 
 
 def block_keys(trace: pl.DataFrame, block_size: int):

@@ -60,6 +60,11 @@ def with_hash_block_tokens(df: pl.DataFrame, n: int) -> pl.DataFrame:
     return df.with_columns(pl.lit(n, pl.Int32).alias(HASH_BLOCK_TOKENS))
 
 
+def has_prefix_hashes(df: pl.DataFrame) -> bool:
+    """Whether any request of `df` carries prefix hashes."""
+    return df["prefix_hashes"].null_count() < df.height
+
+
 def hash_block_tokens(df: pl.DataFrame) -> int:
     """How many prompt tokens one of `df`'s prefix hashes stands for."""
     if HASH_BLOCK_TOKENS not in df.columns or df.height == 0:
@@ -70,4 +75,3 @@ def hash_block_tokens(df: pl.DataFrame) -> int:
         raise TraceError(f"{HASH_BLOCK_TOKENS}: the trace mixes prefix granularities "
                          f"({lo} to {hi} tokens per hash); replay traces of one granularity")
     return check_hash_block_tokens(int(lo))
-

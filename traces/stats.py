@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from traces.schema import hash_block_tokens
+from traces.schema import has_prefix_hashes, hash_block_tokens
 
 PERCENTILES = (50, 90, 99)
 
@@ -86,7 +86,7 @@ def _counts(df: pl.DataFrame, column: str) -> dict[str, int]:
 def prefix_reuse(df: pl.DataFrame) -> dict | None:
     """Block references, unique blocks, % references seen earlier, % prompt tokens in a seen prefix
     (each hash standing for the trace's `hash_block_tokens` tokens)."""
-    if df["prefix_hashes"].null_count() == len(df):
+    if not has_prefix_hashes(df):
         return None
     hbt = hash_block_tokens(df)
     blocks = (df.select(pl.int_range(pl.len()).alias("row"), "prompt_tokens", "prefix_hashes")
