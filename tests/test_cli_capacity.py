@@ -145,3 +145,24 @@ def test_queue_only_note_names_what_it_actually_costs():
     assert "TTFT" not in note and "serve 0.45 req/s less (15.200 vs 15.650)" in note
     worse = dataclasses.replace(q, ttft_p99_s=12.0, throughput_rps=15.65)
     assert "raise TTFT p99 from 11,000 ms to 12,000 ms" in modes._queue_note(worse, best)
+
+
+def test_offloading_note_names_what_disqualifies_it():
+    """The note said offloading missed 'the 5% gain' when what ruled it out was the stall P99
+    doubling (251 -> 496 ms on the flash-crowd report): a raised metric must be named as such."""
+    import dataclasses
+
+    from capacity.analyses import modes
+    fields = {f.name: None for f in dataclasses.fields(modes.ModeResult)}
+    rc = modes.ModeResult(**{**fields, "variant": "recompute+prefix-cache", "status": "completed",
+                             "ttft_p99_s": 11.0, "tbt_p99_s": 0.17, "max_tbt_p99_preempted_s": 0.251})
+    off = dataclasses.replace(rc, variant=modes.OFFLOAD, ttft_p99_s=8.6, max_tbt_p99_preempted_s=0.496)
+    assert modes.offload_pays(off, rc) is False
+    assert modes._why_offload_fails(off, rc) == (
+        "raises the preempted requests' P99 stall from 251 ms to 496 ms against recompute with "
+        "prefix caching")
+    flat = dataclasses.replace(off, ttft_p99_s=10.8, max_tbt_p99_preempted_s=0.25)
+    assert not modes.offload_pays(flat, rc)
+    assert "short of the 5% gain" in modes._why_offload_fails(flat, rc)
+    assert "did not complete (aborted)" == modes._why_offload_fails(
+        dataclasses.replace(off, status="aborted"), rc)

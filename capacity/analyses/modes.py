@@ -231,6 +231,22 @@ def offload_pays(off: ModeResult, rc: ModeResult) -> bool:
     return off.status == "completed" and better and not worse
 
 
+def _why_offload_fails(off: ModeResult, rc: ModeResult) -> str:
+    """The part of `offload_pays` that fails, with its numbers: a metric it raises by more than
+    the threshold, else that neither TTFT p99 nor the stall P99 improves enough."""
+    if off.status != "completed":
+        return f"did not complete ({off.status})"
+    metrics = (("the preempted requests' P99 stall", rc.max_tbt_p99_preempted_s, off.max_tbt_p99_preempted_s),
+               ("TTFT p99", rc.ttft_p99_s, off.ttft_p99_s), ("TBT p99", rc.tbt_p99_s, off.tbt_p99_s))
+    raised = [(name, a, b) for name, a, b in metrics if _gain(a, b) < -HOST_TIER_GAIN]
+    if raised:
+        return "raises " + " and ".join(f"{name} from {_ms(a)} to {_ms(b)}" for name, a, b in raised) + \
+            " against recompute with prefix caching"
+    return (f"changes TTFT p99 to {_ms(off.ttft_p99_s)} (from {_ms(rc.ttft_p99_s)}) and the stall "
+            f"P99 to {_ms(off.max_tbt_p99_preempted_s)} (from {_ms(rc.max_tbt_p99_preempted_s)}), "
+            f"short of the {HOST_TIER_GAIN:.0%} gain that would pay for its host memory")
+
+
 def _recommend_v1(results: list[ModeResult], default_variant: str) -> tuple[str, str, str]:
     by = {r.variant: r for r in results}
     off, rc, q = by[OFFLOAD], by.get("recompute+prefix-cache"), by.get("queue-only")
@@ -251,9 +267,7 @@ def _recommend_v1(results: list[ModeResult], default_variant: str) -> tuple[str,
             f"p99 {_ms(off.ttft_p99_s)} vs {_ms(rc.ttft_p99_s)} and the preempted requests' P99 "
             f"stall {_ms(off.max_tbt_p99_preempted_s)} vs {_ms(rc.max_tbt_p99_preempted_s)} with "
             f"recompute and prefix caching alone" + slo_miss), _queue_note(q, off)
-    tier = (f"; CPU offloading of {off.host_tier_gib:g} GiB changes TTFT p99 to "
-            f"{_ms(off.ttft_p99_s)} and the stall P99 to {_ms(off.max_tbt_p99_preempted_s)}, not "
-            f"the {HOST_TIER_GAIN:.0%} gain that would pay for its host memory" if rc else "")
+    tier = f"; CPU offloading of {off.host_tier_gib:g} GiB {_why_offload_fails(off, rc)}" if rc else ""
     return best.variant, why + tier + slo_miss, _queue_note(q, best)
 
 
