@@ -200,10 +200,10 @@ class CostModel:
         n = plan.num_new_tokens.tolist()
         c = plan.num_computed_tokens.tolist()
         tokens = sum(n)
-        attn = sum(ni * ci + ni * (ni + 1) // 2 for ni, ci in zip(n, c))
-        kv = sum(c) + tokens
         swaps = len(plan.swap_out) + len(plan.swap_in)
         if self.measured is not None:
             return self.measured.step_s(tokens, num_sampled, *step_aggregates(n, c), swaps,
                                         self.swap_s_per_block, self.async_scheduling)
+        attn = sum(ni * ci + ni * (ni + 1) // 2 for ni, ci in zip(n, c))
+        kv = sum(c) + tokens
         return self._step_s(tokens, num_sampled, attn, kv, swaps)
