@@ -274,20 +274,28 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     return ntodo;
 }
 
+/* A row the connector has been told is finished (request_finished): finished, or aborted by
+ * the client (vLLM calls request_finished for an aborted request too). */
+static inline int oc_gone(const Core *c, int64_t row) {
+    return c->q.status[row] == ST_FINISHED || c->q.status[row] == ST_ABORTED;
+}
+
 /* The connector's view of a row's GPU blocks: its table, kept for a finished row until the
  * connector has seen the finish (its last stores read them). */
 static inline int64_t oc_held(const Core *c, int64_t row) {
-    return c->q.status[row] == ST_FINISHED ? c->oc.fin_blocks[row] : c->held[row];
+    return oc_gone(c, row) ? c->oc.fin_blocks[row] : c->held[row];
 }
 
 /* _build_store_jobs for one row: the full chunks this step will have computed (a finished row:
- * up to max(prompt, tokens - 1), F2), prompt chunks only by default, from the first chunk not
- * offered yet; stored all or nothing, a failed offer is repeated at the next step (F15). */
+ * up to max(prompt, tokens - 1), F2; an aborted one: the tokens it had computed,
+ * FINISHED_ABORTED), prompt chunks only by default, from the first chunk not offered yet; stored
+ * all or nothing, a failed offer is repeated at the next step (F15). */
 static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     Oc *o = &c->oc;
-    int finished = c->q.status[row] == ST_FINISHED;
+    int finished = oc_gone(c, row);
     int64_t ntok = oc_num_tokens(c, row), prompt = c->q.prompt[row];
-    int64_t upto = finished ? max64(prompt, ntok - 1) : after;
+    int64_t upto = c->q.status[row] == ST_ABORTED ? c->abort_upto[row]
+                 : finished ? max64(prompt, ntok - 1) : after;
     int64_t offl = min64(upto, ntok);
     if (o->prompt_only) offl = min64(offl, prompt);
     int64_t nch = min64(min64(offl / o->tpc, oc_held(c, row) / o->bpc), ntok / o->tpc);
@@ -395,7 +403,7 @@ static int oc_meta(Core *c) {
     for (int64_t k = 0; k < c->npre; k++) oc_flush_row(o, c->pre_rows[k], 0);
     for (int64_t k = 0; k < o->live.n; k++) {
         Job *j = &o->jobs[o->live.d[k]];
-        if (!j->store || j->flush || c->q.status[j->row] != ST_FINISHED) continue;
+        if (!j->store || j->flush || !oc_gone(c, j->row)) continue;
         for (int64_t b = 0; b < j->nblocks && !j->flush; b++)
             j->flush = o->alloc_stamp[j->blocks[b]] == o->astamp;
     }
@@ -419,7 +427,8 @@ static int oc_meta(Core *c) {
         int64_t r = fr[k];
         oc_request_finished(c, r);
         o->fin_wait[r] = 0;
-        if (!o->njobs[r]) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
+        /* (An aborted row whose frees are deferred keeps its table until they are done.) */
+        if (!o->njobs[r] && !c->held[r]) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
     }
     o->nfin_rows = 0;
     /* The rows whose jobs are flushed, in row order. */
