@@ -539,6 +539,17 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
         o->kvh_len++;
     }
     for (int64_t k = o->nskip_w - 1; k >= 0; k--) wq_prepend(c, o->skip_w[k]);
+    if (c->policy) {
+        /* vLLM's kv_holding_waiting is a priority queue under the priority policy too: kept in
+         * (priority, arrival, row) order, so it is drained (and listed) that way. */
+        for (int64_t a = 1; a < o->kvh_len; a++) {
+            int32_t x = kvh_at(o, a, cap);
+            int64_t b = a - 1;
+            for (; b >= 0 && heap_less(c, x, kvh_at(o, b, cap)); b--)
+                o->kvh[(o->kvh_head + b + 1) % cap] = kvh_at(o, b, cap);
+            o->kvh[(o->kvh_head + b + 1) % cap] = x;
+        }
+    }
     *budget_io = budget;
     return 0;
 }
