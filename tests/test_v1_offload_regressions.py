@@ -1,5 +1,5 @@
 """Regression cases for the OffloadingConnector rules the reference corrected against real vLLM
-0.33 (#16 (a): R1-R4, C1, C2, C4, the async caching rule N1, and N3-N5), each a small random scenario
+0.33 (#16 (a): R1-R4, C1, C2, C4, the async caching rule N1, and N3-N6), each a small random scenario
 whose expected lines real vLLM produced (tests/data/oracle_v1/, written by
 tools/oracle_fuzz/make_v1_cases.py from tools/oracle_fuzz/gen_v1.py seeds): every step must match
 on both implementations (chunks compared by content), and the first-admission counters must be
