@@ -10,8 +10,8 @@
  * Python (replay/compiled.py) drives it either to the end in chunks of steps (progress bar, Ctrl-C
  * between chunks: core_new, core_run, core_results) or one step at a time through the reference's
  * contract (core_add, core_abort, core_schedule, core_update, core_snapshot: `StepCore`).
- * core_new reads the resolved spec by field name. Nothing here allocates per step except amortised growth of the
- * output columns.
+ * core_new reads the resolved spec by field name. Nothing here allocates per step except
+ * amortised growth of the output columns.
  */
 #include "../kvcore.h"
 #include <math.h>
@@ -832,7 +832,8 @@ static void abort_request(Core *c, int32_t r) {
     }
     if (st == ST_RUNNING) {
         int64_t w = 0;
-        for (int64_t j = 0; j < c->nrun; j++) if (c->running[j] != r) c->running[w++] = c->running[j];
+        for (int64_t j = 0; j < c->nrun; j++)
+            if (c->running[j] != r) c->running[w++] = c->running[j];
         c->nrun = w;
         if (oc_cannot_free(c, r)) c->free_after_step[c->nfree_step++] = r;
         else kv_free(c, r);
@@ -849,7 +850,8 @@ static void abort_request(Core *c, int32_t r) {
     } else {
         wq_remove(c, r);
         int64_t w = 0;
-        for (int64_t i = 0; i < c->narrived; i++) if (c->arrived[i] != r) c->arrived[w++] = c->arrived[i];
+        for (int64_t i = 0; i < c->narrived; i++)
+            if (c->arrived[i] != r) c->arrived[w++] = c->arrived[i];
         c->narrived = w;
     }
     /* Its token in flight (async) is never applied. */
