@@ -80,12 +80,12 @@ static inline int64_t oc_rank(Core *c, int64_t row) {
     return c->oc.rank[row];
 }
 
-/* LRU: a chunk of rank (group g, lo) leaves group g: while g is a row whose finish is still to
+/* LRU: chunk index idx of group g leaves group g: while g is a row whose finish is still to
  * come, that row's flag says so (its finish looks the chunk up; the chunks still in its group
  * move with the group). */
-static inline void oc_left(Core *c, int32_t g, int32_t lo) {
+static inline void oc_left(Core *c, int32_t g, int32_t idx) {
     Oc *o = &c->oc;
-    if (g < c->q.n && o->ra[g]) o->ra[g][(-(int64_t)lo) / o->tpc - 1] |= RA_OUT;
+    if (g < c->q.n && o->ra[g]) o->ra[g][idx] |= RA_OUT;
 }
 
 /* manager._record_request_cache_access for one of the row's chunks (+ policy.on_request_access:
@@ -98,9 +98,9 @@ static inline void oc_record_f(Core *c, int64_t row, int64_t chunk, uint8_t *f, 
         if (o->policy == POL_LRU) {
             int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
             if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos)) {
-                int32_t g = o->tier.ch[s].grp, lo = o->tier.ch[s].lo;
-                lru_rerank(&o->tier, s, (int32_t)row, -pos);
-                oc_left(c, g, lo);
+                int32_t g = o->tier.ch[s].grp, idx = o->tier.ch[s].idx;
+                lru_rerank(&o->tier, s, (int32_t)row, -pos, chunk);
+                oc_left(c, g, idx);
             } else {
                 *f |= RA_OUT;
             }
@@ -222,8 +222,9 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     Oc *o = &c->oc;
     Tier *t = &o->tier;
     int32_t *todo = o->scratch;           /* chunk indices to store */
-    int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys and slots, computed once */
+    int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys, hashes and slots, computed once */
     int32_t *sb = o->sbuf;
+    uint32_t *hb = o->hbuf;
     if (!oc_flags(c, row, end - 1)) return -2;
     uint8_t *fl = o->ra[row];
     t->stamp++;
@@ -235,12 +236,13 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     int lru = o->policy == POL_LRU;
     for (int64_t i = start; i < end; i++) {
         kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
-        if (i < start + 16) tier_prefetch(t, kb[i - start]);
+        hb[i - start] = kmap_hash(kb[i - start]);
+        if (i < start + 16) tier_prefetch(t, hb[i - start]);
     }
     for (int64_t i = start; i < end; i++) {
-        if (i + 16 < end) tier_prefetch(t, kb[i + 16 - start]);
+        if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
         int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && oc_key_unique(c, row, i);
-        int32_t s = sb[i - start] = absent ? -1 : tier_get(t, kb[i - start]);
+        int32_t s = sb[i - start] = absent ? -1 : tier_get_h(t, kb[i - start], hb[i - start]);
         if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
     }
@@ -261,14 +263,15 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         if (need > t->num_evictable) return -1;
         int32_t *out = o->scratch + ntodo;
         if (tier_evict(t, need, out, o->ekeys) < 0) return -1;
-        for (int64_t k = 0; k < need; k++) {
+        for (int64_t k = 0; o->plan_out && k < need; k++)
             if (joblist_push(&o->evicted, o->ekeys[k])) return -2;
-            if (o->policy == POL_LRU) oc_left(c, t->ch[out[k]].grp, t->ch[out[k]].lo);
-        }
+        if (o->policy == POL_LRU)
+            for (int64_t k = 0; k < need; k++) oc_left(c, t->ch[out[k]].grp, t->ch[out[k]].idx);
     }
     if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
-        sb[todo[k] - start] = tier_insert(t, kb[todo[k] - start], (int32_t)row, (todo[k] + 1) * o->tpc);
+        int64_t i = todo[k];
+        sb[i - start] = tier_insert(t, kb[i - start], hb[i - start], (int32_t)row, (i + 1) * o->tpc, i);
         fl[todo[k]] = (uint8_t)((fl[todo[k]] | RA_INSERTED) & ~RA_OUT);
     }
     return ntodo;
@@ -300,11 +303,15 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     int64_t ji = oc_new_job(c, row, 1, got, got * o->bpc);
     if (ji < 0) return -1;
     Job *j = &o->jobs[ji];
+    const int32_t *tb = c->tbl[row];
+    int64_t bpc = o->bpc;
     for (int64_t k = 0; k < got; k++) {
         int64_t i = o->scratch[k];
-        j->slots[j->nslots++] = o->sbuf[i - start];
-        for (int64_t b = 0; b < o->bpc; b++) j->blocks[j->nblocks++] = c->tbl[row][i * o->bpc + b];
+        j->slots[k] = o->sbuf[i - start];
+        if (bpc == 1) j->blocks[k] = tb[i];
+        else memcpy(j->blocks + k * bpc, tb + i * bpc, (size_t)bpc * sizeof(int32_t));
     }
+    j->nslots = got; j->nblocks = got * bpc;
     o->next_stored[row] = max64(o->next_stored[row], nch);
     o->store_blocks += j->nblocks;
     if (finished) {
@@ -327,24 +334,27 @@ static void oc_request_finished(Core *c, int64_t row) {
     if (lru && o->rank[row]) grp_renew(t, (int32_t)row, ++t->next_rank);
     int64_t m = 0, *kb = o->kbuf;         /* the chunks to look up, their lookups overlapped */
     int32_t *idx = o->scratch;
+    uint32_t *hb = o->hbuf;
     for (int64_t i = o->ra_cap[row] - 1; i >= 0; i--) {
         uint8_t f = o->ra[row][i];
         if (!(f & RA_SEEN)) continue;
         if (lru && (!(f & RA_OUT) || oc_key_unique(c, row, i))) continue;
         idx[m] = (int32_t)i;
-        kb[m++] = oc_key(c, row, i);
+        kb[m] = oc_key(c, row, i);
+        hb[m] = kmap_hash(kb[m]);
+        m++;
     }
-    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, kb[k]);
+    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, hb[k]);
     for (int64_t k = 0; k < m; k++) {
-        if (k + 16 < m) tier_prefetch(t, kb[k + 16]);
+        if (k + 16 < m) tier_prefetch(t, hb[k + 16]);
         int64_t i = idx[k];
         uint8_t f = o->ra[row][i];
-        int32_t s = tier_get(t, kb[k]);
+        int32_t s = tier_get_h(t, kb[k], hb[k]);
         if (s < 0) continue;
         if (lru) {
-            int32_t g = t->ch[s].grp, lo = t->ch[s].lo;
-            lru_rerank(t, s, (int32_t)row, -(i + 1) * o->tpc);
-            oc_left(c, g, lo);
+            int32_t g = t->ch[s].grp, gi = t->ch[s].idx;
+            lru_rerank(t, s, (int32_t)row, -(i + 1) * o->tpc, i);
+            oc_left(c, g, gi);
         } else if ((f & RA_INSERTED) && !(f & RA_REUSED)) {
             int list = t->ch[s].list;
             arc_unlink(t, s); arc_append(t, s, list);
@@ -580,7 +590,7 @@ static void oc_free(Oc *o, int64_t n) {
                   o->fin_rows, o->alloc_stamp, o->jobs, o->store_fifo.d, o->load_fifo.d,
                   o->unsubmitted.d, o->reported.d, o->free_jobs.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
-                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf,
+                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf, o->hbuf,
                   o->infl, o->infl_pos};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
