@@ -21,10 +21,11 @@ static inline int64_t oc_key(const Core *c, int64_t row, int64_t chunk) {
     return key_of(&c->keys, row, (chunk + 1) * c->oc.bpc - 1);
 }
 
-/* Whether the row's chunk i has a key of its own (no other request can store it). */
-static inline int oc_key_unique(const Core *c, int64_t row, int64_t i) {
+/* The row's first chunk with a key of its own (no other request can store it): chunk i's
+ * last block (i + 1) * bpc - 1 is past the row's shared blocks. */
+static inline int64_t oc_first_unique(const Core *c, int64_t row) {
     const Keys *ks = &c->keys;
-    return ks->mode == 0 || (i + 1) * c->oc.bpc - 1 >= ks->num_shared[row];
+    return ks->mode == 0 ? 0 : cdiv(ks->num_shared[row] + 1, c->oc.bpc) - 1;
 }
 
 /* The request's tokens with real values (async placeholders excluded: vLLM hashes blocks of
@@ -234,6 +235,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
      * it did not leave the row's group (RA_OUT): no lookup for the others (most of a trace
      * without prefix information). */
     int lru = o->policy == POL_LRU;
+    int64_t fu = oc_first_unique(c, row);
     for (int64_t i = start; i < end; i++) {
         kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
         hb[i - start] = kmap_hash(kb[i - start]);
@@ -241,7 +243,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     }
     for (int64_t i = start; i < end; i++) {
         if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
-        int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && oc_key_unique(c, row, i);
+        int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && i >= fu;
         int32_t s = sb[i - start] = absent ? -1 : tier_get_h(t, kb[i - start], hb[i - start]);
         if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
@@ -251,9 +253,13 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         for (int64_t k = ntodo - 1; k >= 0; k--)
             if (!(fl[todo[k]] & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
     }
-    for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
     for (int64_t i = start, k = 0; i < end; i++) {
-        if (k < ntodo && todo[k] == i) { k++; oc_record_f(c, row, i, &fl[i], 0, -1); continue; }
+        if (k < ntodo && todo[k] == i) {
+            k++;
+            fl[i] |= RA_STORE_MISS;
+            oc_record_f(c, row, i, &fl[i], 0, -1);
+            continue;
+        }
         int32_t s = sb[i - start];
         if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
     }
@@ -335,21 +341,29 @@ static void oc_request_finished(Core *c, int64_t row) {
     int64_t m = 0, *kb = o->kbuf;         /* the chunks to look up, their lookups overlapped */
     int32_t *idx = o->scratch;
     uint32_t *hb = o->hbuf;
+    int64_t fu = oc_first_unique(c, row);
     for (int64_t i = o->ra_cap[row] - 1; i >= 0; i--) {
         uint8_t f = o->ra[row][i];
         if (!(f & RA_SEEN)) continue;
-        if (lru && (!(f & RA_OUT) || oc_key_unique(c, row, i))) continue;
-        idx[m] = (int32_t)i;
-        kb[m] = oc_key(c, row, i);
-        hb[m] = kmap_hash(kb[m]);
-        m++;
+        if (lru && (!(f & RA_OUT) || i >= fu)) continue;
+        idx[m++] = (int32_t)i;
     }
-    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, hb[k]);
+    /* Their keys (kb, hb by chunk index): in one pass of the row's block keys when a chunk is a
+     * block (no division per key), descending as the policies need. */
+    if (m && o->bpc == 1) {
+        KeyIt it;
+        keyit_init(&c->keys, &it, row, 0);
+        for (int64_t i = 0; i <= idx[0]; i++) kb[i] = keyit_next(&c->keys, &it);
+    } else {
+        for (int64_t k = 0; k < m; k++) kb[idx[k]] = oc_key(c, row, idx[k]);
+    }
+    for (int64_t k = 0; k < m; k++) hb[idx[k]] = kmap_hash(kb[idx[k]]);
+    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, hb[idx[k]]);
     for (int64_t k = 0; k < m; k++) {
-        if (k + 16 < m) tier_prefetch(t, hb[k + 16]);
+        if (k + 16 < m) tier_prefetch(t, hb[idx[k + 16]]);
         int64_t i = idx[k];
         uint8_t f = o->ra[row][i];
-        int32_t s = tier_get_h(t, kb[k], hb[k]);
+        int32_t s = tier_get_h(t, kb[i], hb[i]);
         if (s < 0) continue;
         if (lru) {
             int32_t g = t->ch[s].grp, gi = t->ch[s].idx;

@@ -354,35 +354,43 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     if (t->policy == POL_LRU) {
         /* lru.py evict: smallest ranks first, protected ones skipped (and kept). The victims
          * come group by group (out[], and per group visited: the group, its first victim's index
-         * in out[], whether all of its evictable chunks go); a group left empty is emptied at
-         * once instead of unlinking chunk by chunk (most evictions take whole groups of finished
-         * requests). */
+         * in out[], whether they are a prefix of its list). A prefix (no protected chunk before
+         * the last victim: a store evicts the oldest groups from their heads) is cut off at
+         * once, the list's head moved past it, instead of unlinking chunk by chunk. */
         int64_t got = 0, ngv = 0;
         int32_t *gv = out + n;           /* 3 entries per group with a victim (<= n groups) */
         for (int32_t g = t->grp[t->ng].next; got < n && g != t->ng; g = t->grp[g].next) {
             int64_t first = got;
-            int all = 1;
-            for (int32_t s = t->grp[g].head; s >= 0; s = t->ch[s].next) {
-                if (got == n) { all = 0; break; }
-                if (t->ch[s].stamp == t->stamp) { all = 0; continue; }
+            int prefix = 1, skipped = 0;
+            for (int32_t s = t->grp[g].head; got < n && s >= 0; s = t->ch[s].next) {
+                if (t->ch[s].stamp == t->stamp) { skipped = 1; continue; }
+                prefix &= !skipped;
                 __builtin_prefetch(&t->map.e[t->ch[s].mpos]);
                 out[got++] = s;
             }
-            if (got > first) { gv[3 * ngv] = g; gv[3 * ngv + 1] = (int32_t)first; gv[3 * ngv++ + 2] = all; }
+            if (got > first) { gv[3 * ngv] = g; gv[3 * ngv + 1] = (int32_t)first; gv[3 * ngv++ + 2] = prefix; }
         }
         if (got < n) return -1;
         for (int64_t v = 0; v < ngv; v++) {
-            int32_t g = gv[3 * v], all = gv[3 * v + 2];
+            int32_t g = gv[3 * v], prefix = gv[3 * v + 2];
             int64_t first = gv[3 * v + 1], last = v + 1 < ngv ? gv[3 * v + 4] : got;
             for (int64_t i = first; i < last; i++) {
                 int32_t s = out[i];
                 Chunk *c = &t->ch[s];
                 keys[i] = c->key;
                 kmap_del_at(&t->map, c->mpos, t->ch);
-                if (all) c->list = 0; else lru_del(t, s);
+                if (prefix) c->list = 0; else lru_del(t, s);
                 t->free_slots[t->nfree_list++] = s;
             }
-            if (all) t->grp[g].head = t->grp[g].tail = t->grp[g].finger = -1;
+            if (prefix) {
+                /* As unlinking them one by one: the finger, if it was a victim, moves on to the
+                 * first chunk left. */
+                Grp *x = &t->grp[g];
+                int32_t nh = t->ch[out[last - 1]].next;
+                x->head = nh;
+                if (nh >= 0) t->ch[nh].prev = -1; else x->tail = -1;
+                if (x->finger >= 0 && !t->ch[x->finger].list) x->finger = nh;
+            }
             t->num_evictable -= last - first;
             t->grp[g].members -= (int32_t)(last - first);
             if (!t->grp[g].members && t->grp[g].retired) grp_close(t, g);
