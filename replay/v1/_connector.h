@@ -241,28 +241,26 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         hb[i - start] = kmap_hash(kb[i - start]);
         if (i < start + 16) tier_prefetch(t, hb[i - start]);
     }
+    /* One pass looks each chunk up and records the access (_record_request_cache_access, in
+     * chunk order; an LRU re-rank moves no other chunk of this offer out of the lookups' way). */
     for (int64_t i = start; i < end; i++) {
         if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
         int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && i >= fu;
         int32_t s = sb[i - start] = absent ? -1 : tier_get_h(t, kb[i - start], hb[i - start]);
-        if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
+        if (s < 0) {
+            todo[ntodo++] = (int32_t)i;
+            oc_record_f(c, row, i, &fl[i], 0, -1);
+            continue;
+        }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
+        if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
     }
     if (o->policy == POL_ARC) {
         /* on_store_miss: the first miss of each chunk by this request may be a ghost hit. */
         for (int64_t k = ntodo - 1; k >= 0; k--)
             if (!(fl[todo[k]] & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
     }
-    for (int64_t i = start, k = 0; i < end; i++) {
-        if (k < ntodo && todo[k] == i) {
-            k++;
-            fl[i] |= RA_STORE_MISS;
-            oc_record_f(c, row, i, &fl[i], 0, -1);
-            continue;
-        }
-        int32_t s = sb[i - start];
-        if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
-    }
+    for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
     if (!ntodo) return 0;
     int64_t need = ntodo - tier_free_chunks(t);
     if (need > 0) {

@@ -156,7 +156,7 @@ static inline void grp_retire(Tier *t, int32_t g) {
 }
 /* The evictable chunk s into its group's list, by -position (from the finger, the last one
  * placed: a request's chunks come in order). */
-static void lru_add(Tier *t, int32_t s) {
+static inline void lru_add(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     Grp *g = &t->grp[c->grp];
     c->list = 1;
@@ -326,7 +326,7 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
 
 /* A new chunk (key hash h, chunk index idx; its store just prepared, ref -1), ranked for the
  * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). */
-static int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t position,
+static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t position,
                            int64_t idx) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
