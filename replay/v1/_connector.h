@@ -97,10 +97,10 @@ static inline void oc_record_f(Core *c, int64_t row, int64_t chunk, uint8_t *f, 
     if (!(*f & RA_SEEN)) {
         *f |= RA_SEEN;
         if (o->policy == POL_LRU) {
-            int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
-            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos)) {
+            int64_t rr = oc_rank(c, row);
+            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, chunk)) {
                 int32_t g = o->tier.ch[s].grp, idx = o->tier.ch[s].idx;
-                lru_rerank(&o->tier, s, (int32_t)row, -pos, chunk);
+                lru_rerank(&o->tier, s, (int32_t)row, chunk);
                 oc_left(c, g, idx);
             } else {
                 *f |= RA_OUT;
@@ -275,7 +275,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
         int64_t i = todo[k];
-        sb[i - start] = tier_insert(t, kb[i - start], hb[i - start], (int32_t)row, (i + 1) * o->tpc, i);
+        sb[i - start] = tier_insert(t, kb[i - start], hb[i - start], (int32_t)row, i);
         fl[todo[k]] = (uint8_t)((fl[todo[k]] | RA_INSERTED) & ~RA_OUT);
     }
     return ntodo;
@@ -365,7 +365,7 @@ static void oc_request_finished(Core *c, int64_t row) {
         if (s < 0) continue;
         if (lru) {
             int32_t g = t->ch[s].grp, gi = t->ch[s].idx;
-            lru_rerank(t, s, (int32_t)row, -(i + 1) * o->tpc, i);
+            lru_rerank(t, s, (int32_t)row, i);
             oc_left(c, g, gi);
         } else if ((f & RA_INSERTED) && !(f & RA_REUSED)) {
             int list = t->ch[s].list;

@@ -21,10 +21,10 @@ typedef struct {
     int32_t ref;                 /* -1 store in flight, 0 ready, > 0 loads in flight */
     int32_t prev, next;          /* ARC list links; LRU: links within its group (-1: end) */
     int32_t grp;                 /* LRU: its rank's group (Grp) */
-    int32_t lo;                  /* LRU: second part of its rank (-position) */
-    int32_t idx;                 /* its chunk index in the rows that offer it (lo = -(idx + 1) *
-                                    tokens per chunk): an eviction flags the owner's record
-                                    without a division */
+    int32_t idx;                 /* its chunk index in the rows that offer it (a key is one
+                                    position's): LRU's second part of its rank, -position, is
+                                    -(idx + 1) * tokens per chunk, so it orders as -idx; an
+                                    eviction flags the owner's record at idx */
     uint32_t stamp;              /* protected by the store being prepared (== Tier.stamp) */
     uint32_t mpos;               /* its entry in Tier.map */
     int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free); LRU: 1 linked (evictable) */
@@ -64,7 +64,7 @@ static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, 
     }
 }
 /* Empty entry i (backward shift, as map_del_at), keeping the moved chunks' mpos. */
-static void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
+static inline void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
     KEnt *e = m->e;
     uint64_t j = i;
     for (;;) {
@@ -121,9 +121,10 @@ typedef struct {
 } Tier;
 
 /* ------------------------------------------------------------------ LRU groups */
-static inline int lru_rank_less(const Tier *t, const Chunk *x, int64_t rank, int64_t lo) {
+/* Whether chunk x ranks below (rank, chunk index idx). */
+static inline int lru_rank_less(const Tier *t, const Chunk *x, int64_t rank, int64_t idx) {
     int64_t r = t->grp[x->grp].rank;
-    return r != rank ? r < rank : x->lo < lo;
+    return r != rank ? r < rank : x->idx > idx;
 }
 /* Group g takes rank `rank`, the largest so far: the tail of the group list. */
 static void grp_open(Tier *t, int32_t g, int64_t rank) {
@@ -161,15 +162,15 @@ static inline void lru_add(Tier *t, int32_t s) {
     Grp *g = &t->grp[c->grp];
     c->list = 1;
     if (g->head < 0) { c->prev = c->next = -1; g->head = g->tail = s; }
-    else if (c->lo < t->ch[g->head].lo) {
+    else if (c->idx > t->ch[g->head].idx) {
         c->prev = -1; c->next = g->head; t->ch[g->head].prev = s; g->head = s;
-    } else if (c->lo > t->ch[g->tail].lo) {
+    } else if (c->idx < t->ch[g->tail].idx) {
         c->next = -1; c->prev = g->tail; t->ch[g->tail].next = s; g->tail = s;
     } else {
-        /* head.lo < lo < tail.lo: the first chunk after it is found walking from the finger. */
+        /* head.idx > idx > tail.idx: the first chunk after it is found walking from the finger. */
         int32_t f = g->finger >= 0 ? g->finger : g->tail;
-        while (t->ch[f].lo < c->lo) f = t->ch[f].next;
-        while (t->ch[f].prev >= 0 && t->ch[t->ch[f].prev].lo > c->lo) f = t->ch[f].prev;
+        while (t->ch[f].idx > c->idx) f = t->ch[f].next;
+        while (t->ch[f].prev >= 0 && t->ch[t->ch[f].prev].idx < c->idx) f = t->ch[f].prev;
         c->next = f; c->prev = t->ch[f].prev; t->ch[c->prev].next = s; t->ch[f].prev = s;
     }
     g->finger = s;
@@ -183,13 +184,13 @@ static void lru_del(Tier *t, int32_t s) {
     if (g->finger == s) g->finger = c->prev >= 0 ? c->prev : c->next;
     c->list = 0;
 }
-/* Chunk s (chunk index idx) takes rank (group g's, lo): re-placed when it is evictable. */
-static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t lo, int64_t idx) {
+/* Chunk s (chunk index idx) takes group g's rank: re-placed when it is evictable. */
+static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t idx) {
     Chunk *c = &t->ch[s];
     int linked = c->list == 1;
     if (linked) lru_del(t, s);
     int32_t old = c->grp;
-    c->grp = g; c->lo = (int32_t)lo; c->idx = (int32_t)idx;
+    c->grp = g; c->idx = (int32_t)idx;
     t->grp[g].members++;
     grp_left(t, old);
     if (linked) lru_add(t, s);
@@ -326,8 +327,7 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
 
 /* A new chunk (key hash h, chunk index idx; its store just prepared, ref -1), ranked for the
  * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). */
-static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t position,
-                           int64_t idx) {
+static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t idx) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
     uint64_t at = kmap_find(&t->map, t->ch, key, h);
@@ -336,7 +336,7 @@ static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, i
     c->idx = (int32_t)idx;
     t->num_pending++;
     if (t->policy == POL_LRU) {
-        c->grp = g; c->lo = (int32_t)-position;
+        c->grp = g;
         t->grp[g].members++;
     } else {
         arc_append(t, s, 1);
