@@ -1032,6 +1032,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         CALLOC(o->scratch, 4 * ncpu + cdiv(L, o->tpc) + 8, int32_t);
         CALLOC(o->ekeys, ncpu + 1, int64_t);
         CALLOC(o->kbuf, cdiv(L, o->tpc) + 8, int64_t); CALLOC(o->sbuf, cdiv(L, o->tpc) + 8, int32_t);
+        CALLOC(o->hbuf, cdiv(L, o->tpc) + 8, uint32_t);
         CALLOC(o->last_seq, n, int64_t);
         CALLOC(o->infl, n, int32_t); CALLOC(o->infl_pos, n, int32_t);
         CALLOC(c->abort_upto, n, int64_t); CALLOC(c->free_after_step, n, int32_t);
@@ -1147,6 +1148,7 @@ static PyObject *core_schedule(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
     Core *c = core_of(cap);
     if (!c) return NULL;
+    c->oc.plan_out = 1;                   /* the plan below lists this step's evicted keys */
     if (schedule(c) < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;
