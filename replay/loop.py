@@ -45,6 +45,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     preempted_at = [nan] * n             # time of the last preemption since the last token
     preempt_mode = [0] * n               # 1 recompute, 2 swap
     prompt_len = state.prompt_len.tolist()
+    arrival_s = arrival.tolist()
     step_rows: list[tuple] = []         # STEP_COLUMNS values, one tuple per step
     ev = {k: [] for k in ("t_s", "step", "row", "kind", "blocks", "bytes")}
     stalls = {k: [] for k in ("row", "preempted_s", "resumed_s", "stall_s", "mode")}
@@ -78,13 +79,13 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
 
     while True:
         # Arrivals due by now enter in trace order.
-        while cursor < n and arrival[cursor] <= t:
+        while cursor < n and arrival_s[cursor] <= t:
             scheduler.add_request(cursor)
             cursor += 1
         if not scheduler.has_unfinished():
             if cursor >= n:
                 break
-            t = max(t, float(arrival[cursor]))     # idle gap: jump to the next arrival
+            t = max(t, arrival_s[cursor])          # idle gap: jump to the next arrival
             continue
 
         if tell_time is not None:
@@ -201,7 +202,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         if idle_spins >= 2:
             # Nothing can move until something arrives or a CPU offload transfer completes;
             # jump there or give up.
-            wake = [float(arrival[cursor])] if cursor < n else []
+            wake = [arrival_s[cursor]] if cursor < n else []
             done_s = next_transfer_s() if next_transfer_s is not None else None
             if done_s is not None:
                 wake.append(done_s)

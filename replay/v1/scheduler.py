@@ -29,6 +29,9 @@ from replay.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
 _NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "running"))
+# V1 never swaps: every plan shares one empty (read-only) pair list instead of allocating two.
+_NO_PAIRS = np.zeros((0, 2), dtype=_I64)
+_NO_PAIRS.flags.writeable = False
 
 
 class V1Scheduler:
@@ -67,7 +70,7 @@ class V1Scheduler:
         # the stop checks and frees run then, one step late.
         self.async_scheduling = spec.async_scheduling
         self.placeholders = [0] * state.n
-        self._in_flight: list[int] = []        # rows that sampled in the step in flight
+        self._in_flight = np.zeros(0, _I64)    # rows that sampled in the step in flight
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
@@ -131,7 +134,7 @@ class V1Scheduler:
                 self._arrived.remove(row)
         else:
             return
-        self._in_flight = [r for r in self._in_flight if r != row]
+        self._in_flight = self._in_flight[self._in_flight != row]
         self._inflight_prefills.discard(row)
         self.state.status[row] = Status.ABORTED
 
@@ -326,7 +329,7 @@ class V1Scheduler:
         rows = np.fromiter(sched, _I64, len(sched))
         nnew = np.fromiter(sched.values(), _I64, len(sched))
         adm = self._admitted
-        kind = np.fromiter((adm.get(r, _RUNNING) for r in sched), np.int8, len(sched))
+        kind = np.array([adm.get(r, _RUNNING) for r in sched], np.int8)
         # Admissions already hold their hit as computed; _update_after_schedule comes next.
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
@@ -352,8 +355,8 @@ class V1Scheduler:
                            offload_flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=self.prefilling[rows], kind=kind, preempted=tuple(preempted),
-            rejected=tuple(rejected), **offload)
+            is_prefill=self.prefilling[rows], kind=kind, swap_out=_NO_PAIRS, swap_in=_NO_PAIRS,
+            preempted=tuple(preempted), rejected=tuple(rejected), **offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
                       preempted: list) -> int:
@@ -576,36 +579,36 @@ class V1Scheduler:
         got = rows[sampled]
         st.num_output[got] += 1
         self.prefilling[got] = False
-        got = got.tolist()
+        got_rows = got.tolist()
         if self._prefill_rows:
-            self._prefill_rows.difference_update(got)
+            self._prefill_rows.difference_update(got_rows)
         applied = got
         ph = self.placeholders
         if self.async_scheduling:
             # This step's tokens are placeholders; the previous step's output is applied now.
-            for r in got:
+            for r in got_rows:
                 ph[r] += 1
             applied, self._in_flight = self._in_flight, got
-            for r in applied:
+            for r in applied.tolist():
                 ph[r] -= 1
-            if self.spec.enable_prefix_caching and applied:
+            if self.spec.enable_prefix_caching and applied.size:
                 # vLLM update_from_output: with placeholders, a running request's blocks are
                 # cached up to the tokens of its processed steps (num_computed_tokens -
                 # num_in_flight_tokens) once the output is applied; the step in flight stays out.
                 in_step = dict(zip(rows.tolist(), plan.num_new_tokens.tolist()))
-                for r in applied:
-                    if st.status[r] == Status.RUNNING:
-                        self.kv.cache_blocks(r, int(st.num_computed[r]) - in_step.get(r, 0))
+                for r, status, computed in zip(applied.tolist(), st.status[applied].tolist(),
+                                               st.num_computed[applied].tolist()):
+                    if status == Status.RUNNING:
+                        self.kv.cache_blocks(r, computed - in_step.get(r, 0))
         # Stop checks on the applied tokens (placeholders are not output yet).
-        num_output, prompt, out_len = st.num_output, self._prompt, self._out_len
-        L = self.spec.max_model_len
+        prompt, out_len, L = self._prompt, self._out_len, self.spec.max_model_len
         fin = []
-        for r in applied:
-            out = int(num_output[r]) - ph[r]
+        for r, num_output in zip(applied.tolist(), st.num_output[applied].tolist()):
+            out = num_output - ph[r]
             if out >= out_len[r] or prompt[r] + out >= L:
                 fin.append(r)
         if fin:
-            if self.async_scheduling and not set(got).isdisjoint(fin):
+            if self.async_scheduling and not set(got_rows).isdisjoint(fin):
                 raise AssertionError("async scheduling: a request was scheduled again after "
                                      "its last token")
             running = []
