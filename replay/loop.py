@@ -14,6 +14,7 @@ polars or DuckDB). Must not import traces/, capacity/, polars or duckdb.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol
 
 import numpy as np
@@ -36,11 +37,15 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     arrival = state.arrival_s
     if n and np.any(np.diff(arrival) < 0):
         raise ValueError("requests must be sorted by arrival_s")
-    nan = np.full(n, np.nan)
-    first_sched, first_tok, finish, last_tok = nan.copy(), nan.copy(), nan.copy(), nan.copy()
-    max_tbt = np.zeros(n)
-    preempted_at = nan.copy()            # time of the last preemption since the last token
-    preempt_mode = np.zeros(n, np.int8)  # 1 recompute, 2 swap
+    # Per request, as Python lists while the loop runs (a step touches ~10 rows: scalar reads
+    # and writes of a list are several times cheaper than numpy's); numpy columns at the end.
+    nan = math.nan
+    first_sched, first_tok, finish, last_tok = [nan] * n, [nan] * n, [nan] * n, [nan] * n
+    max_tbt = [0.0] * n
+    preempted_at = [nan] * n             # time of the last preemption since the last token
+    preempt_mode = [0] * n               # 1 recompute, 2 swap
+    prompt_len = state.prompt_len.tolist()
+    arrival_s = arrival.tolist()
     step_rows: list[tuple] = []         # STEP_COLUMNS values, one tuple per step
     ev = {k: [] for k in ("t_s", "step", "row", "kind", "blocks", "bytes")}
     stalls = {k: [] for k in ("row", "preempted_s", "resumed_s", "stall_s", "mode")}
@@ -52,26 +57,14 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     # Per-step batch records: one array per step and column, joined at the end.
     batch_parts: list[tuple] = []
 
-    def add_gaps(end: float, prev: np.ndarray) -> np.ndarray:
-        """Record the TBT samples end - prev; return them (per row)."""
-        gap = end - prev
-        same = prev == t
-        k = int(np.count_nonzero(same))
-        if k:
-            tbt_vals.append(end - t); tbt_wts.append(k)
-        if k < len(prev):
-            odd = gap[~same].tolist()
-            tbt_vals.extend(odd); tbt_wts.extend([1] * len(odd))
-        return gap
-
-    raw = RawRun(state=state, steps={}, first_scheduled_s=first_sched, first_token_s=first_tok,
-                 finish_s=finish, max_tbt_s=max_tbt, events=ev, stalls=stalls)
+    raw = RawRun(state=state, steps={}, first_scheduled_s=np.zeros(0), first_token_s=np.zeros(0),
+                 finish_s=np.zeros(0), max_tbt_s=np.zeros(0), events=ev, stalls=stalls)
 
     t = 0.0 if n == 0 else float(arrival[0])
     cursor = 0
     step = 0
     idle_spins = 0
-    evicted = np.zeros(n, np.int64)      # blocks of each swap-preempted request not yet resumed
+    evicted = [0] * n                    # blocks of each swap-preempted request not yet resumed
     evicted_total = evicted_count = 0
 
     # A V1 scheduler with timed CPU offload transfers reads the clock: the step's start before
@@ -86,13 +79,13 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
 
     while True:
         # Arrivals due by now enter in trace order.
-        while cursor < n and arrival[cursor] <= t:
+        while cursor < n and arrival_s[cursor] <= t:
             scheduler.add_request(cursor)
             cursor += 1
         if not scheduler.has_unfinished():
             if cursor >= n:
                 break
-            t = max(t, float(arrival[cursor]))     # idle gap: jump to the next arrival
+            t = max(t, arrival_s[cursor])          # idle gap: jump to the next arrival
             continue
 
         if tell_time is not None:
@@ -113,7 +106,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             if p.swap_full_fallback:
                 event("swap_full_fallback", p.row, p.num_blocks)
             event("preempt_swap" if p.mode == "swap" else "preempt_recompute", p.row, p.num_blocks)
-            if np.isnan(preempted_at[p.row]):
+            if math.isnan(preempted_at[p.row]):
                 preempted_at[p.row] = t
             preempt_mode[p.row] = 2 if p.mode == "swap" else 1
         for row, blocks in _swapped_in_blocks(plan, scheduler):
@@ -127,25 +120,32 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             event("offload_store", x.row, len(x.gpu_blocks))
             store_blocks += len(x.gpu_blocks)
         rows = plan.rows
+        row_list = rows.tolist()
         # Resumed (scheduled again, swapped in or dropped): no longer evicted.
         # (Only swap preemptions make a row evicted: skip the per-row scan while none is.)
-        back = ([r for r in (*rows.tolist(), *(x.row for x in plan.rejected)) if evicted[r]]
+        back = ([r for r in (*row_list, *(x.row for x in plan.rejected)) if evicted[r]]
                  if evicted_count else ())
         for r in back:
-            evicted_total -= int(evicted[r]); evicted_count -= 1; evicted[r] = 0
+            evicted_total -= evicted[r]; evicted_count -= 1; evicted[r] = 0
         for p in plan.preempted:
             if p.mode == "swap" and not evicted[p.row]:
                 evicted[p.row] = max(p.num_blocks, 1)
-                evicted_total += int(evicted[p.row]); evicted_count += 1
-        fresh = rows[np.isnan(first_sched[rows])]
-        first_sched[fresh] = t
-        num_prefill = int(plan.num_new_tokens[plan.is_prefill].sum())
-        num_decode = int(plan.num_new_tokens[~plan.is_prefill].sum())
-        queues = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
+                evicted_total += evicted[p.row]; evicted_count += 1
         # A row samples when its chunk reaches the end of its known tokens (both schedulers'
         # rule); the executor runs the plan before update() frees finished requests' blocks.
-        known = state.prompt_len[rows] + state.num_output[rows]
-        num_sampled = int(np.count_nonzero(plan.num_computed_tokens + plan.num_new_tokens >= known))
+        num_prefill = num_decode = num_sampled = 0
+        for r, new, computed, prefill, out in zip(
+                row_list, plan.num_new_tokens.tolist(), plan.num_computed_tokens.tolist(),
+                plan.is_prefill.tolist(), state.num_output[rows].tolist()):
+            if math.isnan(first_sched[r]):
+                first_sched[r] = t
+            if prefill:
+                num_prefill += new
+            else:
+                num_decode += new
+            if computed + new >= prompt_len[r] + out:
+                num_sampled += 1
+        queues = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
         if record_batches:
             kind = (plan.kind if plan.kind is not None else
                     np.where(plan.is_prefill, _PREFILL, _DECODE).astype(np.int8))
@@ -155,7 +155,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         if tell_time is not None:
             tell_time(t + dt)
         out = scheduler.update(plan)
-        sampled = rows[out.sampled]
+        sampled = [r for r, s in zip(row_list, out.sampled.tolist()) if s]
         if len(sampled) != num_sampled:
             raise AssertionError(f"step {step + 1}: executor costed {num_sampled} sampled rows, "
                                  f"scheduler sampled {len(sampled)}")
@@ -164,23 +164,35 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                           scheduler.cpu_blocks_used(), len(plan.swap_out), len(plan.swap_in),
                           len(plan.preempted), evicted_count, evicted_total, store_blocks,
                           load_blocks))
-        if len(sampled):
-            first = np.isnan(first_tok[sampled])
-            first_tok[sampled[first]] = end
-            cont = sampled[~first]
-            if len(cont):
-                gap = add_gaps(end, last_tok[cont])
-                max_tbt[cont] = np.maximum(max_tbt[cont], gap)
-                stalled = cont[~np.isnan(preempted_at[cont])]
-                for row in stalled.tolist():
-                    stalls["row"].append(row); stalls["preempted_s"].append(preempted_at[row])
-                    stalls["resumed_s"].append(end); stalls["stall_s"].append(end - last_tok[row])
-                    stalls["mode"].append("swap" if preempt_mode[row] == 2 else "recompute")
-            preempted_at[sampled] = np.nan
-            last_tok[sampled] = end
-        if len(out.finished):
-            # A request finishes with its last token (async: applied one step after it came).
-            finish[out.finished] = last_tok[out.finished]
+        # TBT: the rows that also sampled in the previous step (last token at t) add one weighted
+        # sample, then the others (resumed, skipped) one sample each, in batch order.
+        num_same = 0
+        odd: list[float] = []
+        for r in sampled:
+            prev = last_tok[r]
+            if math.isnan(first_tok[r]):
+                first_tok[r] = end
+            else:
+                gap = end - prev
+                if prev == t:
+                    num_same += 1
+                else:
+                    odd.append(gap)
+                if gap > max_tbt[r]:
+                    max_tbt[r] = gap
+                if not math.isnan(preempted_at[r]):
+                    stalls["row"].append(r); stalls["preempted_s"].append(preempted_at[r])
+                    stalls["resumed_s"].append(end); stalls["stall_s"].append(gap)
+                    stalls["mode"].append("swap" if preempt_mode[r] == 2 else "recompute")
+            preempted_at[r] = nan
+            last_tok[r] = end
+        if num_same:
+            tbt_vals.append(end - t); tbt_wts.append(num_same)
+        if odd:
+            tbt_vals.extend(odd); tbt_wts.extend([1] * len(odd))
+        # A request finishes with its last token (async: applied one step after it came).
+        for r in out.finished.tolist():
+            finish[r] = last_tok[r]
         progressed = (len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
                       or len(out.finished) or plan.offload_loads or plan.offload_stores
                       or out.offload_done)
@@ -190,7 +202,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         if idle_spins >= 2:
             # Nothing can move until something arrives or a CPU offload transfer completes;
             # jump there or give up.
-            wake = [float(arrival[cursor])] if cursor < n else []
+            wake = [arrival_s[cursor]] if cursor < n else []
             done_s = next_transfer_s() if next_transfer_s is not None else None
             if done_s is not None:
                 wake.append(done_s)
@@ -201,6 +213,10 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                 break
         if on_progress is not None and step // progress_every_steps != (step - 1) // progress_every_steps:
             on_progress(t, cursor)
+    raw.first_scheduled_s = np.array(first_sched, dtype=np.float64)
+    raw.first_token_s = np.array(first_tok, dtype=np.float64)
+    raw.finish_s = np.array(finish, dtype=np.float64)
+    raw.max_tbt_s = np.array(max_tbt, dtype=np.float64)
     cols = list(zip(*step_rows)) if step_rows else [()] * len(STEP_COLUMNS)
     raw.steps = {k: np.asarray(c, dtype=dt) for (k, dt), c in zip(STEP_COLUMNS.items(), cols)}
     raw.num_steps = step

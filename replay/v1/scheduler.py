@@ -29,6 +29,9 @@ from replay.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
 _NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "running"))
+# V1 never swaps: every plan shares one empty (read-only) pair list instead of allocating two.
+_NO_PAIRS = np.zeros((0, 2), dtype=_I64)
+_NO_PAIRS.flags.writeable = False
 
 
 class V1Scheduler:
@@ -66,7 +69,7 @@ class V1Scheduler:
         # num_output_placeholders) and stays a placeholder until the next update() applies it;
         # the stop checks and frees run then, one step late.
         self.async_scheduling = spec.async_scheduling
-        self.placeholders = np.zeros(state.n, _I64)
+        self.placeholders = [0] * state.n
         self._in_flight = np.zeros(0, _I64)    # rows that sampled in the step in flight
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
@@ -197,7 +200,7 @@ class V1Scheduler:
         """vLLM `request.num_tokens`: prompt and sampled tokens, without async placeholders
         (only real tokens have block hashes: the GPU prefix cache and the offload keys stop
         there)."""
-        return self._prompt[row] + int(self.state.num_output[row]) - int(self.placeholders[row])
+        return self._prompt[row] + int(self.state.num_output[row]) - self.placeholders[row]
 
     def _reserved_for_prefills(self) -> int:
         """Blocks the in-flight prefills still need to hold their whole (real) sequence
@@ -326,7 +329,7 @@ class V1Scheduler:
         rows = np.fromiter(sched, _I64, len(sched))
         nnew = np.fromiter(sched.values(), _I64, len(sched))
         adm = self._admitted
-        kind = np.fromiter((adm.get(r, _RUNNING) for r in sched), np.int8, len(sched))
+        kind = np.array([adm.get(r, _RUNNING) for r in sched], np.int8)
         # Admissions already hold their hit as computed; _update_after_schedule comes next.
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
@@ -352,8 +355,8 @@ class V1Scheduler:
                            offload_flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=self.prefilling[rows], kind=kind, preempted=tuple(preempted),
-            rejected=tuple(rejected), **offload)
+            is_prefill=self.prefilling[rows], kind=kind, swap_out=_NO_PAIRS, swap_in=_NO_PAIRS,
+            preempted=tuple(preempted), rejected=tuple(rejected), **offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
                       preempted: list) -> int:
@@ -362,11 +365,12 @@ class V1Scheduler:
         running, prompt = self.running, self._prompt
         num_computed, num_output = st.num_computed, st.num_output
         priority = self.spec.policy == "priority"
-        ph, out_len = self.placeholders, self._out_len
+        ph, out_len, async_scheduling = self.placeholders, self._out_len, self.async_scheduling
+        grow = kv.grow
         while i < len(running) and budget > 0:
             r = running[i]
             c = int(num_computed[r])
-            if self.async_scheduling and ph[r] > 0 and c + 2 - int(ph[r]) >= prompt[r] + out_len[r]:
+            if async_scheduling and ph[r] > 0 and c + 2 - ph[r] >= prompt[r] + out_len[r]:
                 # 0.33 AsyncScheduler: the step in flight already samples its last token.
                 i += 1
                 continue
@@ -383,7 +387,7 @@ class V1Scheduler:
                 # Only real tokens are cached: a block that holds an async placeholder has no
                 # hash yet (vLLM caches up to request.num_tokens), so it is registered at a
                 # later step.
-                new = kv.grow(r, n, c, nt - int(ph[r]))
+                new = grow(r, n, c, nt - ph[r])
                 if new is not None:
                     break
                 if self.mode == "none":
@@ -575,28 +579,36 @@ class V1Scheduler:
         got = rows[sampled]
         st.num_output[got] += 1
         self.prefilling[got] = False
+        got_rows = got.tolist()
         if self._prefill_rows:
-            self._prefill_rows.difference_update(got.tolist())
+            self._prefill_rows.difference_update(got_rows)
         applied = got
+        ph = self.placeholders
         if self.async_scheduling:
             # This step's tokens are placeholders; the previous step's output is applied now.
-            self.placeholders[got] += 1
+            for r in got_rows:
+                ph[r] += 1
             applied, self._in_flight = self._in_flight, got
-            self.placeholders[applied] -= 1
+            for r in applied.tolist():
+                ph[r] -= 1
             if self.spec.enable_prefix_caching and applied.size:
                 # vLLM update_from_output: with placeholders, a running request's blocks are
                 # cached up to the tokens of its processed steps (num_computed_tokens -
                 # num_in_flight_tokens) once the output is applied; the step in flight stays out.
                 in_step = dict(zip(rows.tolist(), plan.num_new_tokens.tolist()))
-                for r in applied.tolist():
-                    if st.status[r] == Status.RUNNING:
-                        self.kv.cache_blocks(r, int(st.num_computed[r]) - in_step.get(r, 0))
-        out = st.num_output[applied] - self.placeholders[applied]
-        done = (out >= st.output_len[applied]) | (st.prompt_len[applied] + out >= self.spec.max_model_len)
-        finished = applied[done]
-        if finished.size:
-            fin = finished.tolist()
-            if self.async_scheduling and np.isin(finished, got).any():
+                for r, status, computed in zip(applied.tolist(), st.status[applied].tolist(),
+                                               st.num_computed[applied].tolist()):
+                    if status == Status.RUNNING:
+                        self.kv.cache_blocks(r, computed - in_step.get(r, 0))
+        # Stop checks on the applied tokens (placeholders are not output yet).
+        prompt, out_len, L = self._prompt, self._out_len, self.spec.max_model_len
+        fin = []
+        for r, num_output in zip(applied.tolist(), st.num_output[applied].tolist()):
+            out = num_output - ph[r]
+            if out >= out_len[r] or prompt[r] + out >= L:
+                fin.append(r)
+        if fin:
+            if self.async_scheduling and not set(got_rows).isdisjoint(fin):
                 raise AssertionError("async scheduling: a request was scheduled again after "
                                      "its last token")
             running = []
@@ -612,9 +624,11 @@ class V1Scheduler:
                 else:
                     # Preempted while its last token was in flight (vLLM: stopped_preempted_reqs).
                     self.waiting.remove(r)
-            st.status[finished] = Status.FINISHED
+            for r in fin:
+                st.status[r] = Status.FINISHED
             gone = set(running)
             self.running = [r for r in self.running if r not in gone]
+        finished = np.array(fin, _I64)
         if self.conn is None:
             return StepOutput(sampled=sampled, finished=finished)
         # The worker runs the step's connector metadata; its output (transfers done) is applied
