@@ -134,14 +134,9 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
         np.cumsum(lens, out=off[1:])
         ids = np.fromiter((k for ks in per_row for k in ks), np.int64, int(off[-1]))
         return (2, 1, off, ids if len(ids) else np.zeros(1, np.int64), lens)
-    chains = keys._chain
-    lens = np.fromiter((0 if c is None else len(c) for c in chains), np.int64, len(chains))
-    off = np.zeros(len(chains) + 1, np.int64)
-    np.cumsum(lens, out=off[1:])
-    ids = np.fromiter((i for c in chains if c is not None for i in c), np.int64, int(off[-1]))
-    hbt = keys.hash_block_tokens
-    shared = np.minimum(lens * hbt, state.prompt_len) // block_size
-    return (1, hbt, off, ids if len(ids) else np.zeros(1, np.int64), shared)
+    ids = keys.chain_ids
+    return (1, keys.hash_block_tokens, keys.offsets, ids if len(ids) else np.zeros(1, np.int64),
+            keys.shared_blocks)
 
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,

@@ -66,9 +66,17 @@ def block_keys(trace: pl.DataFrame, block_size: int):
     """The trace's prefix keys: each hash stands for the trace's `hash_block_tokens` tokens."""
     if not has_prefix_hashes(trace):
         return UniqueBlockKeys()
-    return TraceBlockKeys(block_size=block_size, prompt_len=trace["prompt_tokens"].to_numpy(),
-                          prefix_hashes=trace["prefix_hashes"].to_list(),
-                          hash_block_tokens=hash_block_tokens(trace))
+    lists = trace["prefix_hashes"]
+    hashes = lists.explode(empty_as_null=False, keep_nulls=False)    # no Python list per row
+    if hashes.null_count():
+        raise ValueError("prefix_hashes: a row's list of hashes holds a null")
+    lens = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return TraceBlockKeys.from_flat(block_size=block_size,
+                                    prompt_len=trace["prompt_tokens"].to_numpy(),
+                                    hashes=hashes.to_numpy(), offsets=offsets,
+                                    hash_block_tokens=hash_block_tokens(trace))
 
 
 def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
