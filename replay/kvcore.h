@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ errors without the GIL */
 /* `run` steps with the GIL released (loop_run_released below), so an error a step raises may be
@@ -828,23 +829,34 @@ static int loop_run(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t ma
     return lp->done;
 }
 
-/* Steps per slice of loop_run_released: a few ms of stepping (Mooncake's ~5 us steps: ~40 ms),
- * so Ctrl-C answers at once and a thread waiting for the GIL, which each slice's end takes
- * back, waits little. */
-#define LOOP_SLICE_STEPS 8192
+/* loop_run_released steps in slices of about LOOP_SLICE_S seconds without the GIL: Ctrl-C
+ * answers within one, and a thread waiting for the GIL (taken back at each slice's end, for at
+ * most the interpreter's switch interval, 5 ms) costs the loop a few percent. The clock is
+ * read every LOOP_CLOCK_STEPS steps (steps take 0.5-20 us). */
+#define LOOP_SLICE_S 0.05
+#define LOOP_CLOCK_STEPS 1024
+
+static double loop_clock_s(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* loop_run with the GIL released, so another Python thread runs meanwhile (`kvcap replay`'s
- * store writer appends the previous chunk of steps, imports DuckDB). Ctrl-C: Python's handler
- * only sets a flag; it is raised here, between two slices (two steps), with the GIL held. Steps
- * read and write only C memory (the request arrays are buffers held for the core's lifetime);
- * their errors go through kv_err_* above. */
+ * store writer imports DuckDB and appends the previous chunk of steps). Ctrl-C: Python's
+ * handler only sets a flag; it is raised here, between two slices (two steps), with the GIL
+ * held. Steps read and write only C memory (the request arrays are buffers held for the core's
+ * lifetime); their errors go through kv_err_* above. */
 static int loop_run_released(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t max_steps) {
     int64_t stop = lp->step + max_steps;
     for (;;) {
-        int64_t slice = stop - lp->step < LOOP_SLICE_STEPS ? stop - lp->step : LOOP_SLICE_STEPS;
         int rc;
         Py_BEGIN_ALLOW_THREADS
-        rc = loop_run(lp, q, core, ops, slice);
+        double until = loop_clock_s() + LOOP_SLICE_S;
+        do {
+            int64_t k = stop - lp->step < LOOP_CLOCK_STEPS ? stop - lp->step : LOOP_CLOCK_STEPS;
+            rc = loop_run(lp, q, core, ops, k);
+        } while (rc == 0 && lp->step < stop && loop_clock_s() < until);
         Py_END_ALLOW_THREADS
         if (rc != 0 || lp->step >= stop) return rc;
         if (PyErr_CheckSignals() < 0) return -1;

@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from replay.config import EngineConfig, resolve
-from replay import compiled, loop
+from replay import compiled
 from replay.prefix import TraceBlockKeys, UniqueBlockKeys
 from replay.raw import RawRun
 from replay.results import RunResult, build_tables
@@ -140,6 +140,7 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
+    from replay import loop      # the reference loop (a compiled replay does not load it)
     sched = scheduler if scheduler is not None else make_scheduler(engine, spec, state, keys)
     return loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
                     on_progress=on_progress, progress_every_steps=progress_every_steps,

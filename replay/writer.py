@@ -54,9 +54,11 @@ class RunWriter:
         # join() on CPython 3.11 can mark a thread that still runs as stopped (its state lock is
         # released on its behalf), so join() would return before the COMMIT is done.
         self._done = threading.Event()
+        # Started by the first job (`begin_run`, just before the engine loop, which releases
+        # the GIL): started earlier, its import of DuckDB and the caller's numpy and polars
+        # calls would take turns at the GIL, each waiting up to the switch interval.
         self._thread = threading.Thread(target=self._work, name="kvcap-store-writer",
                                         daemon=True)
-        self._thread.start()
 
     def __enter__(self) -> RunWriter:
         return self
@@ -100,10 +102,12 @@ class RunWriter:
 
     def close(self) -> None:
         """Abort the write unless it committed, and wait for the thread to end."""
-        if not self._done.is_set():
+        if self._thread.ident is not None and not self._done.is_set():
             self._abort()
 
     def _put(self, job: tuple) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
         while True:
             if self._failure is not None:
                 raise self._failure
