@@ -34,6 +34,11 @@ MAX_PENDING = 4
 # group leaves it to be rewritten later: appends of 65,536 steps each cost the write 1.5-2x its
 # CPU and made the file up to 60% larger. Only the run's last INSERT ends in a partial one.
 ROWS_PER_INSERT = 122_880
+# DuckDB's memory limit for the write. Written blocks stay cached up to it, and a streamed write
+# lives as long as the replay, whose memory it adds to: at 512 MB (store.WRITE_MEMORY_LIMIT) the
+# 10x Azure conv process peaked at 600-640 MB, at 64 MB at ~500 MB (written blocks are evicted
+# for free; the write ~5% slower).
+MEMORY_LIMIT = "64MB"
 
 
 class RunWriter:
@@ -141,7 +146,7 @@ class RunWriter:
         write = None
         try:
             from replay import results, store      # DuckDB's import, off the caller's thread
-            write = self._write = store.RunWrite(self.path)
+            write = self._write = store.RunWrite(self.path, memory_limit=MEMORY_LIMIT)
             write.open()
             run_id = None
             while True:
