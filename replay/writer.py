@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from replay.dbfile import WriteInterrupted
 
@@ -128,8 +129,12 @@ class RunWriter:
         with self._lock:
             if not self._committing:
                 self._aborting = True
-                if self._write is not None and self._write.con is not None:
-                    self._write.con.interrupt()     # stops an append under way
+                con = self._write.con if self._write is not None else None
+                if con is not None:
+                    try:
+                        con.interrupt()             # stops an append under way
+                    except Exception:               # noqa: BLE001 - closed meanwhile: done
+                        pass
         try:
             self._jobs.put_nowait(("abort",))
         except queue.Full:
@@ -177,7 +182,6 @@ class RunWriter:
     def _insert_held(self, write, table: str, run_id: str | None, *, whole_groups: bool) -> None:
         """Insert the frames held for `table`: as many whole ROWS_PER_INSERT as they make (the
         rest stays held), or all of them."""
-        import polars as pl
         held = self._held[table]
         n = sum(f.height for f in held)
         k = n - n % ROWS_PER_INSERT if whole_groups else n
