@@ -326,8 +326,7 @@ class StepCore:
         return self._ext.next_done_s(self._core) if self.engine == "v1" else None
 
     def abort_request(self, row: int) -> None:
-        if self.engine != "v0":
-            raise NotImplementedError("client aborts are in the compiled V0 core only")
+        """A client abort (the oracle hook; trace replays have none)."""
         self._ext.abort(self._core, row)
 
     def schedule(self):

@@ -260,7 +260,7 @@ def chunks_by_content(sc: dict):
     also a failed one), the driver after the first that stored it; both name the same key, the
     prefix of tokens it ends, so each "R:i" becomes the first request, in trace order, whose
     tokens begin with that prefix."""
-    bs = sc["block_size"] * sc["kv_offloading"].get("blocks_per_chunk", 1)
+    bs = sc["block_size"] * (sc.get("kv_offloading") or {}).get("blocks_per_chunk", 1)
     reqs = sc["requests"]
     toks = {str(r["id"]): prompt_ids(r, i) + [out_token(i, k) for k in range(r["output_tokens"])]
             for i, r in enumerate(reqs)}

@@ -147,3 +147,75 @@ def test_per_step_contract_equals_run_to_end(w, spec):
     arrival, prompt, output, prio, hashes = w
     assert_identical(run_stepped("v1", spec, arrival, prompt, output, hashes, prio),
                      run_compiled("v1", spec, arrival, prompt, output, hashes, prio))
+
+
+@st.composite
+def abort_scenarios(draw):
+    """Small oracle-format V1 scenarios (tests/oracle_driver.py) with client aborts at random
+    steps: with and without CPU KV offloading, sync and async, prompts from a small block
+    alphabet (prefix and CPU hits), tight pools (preemption, loads in flight when the abort
+    comes)."""
+    bs = draw(st.sampled_from([2, 4]))
+    max_len = draw(st.sampled_from([16, 24, 32]))
+    chunked = draw(st.booleans())
+    G = draw(st.integers(4, 16))
+    sc = {"block_size": bs, "num_gpu_blocks": G, "max_num_seqs": draw(st.integers(1, 4)),
+          "max_num_batched_tokens": draw(st.sampled_from([4, 8, 16, 32]) if chunked
+                                         else st.sampled_from([max_len, 64])),
+          "max_model_len": max_len, "chunked_prefill": chunked,
+          # Mostly off: a repeated prompt then misses the GPU and hits the CPU tier (a load).
+          "prefix_caching": draw(st.sampled_from([False, False, True])),
+          "policy": draw(st.sampled_from(["fcfs", "priority"])),
+          "async_scheduling": draw(st.booleans()), "max_steps": 100}
+    if draw(st.booleans()):
+        sc["kv_offloading"] = {"num_cpu_blocks": draw(st.integers(1, 12)),
+                               "eviction_policy": draw(st.sampled_from(["lru", "arc"])),
+                               "offload_prompt_only": draw(st.booleans()),
+                               "transfer_steps": draw(st.sampled_from([1, 2, 2]))}
+    alphabet = [[1000 + a * 100 + j for j in range(bs)] for a in range(3)]
+    n = draw(st.integers(1, 6))
+    arrivals = sorted(draw(st.lists(st.integers(1, 10), min_size=n, max_size=n)))
+    reqs = []
+    for i, arrival in enumerate(arrivals):
+        blocks = draw(st.lists(st.integers(0, 2), min_size=1, max_size=max_len // bs - 1))
+        toks = [t for b in blocks for t in alphabet[b]][:draw(st.integers(1, max_len - 2))]
+        if reqs and draw(st.integers(0, 2)) > 0:
+            # An earlier prompt again: a CPU hit once the GPU has lost it (a load to abort).
+            toks = list(reqs[draw(st.integers(0, len(reqs) - 1))]["prompt_token_ids"])
+        r = {"id": f"r{i}", "arrival_step": arrival, "prompt_token_ids": toks,
+             "output_tokens": draw(st.integers(1, 8)), "priority": draw(st.integers(0, 2))}
+        if draw(st.integers(0, 9)) < 6:
+            r["abort_step"] = arrival + draw(st.integers(0, 6))
+        reqs.append(r)
+    sc["requests"] = reqs
+    return sc
+
+
+@settings(max_examples=int(os.environ.get("KVCAP_CORE_EXAMPLES", 300)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(sc=abort_scenarios())
+def test_client_aborts_core_equals_reference(sc):
+    """Client aborts (the oracle hook `abort_request`) on the compiled core step by step ==
+    the reference: every line the oracle driver prints (schedule, queues, block tables, the
+    connector's decisions and the tier), the request counters at the end, the C block pool's
+    invariants; with offloading also aborts while the step is in flight (async) or the CPU load
+    is (frees deferred, C4)."""
+    from replay.compiled import StepCore
+    from replay.v1 import V1Scheduler
+    from tests.oracle_driver import drive
+    states, cores = {}, []
+
+    def compiled_core(spec, state, keys):
+        cores.append(StepCore("v1", spec, state, keys))
+        return cores[-1]
+    fields = ("status", "num_computed", "num_output", "num_preemptions", "cached_prompt_tokens",
+              "cpu_hit_tokens", "recomputed_tokens")
+    keep = lambda name: lambda state, ids: states.update(  # noqa: E731
+        {name: {f: getattr(state, f).tolist() for f in fields}})
+    ref = drive(V1Scheduler, sc, "v1", inspect=keep("reference"))
+    got = drive(compiled_core, sc, "v1", inspect=keep("compiled"))
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g == r, {k: (g.get(k), r.get(k)) for k in set(g) | set(r) if g.get(k) != r.get(k)}
+    assert states["compiled"] == states["reference"]
+    compiled.CORES["v1"].check(cores[0]._core)

@@ -21,10 +21,11 @@ static inline int64_t oc_key(const Core *c, int64_t row, int64_t chunk) {
     return key_of(&c->keys, row, (chunk + 1) * c->oc.bpc - 1);
 }
 
-/* Whether the row's chunk i has a key of its own (no other request can store it). */
-static inline int oc_key_unique(const Core *c, int64_t row, int64_t i) {
+/* The row's first chunk with a key of its own (no other request can store it): chunk i's
+ * last block (i + 1) * bpc - 1 is past the row's shared blocks. */
+static inline int64_t oc_first_unique(const Core *c, int64_t row) {
     const Keys *ks = &c->keys;
-    return ks->mode == 0 || (i + 1) * c->oc.bpc - 1 >= ks->num_shared[row];
+    return ks->mode == 0 ? 0 : cdiv(ks->num_shared[row] + 1, c->oc.bpc) - 1;
 }
 
 /* The request's tokens with real values (async placeholders excluded: vLLM hashes blocks of
@@ -80,12 +81,12 @@ static inline int64_t oc_rank(Core *c, int64_t row) {
     return c->oc.rank[row];
 }
 
-/* LRU: a chunk of rank (group g, lo) leaves group g: while g is a row whose finish is still to
+/* LRU: chunk index idx of group g leaves group g: while g is a row whose finish is still to
  * come, that row's flag says so (its finish looks the chunk up; the chunks still in its group
  * move with the group). */
-static inline void oc_left(Core *c, int32_t g, int32_t lo) {
+static inline void oc_left(Core *c, int32_t g, int32_t idx) {
     Oc *o = &c->oc;
-    if (g < c->q.n && o->ra[g]) o->ra[g][(-(int64_t)lo) / o->tpc - 1] |= RA_OUT;
+    if (g < c->q.n && o->ra[g]) o->ra[g][idx] |= RA_OUT;
 }
 
 /* manager._record_request_cache_access for one of the row's chunks (+ policy.on_request_access:
@@ -96,11 +97,11 @@ static inline void oc_record_f(Core *c, int64_t row, int64_t chunk, uint8_t *f, 
     if (!(*f & RA_SEEN)) {
         *f |= RA_SEEN;
         if (o->policy == POL_LRU) {
-            int64_t rr = oc_rank(c, row), pos = (chunk + 1) * o->tpc;
-            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, -pos)) {
-                int32_t g = o->tier.ch[s].grp, lo = o->tier.ch[s].lo;
-                lru_rerank(&o->tier, s, (int32_t)row, -pos);
-                oc_left(c, g, lo);
+            int64_t rr = oc_rank(c, row);
+            if (s >= 0 && lru_rank_less(&o->tier, &o->tier.ch[s], rr, chunk)) {
+                int32_t g = o->tier.ch[s].grp, idx = o->tier.ch[s].idx;
+                lru_rerank(&o->tier, s, (int32_t)row, chunk);
+                oc_left(c, g, idx);
             } else {
                 *f |= RA_OUT;
             }
@@ -222,8 +223,9 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     Oc *o = &c->oc;
     Tier *t = &o->tier;
     int32_t *todo = o->scratch;           /* chunk indices to store */
-    int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys and slots, computed once */
+    int64_t ntodo = 0, *kb = o->kbuf;     /* the offer's keys, hashes and slots, computed once */
     int32_t *sb = o->sbuf;
+    uint32_t *hb = o->hbuf;
     if (!oc_flags(c, row, end - 1)) return -2;
     uint8_t *fl = o->ra[row];
     t->stamp++;
@@ -233,16 +235,25 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
      * it did not leave the row's group (RA_OUT): no lookup for the others (most of a trace
      * without prefix information). */
     int lru = o->policy == POL_LRU;
+    int64_t fu = oc_first_unique(c, row);
     for (int64_t i = start; i < end; i++) {
         kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
-        if (i < start + 16) tier_prefetch(t, kb[i - start]);
+        hb[i - start] = kmap_hash(kb[i - start]);
+        if (i < start + 16) tier_prefetch(t, hb[i - start]);
     }
+    /* One pass looks each chunk up and records the access (_record_request_cache_access, in
+     * chunk order; an LRU re-rank moves no other chunk of this offer out of the lookups' way). */
     for (int64_t i = start; i < end; i++) {
-        if (i + 16 < end) tier_prefetch(t, kb[i + 16 - start]);
-        int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && oc_key_unique(c, row, i);
-        int32_t s = sb[i - start] = absent ? -1 : tier_get(t, kb[i - start]);
-        if (s < 0) { todo[ntodo++] = (int32_t)i; continue; }
+        if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
+        int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && i >= fu;
+        int32_t s = sb[i - start] = absent ? -1 : tier_get_h(t, kb[i - start], hb[i - start]);
+        if (s < 0) {
+            todo[ntodo++] = (int32_t)i;
+            oc_record_f(c, row, i, &fl[i], 0, -1);
+            continue;
+        }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
+        if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
     }
     if (o->policy == POL_ARC) {
         /* on_store_miss: the first miss of each chunk by this request may be a ghost hit. */
@@ -250,44 +261,48 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
             if (!(fl[todo[k]] & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
     }
     for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
-    for (int64_t i = start, k = 0; i < end; i++) {
-        if (k < ntodo && todo[k] == i) { k++; oc_record_f(c, row, i, &fl[i], 0, -1); continue; }
-        int32_t s = sb[i - start];
-        if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
-    }
     if (!ntodo) return 0;
     int64_t need = ntodo - tier_free_chunks(t);
     if (need > 0) {
         if (need > t->num_evictable) return -1;
         int32_t *out = o->scratch + ntodo;
         if (tier_evict(t, need, out, o->ekeys) < 0) return -1;
-        for (int64_t k = 0; k < need; k++) {
+        for (int64_t k = 0; o->plan_out && k < need; k++)
             if (joblist_push(&o->evicted, o->ekeys[k])) return -2;
-            if (o->policy == POL_LRU) oc_left(c, t->ch[out[k]].grp, t->ch[out[k]].lo);
-        }
+        if (o->policy == POL_LRU)
+            for (int64_t k = 0; k < need; k++) oc_left(c, t->ch[out[k]].grp, t->ch[out[k]].idx);
     }
     if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
-        sb[todo[k] - start] = tier_insert(t, kb[todo[k] - start], (int32_t)row, (todo[k] + 1) * o->tpc);
+        int64_t i = todo[k];
+        sb[i - start] = tier_insert(t, kb[i - start], hb[i - start], (int32_t)row, i);
         fl[todo[k]] = (uint8_t)((fl[todo[k]] | RA_INSERTED) & ~RA_OUT);
     }
     return ntodo;
 }
 
+/* A row the connector has been told is finished (request_finished): finished, or aborted by
+ * the client (vLLM calls request_finished for an aborted request too). */
+static inline int oc_gone(const Core *c, int64_t row) {
+    return c->q.status[row] == ST_FINISHED || c->q.status[row] == ST_ABORTED;
+}
+
 /* The connector's view of a row's GPU blocks: its table, kept for a finished row until the
  * connector has seen the finish (its last stores read them). */
 static inline int64_t oc_held(const Core *c, int64_t row) {
-    return c->q.status[row] == ST_FINISHED ? c->oc.fin_blocks[row] : c->held[row];
+    return oc_gone(c, row) ? c->oc.fin_blocks[row] : c->held[row];
 }
 
 /* _build_store_jobs for one row: the full chunks this step will have computed (a finished row:
- * up to max(prompt, tokens - 1), F2), prompt chunks only by default, from the first chunk not
- * offered yet; stored all or nothing, a failed offer is repeated at the next step (F15). */
+ * up to max(prompt, tokens - 1), F2; an aborted one: the tokens it had computed,
+ * FINISHED_ABORTED), prompt chunks only by default, from the first chunk not offered yet; stored
+ * all or nothing, a failed offer is repeated at the next step (F15). */
 static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     Oc *o = &c->oc;
-    int finished = c->q.status[row] == ST_FINISHED;
+    int finished = oc_gone(c, row);
     int64_t ntok = oc_num_tokens(c, row), prompt = c->q.prompt[row];
-    int64_t upto = finished ? max64(prompt, ntok - 1) : after;
+    int64_t upto = c->q.status[row] == ST_ABORTED ? c->abort_upto[row]
+                 : finished ? max64(prompt, ntok - 1) : after;
     int64_t offl = min64(upto, ntok);
     if (o->prompt_only) offl = min64(offl, prompt);
     int64_t nch = min64(min64(offl / o->tpc, oc_held(c, row) / o->bpc), ntok / o->tpc);
@@ -300,11 +315,15 @@ static int oc_plan_store(Core *c, int64_t row, int64_t after) {
     int64_t ji = oc_new_job(c, row, 1, got, got * o->bpc);
     if (ji < 0) return -1;
     Job *j = &o->jobs[ji];
+    const int32_t *tb = c->tbl[row];
+    int64_t bpc = o->bpc;
     for (int64_t k = 0; k < got; k++) {
         int64_t i = o->scratch[k];
-        j->slots[j->nslots++] = o->sbuf[i - start];
-        for (int64_t b = 0; b < o->bpc; b++) j->blocks[j->nblocks++] = c->tbl[row][i * o->bpc + b];
+        j->slots[k] = o->sbuf[i - start];
+        if (bpc == 1) j->blocks[k] = tb[i];
+        else memcpy(j->blocks + k * bpc, tb + i * bpc, (size_t)bpc * sizeof(int32_t));
     }
+    j->nslots = got; j->nblocks = got * bpc;
     o->next_stored[row] = max64(o->next_stored[row], nch);
     o->store_blocks += j->nblocks;
     if (finished) {
@@ -327,24 +346,35 @@ static void oc_request_finished(Core *c, int64_t row) {
     if (lru && o->rank[row]) grp_renew(t, (int32_t)row, ++t->next_rank);
     int64_t m = 0, *kb = o->kbuf;         /* the chunks to look up, their lookups overlapped */
     int32_t *idx = o->scratch;
+    uint32_t *hb = o->hbuf;
+    int64_t fu = oc_first_unique(c, row);
     for (int64_t i = o->ra_cap[row] - 1; i >= 0; i--) {
         uint8_t f = o->ra[row][i];
         if (!(f & RA_SEEN)) continue;
-        if (lru && (!(f & RA_OUT) || oc_key_unique(c, row, i))) continue;
-        idx[m] = (int32_t)i;
-        kb[m++] = oc_key(c, row, i);
+        if (lru && (!(f & RA_OUT) || i >= fu)) continue;
+        idx[m++] = (int32_t)i;
     }
-    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, kb[k]);
+    /* Their keys (kb, hb by chunk index): in one pass of the row's block keys when a chunk is a
+     * block (no division per key), descending as the policies need. */
+    if (m && o->bpc == 1) {
+        KeyIt it;
+        keyit_init(&c->keys, &it, row, 0);
+        for (int64_t i = 0; i <= idx[0]; i++) kb[i] = keyit_next(&c->keys, &it);
+    } else {
+        for (int64_t k = 0; k < m; k++) kb[idx[k]] = oc_key(c, row, idx[k]);
+    }
+    for (int64_t k = 0; k < m; k++) hb[idx[k]] = kmap_hash(kb[idx[k]]);
+    for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, hb[idx[k]]);
     for (int64_t k = 0; k < m; k++) {
-        if (k + 16 < m) tier_prefetch(t, kb[k + 16]);
+        if (k + 16 < m) tier_prefetch(t, hb[idx[k + 16]]);
         int64_t i = idx[k];
         uint8_t f = o->ra[row][i];
-        int32_t s = tier_get(t, kb[k]);
+        int32_t s = tier_get_h(t, kb[i], hb[i]);
         if (s < 0) continue;
         if (lru) {
-            int32_t g = t->ch[s].grp, lo = t->ch[s].lo;
-            lru_rerank(t, s, (int32_t)row, -(i + 1) * o->tpc);
-            oc_left(c, g, lo);
+            int32_t g = t->ch[s].grp, gi = t->ch[s].idx;
+            lru_rerank(t, s, (int32_t)row, i);
+            oc_left(c, g, gi);
         } else if ((f & RA_INSERTED) && !(f & RA_REUSED)) {
             int list = t->ch[s].list;
             arc_unlink(t, s); arc_append(t, s, list);
@@ -395,7 +425,7 @@ static int oc_meta(Core *c) {
     for (int64_t k = 0; k < c->npre; k++) oc_flush_row(o, c->pre_rows[k], 0);
     for (int64_t k = 0; k < o->live.n; k++) {
         Job *j = &o->jobs[o->live.d[k]];
-        if (!j->store || j->flush || c->q.status[j->row] != ST_FINISHED) continue;
+        if (!j->store || j->flush || !oc_gone(c, j->row)) continue;
         for (int64_t b = 0; b < j->nblocks && !j->flush; b++)
             j->flush = o->alloc_stamp[j->blocks[b]] == o->astamp;
     }
@@ -419,7 +449,8 @@ static int oc_meta(Core *c) {
         int64_t r = fr[k];
         oc_request_finished(c, r);
         o->fin_wait[r] = 0;
-        if (!o->njobs[r]) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
+        /* (An aborted row whose frees are deferred keeps its table until they are done.) */
+        if (!o->njobs[r] && !c->held[r]) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
     }
     o->nfin_rows = 0;
     /* The rows whose jobs are flushed, in row order. */
@@ -580,7 +611,7 @@ static void oc_free(Oc *o, int64_t n) {
                   o->fin_rows, o->alloc_stamp, o->jobs, o->store_fifo.d, o->load_fifo.d,
                   o->unsubmitted.d, o->reported.d, o->free_jobs.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
-                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf,
+                  o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf, o->hbuf,
                   o->infl, o->infl_pos};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }

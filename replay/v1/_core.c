@@ -9,9 +9,9 @@
  *
  * Python (replay/compiled.py) drives it either to the end in chunks of steps (progress bar, Ctrl-C
  * between chunks: core_new, core_run, core_results) or one step at a time through the reference's
- * contract (core_add, core_schedule, core_update, core_snapshot: `StepCore`). core_new reads the
- * resolved spec by field name. Nothing here allocates per step except amortised growth of the
- * output columns.
+ * contract (core_add, core_abort, core_schedule, core_update, core_snapshot: `StepCore`).
+ * core_new reads the resolved spec by field name. Nothing here allocates per step except
+ * amortised growth of the output columns.
  */
 #include "../kvcore.h"
 #include <math.h>
@@ -125,6 +125,12 @@ typedef struct {
     int32_t *rej_rows; int64_t nrej;
     int32_t *hits; int64_t hits_cap;
     Oc oc;                                          /* CPU KV offloading (_connector.h) */
+    /* Client aborts with the connector (scheduler.py abort_request): the tokens the connector
+     * offers at the aborted row's finish; aborted rows whose blocks go back after the step in
+     * flight (async, F11) or once their CPU load is reported done (C4). */
+    int64_t *abort_upto;
+    int32_t *free_after_step; int64_t nfree_step;
+    uint8_t *free_after_load; int64_t nfree_load;
     Tables out;
 } Core;
 
@@ -451,7 +457,8 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
                 need = max64(cdiv(min64(cc + n, L), bs) - c->held[r], 0);
                 fits = fits && need + wm <= c->num_free;
             }
-            if (!fits && !c->nrun && !c->ns && oc_loads_done(c, from_kvh)) {
+            if (!fits && !c->nrun && !c->ns && !c->nfree_step && !c->nfree_load &&
+                oc_loads_done(c, from_kvh)) {
                 /* Nothing runs, no load is in flight and it still does not fit: it never
                  * will (vLLM hangs; the N2 admission rule makes this a corner case). */
                 if (from_kvh) { o->kvh_head = (o->kvh_head + 1) % cap; o->kvh_len--; } else wq_pop(c);
@@ -486,8 +493,10 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
          * cannot be preempted, so loads cannot deadlock the pool. */
         int64_t n = admission_fits(c, r, budget, thr, nh, nload, load, load ? oc_reserved(c) : 0);
         if (n < 0) {
-            /* C3: not while a deferred lookup waits for a transfer either. */
-            if (c->nrun || c->ns || o->kvh_len || o->nskip_k || o->nskip_w) break;
+            /* C3: not while a deferred lookup waits for a transfer either; C4: nor while an
+             * aborted request's blocks are still to come back. */
+            if (c->nrun || c->ns || o->kvh_len || o->nskip_k || o->nskip_w || c->nfree_step ||
+                c->nfree_load) break;
             wq_pop(c);
             c->q.status[r] = ST_REJECTED;
             c->rej_rows[c->nrej++] = (int32_t)r;
@@ -530,6 +539,17 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
         o->kvh_len++;
     }
     for (int64_t k = o->nskip_w - 1; k >= 0; k--) wq_prepend(c, o->skip_w[k]);
+    if (c->policy) {
+        /* vLLM's kv_holding_waiting is a priority queue under the priority policy too: kept in
+         * (priority, arrival, row) order, so it is drained (and listed) that way. */
+        for (int64_t a = 1; a < o->kvh_len; a++) {
+            int32_t x = kvh_at(o, a, cap);
+            int64_t b = a - 1;
+            for (; b >= 0 && heap_less(c, x, kvh_at(o, b, cap)); b--)
+                o->kvh[(o->kvh_head + b + 1) % cap] = kvh_at(o, b, cap);
+            o->kvh[(o->kvh_head + b + 1) % cap] = x;
+        }
+    }
     *budget_io = budget;
     return 0;
 }
@@ -705,6 +725,9 @@ static int has_unfinished(const void *core) {
  * placeholders and the stop checks apply the previous step's (scheduler.py). -1 on error. */
 static int update(Core *c) {
     c->nfin = 0;
+    /* The step in flight when they were aborted is processed now (_drain_deferred_frees). */
+    for (int64_t k = 0; k < c->nfree_step; k++) kv_free(c, c->free_after_step[k]);
+    c->nfree_step = 0;
     if (c->oc.on && oc_worker(c) < 0) return -1;
     int64_t ng = 0;
     for (int64_t j = 0; j < c->ns; j++) {
@@ -776,7 +799,68 @@ static int update(Core *c) {
         }
         c->nrun = w;
     }
+    /* finished_recving of an aborted request: its blocks go back now (C4), in report order. */
+    for (int64_t k = 0; c->nfree_load && k < c->oc.ndone; k++) {
+        int32_t r = c->oc.done_rows[k];
+        if (c->oc.done_store[k] || !c->free_after_load[r]) continue;
+        c->free_after_load[r] = 0;
+        c->nfree_load--;
+        kv_free(c, r);
+    }
     return 0;
+}
+
+/* A client abort (scheduler.py abort_request; the per-step contract only: trace replays have
+ * none): the row leaves whichever queue holds it and its blocks go back. With the connector,
+ * vLLM calls request_finished for it too (its tokens computed so far are offered at the next
+ * schedule), and under async scheduling the blocks of a row whose step is in flight go back
+ * when that step's output is processed; those of a row whose CPU load is in flight once the
+ * load is reported done (C4). Not running or waiting: nothing to do. */
+static void abort_request(Core *c, int32_t r) {
+    Oc *o = &c->oc;
+    int st = c->q.status[r];
+    if (st != ST_RUNNING && st != ST_WAITING) return;
+    /* Waiting and holding blocks: in kv_holding_waiting (its CPU load in flight or done). */
+    int kvh = o->on && st == ST_WAITING && c->held[r] > 0;
+    /* The connector knows the row once admitted (a preempted or loading row too). */
+    if (o->on && (st == ST_RUNNING || kvh || c->q.num_pre[r] > 0)) {
+        /* A waiting row (loading ones too: their tokens count once they start) computed none. */
+        c->abort_upto[r] = st == ST_RUNNING ? c->q.num_computed[r] : 0;
+        o->fin_blocks[r] = c->held[r];
+        o->fin_wait[r] = 1;
+        o->fin_rows[o->nfin_rows++] = r;
+    }
+    if (st == ST_RUNNING) {
+        int64_t w = 0;
+        for (int64_t j = 0; j < c->nrun; j++)
+            if (c->running[j] != r) c->running[w++] = c->running[j];
+        c->nrun = w;
+        if (oc_cannot_free(c, r)) c->free_after_step[c->nfree_step++] = r;
+        else kv_free(c, r);
+    } else if (kvh) {
+        int64_t cap = c->q.n + 1, w = 0;
+        for (int64_t i = 0; i < o->kvh_len; i++) {
+            int32_t x = kvh_at(o, i, cap);
+            if (x != r) o->kvh[(o->kvh_head + w++) % cap] = x;
+        }
+        o->kvh_len = w;
+        if (o->loading[r] && !o->recv_done[r]) { c->free_after_load[r] = 1; c->nfree_load++; }
+        else kv_free(c, r);
+        c->q.num_computed[r] = 0;
+    } else {
+        wq_remove(c, r);
+        int64_t w = 0;
+        for (int64_t i = 0; i < c->narrived; i++)
+            if (c->arrived[i] != r) c->arrived[w++] = c->arrived[i];
+        c->narrived = w;
+    }
+    /* Its token in flight (async) is never applied. */
+    int64_t w = 0;
+    for (int64_t k = 0; k < c->nfl; k++) if (c->fl[k] != r) c->fl[w++] = c->fl[k];
+    c->nfl = w;
+    if (o->on) oc_infl_del(o, r);
+    c->q.status[r] = ST_ABORTED;
+    if (!o->on) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
 }
 
 /* One engine step: schedule(), the executor's duration, update() (replay/loop.py's step;
@@ -833,7 +917,8 @@ static void core_free(Core *c) {
     loop_free(&c->lp);
     oc_free(&c->oc, c->q.n);
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
-    void *ps[] = {c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
+    void *ps[] = {c->abort_upto, c->free_after_step, c->free_after_load,
+                  c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next, c->in_step,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, c->pre_mode, c->pre_fallback};
@@ -947,8 +1032,11 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         CALLOC(o->scratch, 4 * ncpu + cdiv(L, o->tpc) + 8, int32_t);
         CALLOC(o->ekeys, ncpu + 1, int64_t);
         CALLOC(o->kbuf, cdiv(L, o->tpc) + 8, int64_t); CALLOC(o->sbuf, cdiv(L, o->tpc) + 8, int32_t);
+        CALLOC(o->hbuf, cdiv(L, o->tpc) + 8, uint32_t);
         CALLOC(o->last_seq, n, int64_t);
         CALLOC(o->infl, n, int32_t); CALLOC(o->infl_pos, n, int32_t);
+        CALLOC(c->abort_upto, n, int64_t); CALLOC(c->free_after_step, n, int32_t);
+        CALLOC(c->free_after_load, n, uint8_t);
     }
     PyObject *cap = PyCapsule_New(c, "kvcap.core", capsule_free);
     if (!cap) goto fail;
@@ -1044,11 +1132,23 @@ static PyObject *core_add(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *core_abort(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    long long row;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &row)) return NULL;
+    Core *c = core_of(cap);
+    if (!c) return NULL;
+    if (row < 0 || row >= c->q.n) return PyErr_Format(PyExc_IndexError, "core: row %lld", row);
+    abort_request(c, (int32_t)row);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_schedule(PyObject *self, PyObject *args) {
     PyObject *cap;
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
     Core *c = core_of(cap);
     if (!c) return NULL;
+    c->oc.plan_out = 1;                   /* the plan below lists this step's evicted keys */
     if (schedule(c) < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;
@@ -1171,6 +1271,7 @@ static PyMethodDef methods[] = {
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
     {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on)"},
     {"add", core_add, METH_VARARGS, "add(core, row): a request arrives"},
+    {"abort", core_abort, METH_VARARGS, "abort(core, row): a client abort"},
     {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
     {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},
     {"snapshot", core_snapshot, METH_VARARGS, "snapshot(core) -> queues, free blocks, tables"},

@@ -21,7 +21,10 @@ typedef struct {
     int32_t ref;                 /* -1 store in flight, 0 ready, > 0 loads in flight */
     int32_t prev, next;          /* ARC list links; LRU: links within its group (-1: end) */
     int32_t grp;                 /* LRU: its rank's group (Grp) */
-    int32_t lo;                  /* LRU: second part of its rank (-position) */
+    int32_t idx;                 /* its chunk index in the rows that offer it (a key is one
+                                    position's): LRU's second part of its rank, -position, is
+                                    -(idx + 1) * tokens per chunk, so it orders as -idx; an
+                                    eviction flags the owner's record at idx */
     uint32_t stamp;              /* protected by the store being prepared (== Tier.stamp) */
     uint32_t mpos;               /* its entry in Tier.map */
     int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free); LRU: 1 linked (evictable) */
@@ -43,7 +46,14 @@ static int kmap_init(kmap_t *m, int64_t n) {
     for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
     return 0;
 }
-static inline uint32_t kmap_hash(int64_t key) { return (uint32_t)mix64((uint64_t)key); }
+/* Multiplicative (Fibonacci) hashing, bits 32-63 of the product: one multiply instead of
+ * splitmix's five operations, computed once per key and offer (a store looks each key up, then
+ * inserts the missing ones after its evictions). The keys' structure (chain id << 24 | block, or
+ * minus row << 24 | block) spreads well over the middle bits; the map is never iterated, so its
+ * layout is not observable. */
+static inline uint32_t kmap_hash(int64_t key) {
+    return (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 32);
+}
 /* The entry holding `key` (hash h), or the empty one where it would go. */
 static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, uint32_t h) {
     uint64_t i = h & m->mask;
@@ -54,7 +64,7 @@ static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, 
     }
 }
 /* Empty entry i (backward shift, as map_del_at), keeping the moved chunks' mpos. */
-static void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
+static inline void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
     KEnt *e = m->e;
     uint64_t j = i;
     for (;;) {
@@ -111,9 +121,10 @@ typedef struct {
 } Tier;
 
 /* ------------------------------------------------------------------ LRU groups */
-static inline int lru_rank_less(const Tier *t, const Chunk *x, int64_t rank, int64_t lo) {
+/* Whether chunk x ranks below (rank, chunk index idx). */
+static inline int lru_rank_less(const Tier *t, const Chunk *x, int64_t rank, int64_t idx) {
     int64_t r = t->grp[x->grp].rank;
-    return r != rank ? r < rank : x->lo < lo;
+    return r != rank ? r < rank : x->idx > idx;
 }
 /* Group g takes rank `rank`, the largest so far: the tail of the group list. */
 static void grp_open(Tier *t, int32_t g, int64_t rank) {
@@ -146,20 +157,20 @@ static inline void grp_retire(Tier *t, int32_t g) {
 }
 /* The evictable chunk s into its group's list, by -position (from the finger, the last one
  * placed: a request's chunks come in order). */
-static void lru_add(Tier *t, int32_t s) {
+static inline void lru_add(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     Grp *g = &t->grp[c->grp];
     c->list = 1;
     if (g->head < 0) { c->prev = c->next = -1; g->head = g->tail = s; }
-    else if (c->lo < t->ch[g->head].lo) {
+    else if (c->idx > t->ch[g->head].idx) {
         c->prev = -1; c->next = g->head; t->ch[g->head].prev = s; g->head = s;
-    } else if (c->lo > t->ch[g->tail].lo) {
+    } else if (c->idx < t->ch[g->tail].idx) {
         c->next = -1; c->prev = g->tail; t->ch[g->tail].next = s; g->tail = s;
     } else {
-        /* head.lo < lo < tail.lo: the first chunk after it is found walking from the finger. */
+        /* head.idx > idx > tail.idx: the first chunk after it is found walking from the finger. */
         int32_t f = g->finger >= 0 ? g->finger : g->tail;
-        while (t->ch[f].lo < c->lo) f = t->ch[f].next;
-        while (t->ch[f].prev >= 0 && t->ch[t->ch[f].prev].lo > c->lo) f = t->ch[f].prev;
+        while (t->ch[f].idx > c->idx) f = t->ch[f].next;
+        while (t->ch[f].prev >= 0 && t->ch[t->ch[f].prev].idx < c->idx) f = t->ch[f].prev;
         c->next = f; c->prev = t->ch[f].prev; t->ch[c->prev].next = s; t->ch[f].prev = s;
     }
     g->finger = s;
@@ -173,13 +184,13 @@ static void lru_del(Tier *t, int32_t s) {
     if (g->finger == s) g->finger = c->prev >= 0 ? c->prev : c->next;
     c->list = 0;
 }
-/* Chunk s takes rank (group g's, lo): re-placed when it is evictable. */
-static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t lo) {
+/* Chunk s (chunk index idx) takes group g's rank: re-placed when it is evictable. */
+static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t idx) {
     Chunk *c = &t->ch[s];
     int linked = c->list == 1;
     if (linked) lru_del(t, s);
     int32_t old = c->grp;
-    c->grp = g; c->lo = (int32_t)lo;
+    c->grp = g; c->idx = (int32_t)idx;
     t->grp[g].members++;
     grp_left(t, old);
     if (linked) lru_add(t, s);
@@ -257,12 +268,13 @@ static void tier_free(Tier *t) {
     free(t->gmap.slots); free(t->gfree);
 }
 
-static inline int32_t tier_get(const Tier *t, int64_t key) {
-    return t->n ? t->map.e[kmap_find(&t->map, t->ch, key, kmap_hash(key))].val : -1;
+static inline int32_t tier_get_h(const Tier *t, int64_t key, uint32_t h) {
+    return t->n ? t->map.e[kmap_find(&t->map, t->ch, key, h)].val : -1;
 }
+static inline int32_t tier_get(const Tier *t, int64_t key) { return tier_get_h(t, key, kmap_hash(key)); }
 /* Fetch key's map entry ahead of its lookup: a pass over many keys overlaps their misses. */
-static inline void tier_prefetch(const Tier *t, int64_t key) {
-    if (t->n) __builtin_prefetch(&t->map.e[kmap_hash(key) & t->map.mask]);
+static inline void tier_prefetch(const Tier *t, uint32_t h) {
+    if (t->n) __builtin_prefetch(&t->map.e[h & t->map.mask]);
 }
 static inline int64_t tier_key(const Tier *t, int32_t s) { return t->ch[s].key; }
 static inline int64_t tier_used(const Tier *t) { return t->next_fresh - t->nfree_list; }
@@ -313,18 +325,18 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
     ghost_append(t, g, list);
 }
 
-/* A new chunk (its store just prepared, ref -1), ranked for the storing request, group g (LRU),
- * or in T1 (ARC, leaving the ghost lists). */
-static int32_t tier_insert(Tier *t, int64_t key, int32_t g, int64_t position) {
+/* A new chunk (key hash h, chunk index idx; its store just prepared, ref -1), ranked for the
+ * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). */
+static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t idx) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
-    uint32_t h = kmap_hash(key);
     uint64_t at = kmap_find(&t->map, t->ch, key, h);
     t->map.e[at].h = h; t->map.e[at].val = s;
     c->key = key; c->mpos = (uint32_t)at; c->ref = -1; c->list = 0; c->stamp = 0;
+    c->idx = (int32_t)idx;
     t->num_pending++;
     if (t->policy == POL_LRU) {
-        c->grp = g; c->lo = (int32_t)-position;
+        c->grp = g;
         t->grp[g].members++;
     } else {
         arc_append(t, s, 1);
@@ -335,24 +347,53 @@ static int32_t tier_insert(Tier *t, int64_t key, int32_t g, int64_t position) {
 }
 
 /* Evict n ready, unpinned chunks not stamped with t->stamp (the store's own offer); their keys
- * go to keys[] in eviction order (out[]: scratch of 3 * capacity + 3). 0, or -1 when n cannot be
+ * go to keys[] in eviction order, their slots to out[] (scratch of 4 * n). 0, or -1 when n cannot be
  * found (nothing changed). */
 static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     if (n == 0) return 0;
     if (t->policy == POL_LRU) {
-        /* lru.py evict: smallest ranks first, protected ones skipped (and kept). */
-        int64_t got = 0;
-        for (int32_t g = t->grp[t->ng].next; got < n && g != t->ng; g = t->grp[g].next)
-            for (int32_t s = t->grp[g].head; got < n && s >= 0; s = t->ch[s].next)
-                if (t->ch[s].stamp != t->stamp) {
-                    __builtin_prefetch(&t->map.e[t->ch[s].mpos]);
-                    out[got++] = s;
-                }
+        /* lru.py evict: smallest ranks first, protected ones skipped (and kept). The victims
+         * come group by group (out[], and per group visited: the group, its first victim's index
+         * in out[], whether they are a prefix of its list). A prefix (no protected chunk before
+         * the last victim: a store evicts the oldest groups from their heads) is cut off at
+         * once, the list's head moved past it, instead of unlinking chunk by chunk. */
+        int64_t got = 0, ngv = 0;
+        int32_t *gv = out + n;           /* 3 entries per group with a victim (<= n groups) */
+        for (int32_t g = t->grp[t->ng].next; got < n && g != t->ng; g = t->grp[g].next) {
+            int64_t first = got;
+            int prefix = 1, skipped = 0;
+            for (int32_t s = t->grp[g].head; got < n && s >= 0; s = t->ch[s].next) {
+                if (t->ch[s].stamp == t->stamp) { skipped = 1; continue; }
+                prefix &= !skipped;
+                __builtin_prefetch(&t->map.e[t->ch[s].mpos]);
+                out[got++] = s;
+            }
+            if (got > first) { gv[3 * ngv] = g; gv[3 * ngv + 1] = (int32_t)first; gv[3 * ngv++ + 2] = prefix; }
+        }
         if (got < n) return -1;
-        for (int64_t i = 0; i < got; i++) {
-            keys[i] = tier_key(t, out[i]);
-            t->num_evictable--;
-            tier_drop(t, out[i]);
+        for (int64_t v = 0; v < ngv; v++) {
+            int32_t g = gv[3 * v], prefix = gv[3 * v + 2];
+            int64_t first = gv[3 * v + 1], last = v + 1 < ngv ? gv[3 * v + 4] : got;
+            for (int64_t i = first; i < last; i++) {
+                int32_t s = out[i];
+                Chunk *c = &t->ch[s];
+                keys[i] = c->key;
+                kmap_del_at(&t->map, c->mpos, t->ch);
+                if (prefix) c->list = 0; else lru_del(t, s);
+                t->free_slots[t->nfree_list++] = s;
+            }
+            if (prefix) {
+                /* As unlinking them one by one: the finger, if it was a victim, moves on to the
+                 * first chunk left. */
+                Grp *x = &t->grp[g];
+                int32_t nh = t->ch[out[last - 1]].next;
+                x->head = nh;
+                if (nh >= 0) t->ch[nh].prev = -1; else x->tail = -1;
+                if (x->finger >= 0 && !t->ch[x->finger].list) x->finger = nh;
+            }
+            t->num_evictable -= last - first;
+            t->grp[g].members -= (int32_t)(last - first);
+            if (!t->grp[g].members && t->grp[g].retired) grp_close(t, g);
         }
         return 0;
     }
@@ -447,6 +488,9 @@ typedef struct {
     int32_t *scratch;            /* 4 * capacity + max chunks per request + 8 */
     int64_t *ekeys;              /* evicted keys of one store (capacity) */
     int64_t *kbuf; int32_t *sbuf;        /* one offer's keys and tier slots (chunks / request) */
+    uint32_t *hbuf;                      /* and their key hashes (kmap_hash) */
+    int plan_out;                        /* the step's decisions are read back (core_schedule:
+                                            StepPlan.offload_*), evicted keys included */
     int64_t store_blocks, load_blocks;         /* this step's (steps columns) */
     /* Async scheduling (F11): non-empty steps scheduled / whose output was applied; a row's
      * blocks cannot be freed for a preemption while its last step is in flight. */

@@ -489,6 +489,11 @@ class V1Scheduler:
             budget -= n
         for r in reversed(skipped):
             waiting.prepend(r)
+        if self.spec.policy == "priority" and len(self.loading) > 1:
+            # vLLM's kv_holding_waiting is a priority queue under the priority policy too: the
+            # loading requests are drained (and listed) by (priority, arrival), not by admission.
+            prio, arr = self._prio, self._arrival
+            self.loading.sort(key=lambda x: (prio[x], arr[x], x))
         return budget
 
     def _start(self, r: int, computed: int, n: int, sched: dict[int, int]) -> None:

@@ -2,6 +2,7 @@
 0.33 (the oracle's run_v1, in-process), one JSON object per line: {"seed", "scenario", "expected"}.
 
     $ORACLE_HOME/v1/bin/python tools/oracle_fuzz/gen_v1.py SEED0 COUNT OUT.jsonl [--knobs] [--big]
+        [--no-offloading] [--aborts P]
 
 Knobs drawn per scenario: LRU or ARC, offload_prompt_only on/off, sync or async scheduling,
 transfer_steps 1 or 2, GPU prefix caching on/off, chunked prefill on/off, FCFS or priority,
@@ -9,7 +10,9 @@ tight GPU pools (preemption), small CPU tiers (eviction and failed stores), prom
 small alphabet of blocks (shared prefixes), repeated prompts and next-turn prompts (an earlier
 prompt plus its output plus more), occasional aborts; with --knobs also the full-ISL gate off, the
 long-prefill cap, the watermark and max_num_active_seqs; with --big up to 8 requests, 64-token
-contexts, 8-token blocks and pools up to 23 blocks.
+contexts, 8-token blocks and pools up to 23 blocks. --no-offloading drops `kv_offloading` from
+each scenario (the same draws otherwise: the V1 scheduler alone); --aborts P gives each request a
+client abort with probability P (default 0.07).
 
 Request ids are chosen so that Python's set of request ids iterates them in trace order under
 PYTHONHASHSEED=0 (the oracle's seed): real vLLM processes same-step finishes in the iteration
@@ -50,7 +53,7 @@ IDS = _ordered_ids(MAX_REQUESTS)
 assert list({*IDS[:4]}) == IDS[:4] and list({*IDS}) == IDS
 
 
-def scenario(rng, knobs=False, big=False):
+def scenario(rng, knobs=False, big=False, abort_p=0.07):
     bs = rng.choice([2, 4, 8] if big else [2, 4])
     max_len = rng.choice([32, 48, 64] if big else [16, 24, 32])
     chunked = rng.random() < 0.8
@@ -100,7 +103,7 @@ def scenario(rng, knobs=False, big=False):
              "output_tokens": out}
         if policy == "priority":
             r["priority"] = rng.randint(0, 2)
-        if rng.random() < 0.07:
+        if rng.random() < abort_p:
             r["abort_step"] = rng.randint(arrivals[i], arrivals[i] + 8)
         prompts.append(toks)
         reqs.append(r)
@@ -129,10 +132,14 @@ def run(sc):
 
 def main():
     seed0, n, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    knobs, big = "--knobs" in sys.argv[4:], "--big" in sys.argv[4:]
+    opts = sys.argv[4:]
+    knobs, big = "--knobs" in opts, "--big" in opts
+    abort_p = float(opts[opts.index("--aborts") + 1]) if "--aborts" in opts else 0.07
     with open(out, "w") as f:
         for s in range(seed0, seed0 + n):
-            sc = scenario(random.Random(s), knobs, big)
+            sc = scenario(random.Random(s), knobs, big, abort_p)
+            if "--no-offloading" in opts:
+                del sc["kv_offloading"]
             f.write(json.dumps({"seed": s, "scenario": sc, "expected": run(sc)}) + "\n")
             f.flush()
 

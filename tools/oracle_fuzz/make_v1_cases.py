@@ -33,15 +33,18 @@ CASES = {
     "N4_waiting_for_kv_until_the_loop_sees_it": (24, "N4", "A request stays WAITING_FOR_REMOTE_KVS after its load is done until the waiting loop reaches it (a step that preempts never does)."),
     "N3_skipped_loading_request_stays_first": (1522, "N3", "Priority: a request whose load is in flight is skipped for the step and put back in front of kv_holding_waiting, which the waiting view lists before the waiting queue."),
     "N5_long_prefill_cap_counts_loading_requests": (7503, "N5", "--knobs: the long-prefill cap applies when running + waiting + kv_holding_waiting (loading) requests are more than one."),
+    "N6_priority_kv_holding_waiting_by_priority": (20049, "N6", "--aborts 0.4: under the priority policy kv_holding_waiting is a priority queue too: a later, higher-priority loading request is listed (and drained) before an earlier, lower-priority one."),
 }
 # Cases drawn with gen_v1.py --knobs (more scheduler knobs).
 KNOBS = {"N5_long_prefill_cap_counts_loading_requests"}
+# Cases drawn with gen_v1.py --aborts P (the abort probability per request).
+ABORTS = {"N6_priority_kv_holding_waiting_by_priority": 0.4}
 
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     for name, (seed, rule, about) in CASES.items():
-        sc = gen_v1.scenario(random.Random(seed), name in KNOBS)
+        sc = gen_v1.scenario(random.Random(seed), name in KNOBS, abort_p=ABORTS.get(name, 0.07))
         lines = gen_v1.run(sc)
         head = {"name": name, "seed": seed, "knobs": name in KNOBS, "rule": rule, "about": about,
                 "scenario": sc}
