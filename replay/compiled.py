@@ -19,7 +19,7 @@ import numpy as np
 from replay.cost_model import CostModel
 from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
 from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, OFFLOAD_STEP_COLUMNS, STEP_COLUMNS,
-                        TBT_COLUMNS, ColumnSpill, RawRun, abort_reason)
+                        TBT_COLUMNS, ColumnChunks, ColumnSpill, RawRun, abort_reason)
 from replay.spec import SchedulerSpec
 from replay.state import RequestState
 
@@ -34,6 +34,13 @@ except ImportError:
 
 CORES = {"v1": _v1_core, "v0": _v0_core}
 SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two spills
+# Steps per chunk handed to a sink: the store writer appends while the core runs on. Half of
+# DuckDB's row group (the writer's ROWS_PER_INSERT: it inserts whole ones), so a row group of
+# steps goes in as soon as it is full, and what is left at the end is less than one.
+SINK_EVERY_STEPS = 61_440
+
+# sink(steps, tbt): the STEP_COLUMNS and TBT_COLUMNS of one chunk, in step order.
+Sink = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], None]
 
 # SchedulerSpec fields a core does not read, and why (the reference scheduler of that engine does
 # not read them either: tests/test_compiled.py checks both).
@@ -134,28 +141,29 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
         np.cumsum(lens, out=off[1:])
         ids = np.fromiter((k for ks in per_row for k in ks), np.int64, int(off[-1]))
         return (2, 1, off, ids if len(ids) else np.zeros(1, np.int64), lens)
-    chains = keys._chain
-    lens = np.fromiter((0 if c is None else len(c) for c in chains), np.int64, len(chains))
-    off = np.zeros(len(chains) + 1, np.int64)
-    np.cumsum(lens, out=off[1:])
-    ids = np.fromiter((i for c in chains if c is not None for i in c), np.int64, int(off[-1]))
-    hbt = keys.hash_block_tokens
-    shared = np.minimum(lens * hbt, state.prompt_len) // block_size
-    return (1, hbt, off, ids if len(ids) else np.zeros(1, np.int64), shared)
+    ids = keys.chain_ids
+    return (1, keys.hash_block_tokens, keys.offsets, ids if len(ids) else np.zeros(1, np.int64),
+            keys.shared_blocks)
 
 
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
         progress_every_steps: int = 20_000, check: bool = False,
         record_batches: bool = False, spill_dir: str | None = None,
-        spill_every_steps: int | None = None) -> RawRun:
+        spill_every_steps: int | None = None, sink: Sink | None = None,
+        sink_every_steps: int | None = None) -> RawRun:
     """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
     first). `check=True` verifies the block-accounting invariants at the end (tests);
     `record_batches` keeps every step's batch (RawRun.batches).
     With `spill_dir`, a run longer than `spill_every_steps` steps moves its step and TBT columns
     out of the core into files under that folder every `spill_every_steps` steps
     (`RawRun.spilled`): memory bounded by the requests, not by the steps (batch records, when
-    asked for, stay in memory)."""
+    asked for, stay in memory).
+    With `sink`, the step and TBT columns leave the core every `sink_every_steps` steps and at
+    the end, and `sink(steps, tbt)` gets each chunk while the core runs on without the GIL
+    (`kvcap replay`'s store writer appends it meanwhile); the run keeps the chunks
+    (`RawRun.spilled`: in memory, moved to files once past `spill_every_steps` with
+    `spill_dir`)."""
     n = state.n
     if n and np.any(np.diff(state.arrival_s) < 0):
         raise ValueError("requests must be sorted by arrival_s")
@@ -166,29 +174,29 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
                        (first_sched, first_tok, finish, max_tbt))
     if record_batches:
         ext.record_batches(core, True)
+    drain = _Drain(sink, spill_dir, spill_every_steps or SPILL_EVERY_STEPS,
+                   sink_every_steps or SINK_EVERY_STEPS)
     chunk = progress_every_steps if on_progress is not None else 1 << 40
-    spill_every_steps = spill_every_steps or SPILL_EVERY_STEPS
-    if spill_dir is not None:
-        chunk = min(chunk, spill_every_steps)
-    spilled, pieces, drained_at = None, {}, 0
+    if drain.every is not None:
+        chunk = min(chunk, drain.every)
+    drained_at = 0
     while True:
         done, step, t, cursor = ext.run(core, chunk)
         if done:
             break
-        if spill_dir is not None and step - drained_at >= spill_every_steps:
-            spilled = spilled or {"steps": ColumnSpill(STEP_COLUMNS, spill_dir),
-                                  "tbt": ColumnSpill(TBT_COLUMNS, spill_dir)}
-            _drain(ext.results(core), spilled, pieces)
+        if drain.every is not None and step - drained_at >= drain.every:
+            drain.take(ext.results(core))
             drained_at = step
         if on_progress is not None:
             on_progress(t, cursor)
     if check:
         ext.check(core)
     out = ext.results(core)
-    if spilled is not None:
-        _drain(out, spilled, pieces)
-        out.update({k: b"".join(v) for k, v in pieces.items()})
-    raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block, spilled)
+    if drain.held is not None or sink is not None:
+        drain.take(out)
+        out.update({k: b"".join(v) for k, v in drain.pieces.items()})
+    raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block,
+               drain.held)
     if record_batches:
         count = _col(out, "b_count", np.int32)
         raw.batches = {"step": np.repeat(np.arange(len(count), dtype=np.int64), count),
@@ -215,18 +223,48 @@ def _steps(out: dict) -> dict[str, np.ndarray]:
                 else np.zeros(n, t)) for k, t in STEP_COLUMNS.items()}
 
 
-def _drain(out: dict, spilled: dict[str, ColumnSpill], pieces: dict[str, list]) -> None:
-    """Move the columns a core handed back (`results`: everything since the last call) to the
-    spill files (steps, TBT) and to `pieces` (events, stalls: one entry per eventful step;
-    batch records when asked for)."""
-    spilled["steps"].append(_steps(out))
-    spilled["tbt"].append({"tbt_s": _col(out, "tbt_v", np.float64),
-                           "weight": _col(out, "tbt_w", np.int64)})
-    for k in list(out):
-        if k.startswith(("ev_", "sl_", "b_")):
-            pieces.setdefault(k, []).append(out.pop(k))
-    for k in (*STEP_COLUMNS, "tbt_v", "tbt_w"):
-        out[k] = b""
+class _Drain:
+    """Where the step and TBT columns go when they leave the core before the end: to the sink
+    (if any), then kept as chunks in memory, or in spill files once a spilling run holds
+    `spill_every_steps` of them; events, stalls and batch records gather in `pieces` (one
+    entry per eventful step)."""
+
+    def __init__(self, sink: Sink | None, spill_dir: str | None, spill_every_steps: int,
+                 sink_every_steps: int) -> None:
+        self.sink, self.spill_dir, self.spill_every_steps = sink, spill_dir, spill_every_steps
+        every = [k for k, on in ((spill_every_steps, spill_dir is not None),
+                                 (sink_every_steps, sink is not None)) if on]
+        self.every = min(every) if every else None      # steps between two drains
+        self.held: dict[str, ColumnSpill | ColumnChunks] | None = None
+        self.pieces: dict[str, list] = {}
+
+    def take(self, out: dict) -> None:
+        """Move the columns a core handed back (`results`: everything since the last call)."""
+        steps = _steps(out)
+        tbt = {"tbt_s": _col(out, "tbt_v", np.float64), "weight": _col(out, "tbt_w", np.int64)}
+        if self.sink is not None:
+            self.sink(steps, tbt)
+        if self.held is None:
+            self.held = {"steps": ColumnChunks(STEP_COLUMNS), "tbt": ColumnChunks(TBT_COLUMNS)}
+        self.held["steps"].append(steps)
+        self.held["tbt"].append(tbt)
+        if (self.spill_dir is not None and type(self.held["steps"]) is ColumnChunks
+                and self.held["steps"].n >= self.spill_every_steps):
+            self.held = {name: _to_files(chunks, self.spill_dir)
+                         for name, chunks in self.held.items()}
+        for k in list(out):
+            if k.startswith(("ev_", "sl_", "b_")):
+                self.pieces.setdefault(k, []).append(out.pop(k))
+        for k in (*STEP_COLUMNS, "tbt_v", "tbt_w"):
+            out[k] = b""
+
+
+def _to_files(chunks: ColumnChunks, folder: str) -> ColumnSpill:
+    spill = ColumnSpill(chunks.dtypes, folder)
+    for piece in chunks.chunks():
+        spill.append(piece)
+    chunks.close()
+    return spill
 
 
 def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block,

@@ -29,10 +29,13 @@ import json
 import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 
-from replay.plan import StepPlan
 from replay.step_profile import MeasuredTables, is_measured, parse_tables, step_aggregates
+
+if TYPE_CHECKING:     # the step contract: only annotated here (a compiled replay never builds one)
+    from replay.plan import StepPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

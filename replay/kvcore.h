@@ -13,6 +13,40 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ errors without the GIL */
+/* `run` steps with the GIL released (loop_run_released below), so an error a step raises may be
+ * set on a thread that does not hold it: these take the GIL for that moment (PyGILState_Ensure
+ * nests, so they are right where the GIL is held too). The macros route every later use in the
+ * translation unit (this header and the core that includes it) through them, so code added to
+ * a step cannot forget. */
+static void kv_err_set_string(PyObject *type, const char *msg) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyErr_SetString(type, msg);
+    PyGILState_Release(g);
+}
+
+static PyObject *kv_err_no_memory(void) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyErr_NoMemory();
+    PyGILState_Release(g);
+    return NULL;
+}
+
+static PyObject *kv_err_format(PyObject *type, const char *fmt, ...) {
+    va_list ap;
+    PyGILState_STATE g = PyGILState_Ensure();
+    va_start(ap, fmt);
+    PyErr_FormatV(type, fmt, ap);
+    va_end(ap);
+    PyGILState_Release(g);
+    return NULL;
+}
+
+#define PyErr_SetString kv_err_set_string
+#define PyErr_NoMemory kv_err_no_memory
+#define PyErr_Format kv_err_format
 
 /* ------------------------------------------------------------------ growable columns */
 typedef struct { double *d; int64_t n, cap; } vecd;
@@ -775,15 +809,11 @@ typedef struct {
     int (*step)(void *core);              /* one engine step: 1 when the run ends, -1 on error */
 } CoreOps;
 
-/* Run until the trace is done or `max_steps` more steps were taken. 1 when done, -1 on error. */
+/* Run until the trace is done or `max_steps` more steps were taken: 1 when done, 0 when not,
+ * -1 on error. Pure C (no Python object, no GIL needed): loop_run_released checks for Ctrl-C. */
 static int loop_run(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t max_steps) {
-    int64_t stop = lp->step + max_steps, next_check = lp->step + 4096;
+    int64_t stop = lp->step + max_steps;
     while (!lp->done && lp->step < stop) {
-        if (lp->step >= next_check) {
-            /* Ctrl-C: Python's handler only sets a flag; raise it here, between two steps. */
-            if (PyErr_CheckSignals() < 0) return -1;
-            next_check = lp->step + 4096;
-        }
         /* Arrivals due by now enter in trace order. */
         while (lp->cursor < q->n && q->arrival[lp->cursor] <= lp->t)
             ops->add_request(core, (int32_t)lp->cursor++);
@@ -799,9 +829,44 @@ static int loop_run(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t ma
     return lp->done;
 }
 
-/* `run(core, max_steps)` of both modules: loop_run, then (done, step, t, cursor) for Python. */
+/* loop_run_released steps in slices of about LOOP_SLICE_S seconds without the GIL: Ctrl-C
+ * answers within one, and a thread waiting for the GIL (taken back at each slice's end, for at
+ * most the interpreter's switch interval, 5 ms) costs the loop a few percent. The clock is
+ * read every LOOP_CLOCK_STEPS steps (steps take 0.5-20 us). */
+#define LOOP_SLICE_S 0.05
+#define LOOP_CLOCK_STEPS 1024
+
+static double loop_clock_s(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* loop_run with the GIL released, so another Python thread runs meanwhile (`kvcap replay`'s
+ * store writer imports DuckDB and appends the previous chunk of steps). Ctrl-C: Python's
+ * handler only sets a flag; it is raised here, between two slices (two steps), with the GIL
+ * held. Steps read and write only C memory (the request arrays are buffers held for the core's
+ * lifetime); their errors go through kv_err_* above. */
+static int loop_run_released(Loop *lp, Req *q, void *core, const CoreOps *ops, int64_t max_steps) {
+    int64_t stop = lp->step + max_steps;
+    for (;;) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        double until = loop_clock_s() + LOOP_SLICE_S;
+        do {
+            int64_t k = stop - lp->step < LOOP_CLOCK_STEPS ? stop - lp->step : LOOP_CLOCK_STEPS;
+            rc = loop_run(lp, q, core, ops, k);
+        } while (rc == 0 && lp->step < stop && loop_clock_s() < until);
+        Py_END_ALLOW_THREADS
+        if (rc != 0 || lp->step >= stop) return rc;
+        if (PyErr_CheckSignals() < 0) return -1;
+    }
+}
+
+/* `run(core, max_steps)` of both modules: loop_run (GIL released), then (done, step, t, cursor)
+ * for Python. */
 static PyObject *loop_run_py(Loop *lp, Req *q, void *core, const CoreOps *ops, long long max_steps) {
-    int rc = loop_run(lp, q, core, ops, max_steps);
+    int rc = loop_run_released(lp, q, core, ops, max_steps);
     if (rc < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;

@@ -91,6 +91,35 @@ class ColumnSpill:
         self._remove()
 
 
+class ColumnChunks:
+    """ColumnSpill's interface over columns kept in memory as the chunks they were drained in: a
+    compiled run whose steps went to a sink chunk by chunk (`kvcap replay`'s store writer) keeps
+    them so, without copying them into one array (`chunks()` yields them as they came)."""
+
+    def __init__(self, dtypes: dict[str, type]) -> None:
+        self.dtypes = {k: np.dtype(t) for k, t in dtypes.items()}
+        self.pieces: list[dict[str, np.ndarray]] = []
+        self.n = 0
+
+    def append(self, cols: dict[str, np.ndarray]) -> None:
+        lens = {len(cols[k]) for k in self.dtypes}
+        if len(lens) != 1:
+            raise ValueError(f"chunks: columns of unequal length {sorted(lens)}")
+        self.pieces.append({k: np.asarray(cols[k], dtype=dt) for k, dt in self.dtypes.items()})
+        self.n += lens.pop()
+
+    def chunks(self, rows: int = 1 << 20) -> Iterator[dict[str, np.ndarray]]:
+        """The chunks as they were appended (`rows` is ColumnSpill's: here they are in memory
+        already)."""
+        return iter(self.pieces)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.concatenate([p[name] for p in self.pieces] or [np.zeros(0, self.dtypes[name])])
+
+    def close(self) -> None:
+        self.pieces = []
+
+
 @dataclass(slots=True, kw_only=True)
 class RawRun:
     """Everything a replay produced, as numpy columns (results.py turns it into tables)."""
@@ -118,8 +147,10 @@ class RawRun:
     # Which implementation produced it (recorded in the `runs` table).
     implementation: Implementation = "reference"
     # A long compiled run asked to spill keeps its steps and TBT samples on disk instead of in
-    # `steps` / `tbt_values` + `tbt_weights` (those stay empty): {"steps": ..., "tbt": ...}.
-    spilled: dict[str, ColumnSpill] | None = None
+    # `steps` / `tbt_values` + `tbt_weights` (those stay empty): {"steps": ..., "tbt": ...};
+    # a run that handed them to a sink keeps them as its chunks (in memory, or on disk too when
+    # it also spills).
+    spilled: dict[str, ColumnSpill | ColumnChunks] | None = None
     # Per-step batch records (`record_batches=True` only, else None): BATCH_COLUMNS, one entry
     # per scheduled request per step in batch order; step is 0-based as in `events`.
     batches: dict[str, np.ndarray] | None = None

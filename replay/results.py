@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import polars as pl
 
-from replay.raw import BATCH_KINDS, ColumnSpill, RawRun
+from replay.raw import BATCH_KINDS, ColumnChunks, ColumnSpill, RawRun
 from replay.state import Status
 
 _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",
@@ -23,11 +23,12 @@ _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejecte
 
 class SpilledTable:
     """A result table whose columns stay in spill files (`replay.raw.ColumnSpill`) until the
-    store inserts it `batches()` at a time: the steps and TBT samples of a long run. Reads like
+    store inserts it `batches()` at a time: the steps and TBT samples of a long run (or in the
+    chunks a sink was handed, `replay.raw.ColumnChunks`). Reads like
     a DataFrame as far as its readers go: `height`, `columns`, `table[name].max()/.sum()`
     (streamed), `table[name].to_numpy()` and `frame()` (whole, in memory)."""
 
-    def __init__(self, spill: ColumnSpill, run_id: str, *, numbered: bool) -> None:
+    def __init__(self, spill: ColumnSpill | ColumnChunks, run_id: str, *, numbered: bool) -> None:
         self.spill, self.run_id, self.numbered = spill, run_id, numbered
 
     @property
@@ -42,16 +43,15 @@ class SpilledTable:
         """The table `rows` rows at a time (without the constant `run_id` column if asked).
         Keeps no batch itself between two: a caller that drops each batch before asking for
         the next holds one in memory, not two."""
-        chunks = self.spill.chunks(rows)
-        for start in range(0, self.spill.n, rows):
-            yield self._frame(next(chunks), start, run_id)
+        start = 0
+        for cols in self.spill.chunks(rows):
+            frame = self._frame(cols, start, run_id)
+            start += frame.height
+            yield frame
 
     def _frame(self, cols: dict[str, np.ndarray], start: int, run_id: bool) -> pl.DataFrame:
-        n = len(next(iter(cols.values())))
-        head = {"run_id": _run_ids(self.run_id, n)} if run_id else {}
-        if self.numbered:
-            head["step"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
-        return pl.DataFrame({**head, **cols})
+        return chunk_frame(cols, start, numbered=self.numbered,
+                           run_id=self.run_id if run_id else None)
 
     def frame(self) -> pl.DataFrame:
         return pl.concat(list(self.batches()))
@@ -62,7 +62,7 @@ class SpilledTable:
 
 @dataclass(frozen=True, slots=True)
 class _SpilledColumn:
-    spill: ColumnSpill
+    spill: ColumnSpill | ColumnChunks
     name: str
 
     def _parts(self) -> Iterator[np.ndarray]:
@@ -99,6 +99,17 @@ class RunResult:
         if self.batches is not None:
             out["batches"] = self.batches
         return out
+
+
+def chunk_frame(cols: dict[str, np.ndarray], start: int, *, numbered: bool,
+                run_id: str | None = None) -> pl.DataFrame:
+    """Rows start.. of the `steps` (`numbered`: its 1-based `step` column) or `tbt` table from
+    one chunk of its columns (no copy), with the `run_id` column if one is given."""
+    n = len(next(iter(cols.values())))
+    head = {"run_id": _run_ids(run_id, n)} if run_id is not None else {}
+    if numbered:
+        head["step"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
+    return pl.DataFrame({**head, **cols})
 
 
 def request_status(status: np.ndarray) -> np.ndarray:

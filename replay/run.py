@@ -14,13 +14,13 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Callable, Literal
+from typing import Callable, Literal, Protocol
 
 import numpy as np
 import polars as pl
 
 from replay.config import EngineConfig, resolve
-from replay import compiled, loop
+from replay import compiled
 from replay.prefix import TraceBlockKeys, UniqueBlockKeys
 from replay.raw import RawRun
 from replay.results import RunResult, build_tables
@@ -66,9 +66,17 @@ def block_keys(trace: pl.DataFrame, block_size: int):
     """The trace's prefix keys: each hash stands for the trace's `hash_block_tokens` tokens."""
     if not has_prefix_hashes(trace):
         return UniqueBlockKeys()
-    return TraceBlockKeys(block_size=block_size, prompt_len=trace["prompt_tokens"].to_numpy(),
-                          prefix_hashes=trace["prefix_hashes"].to_list(),
-                          hash_block_tokens=hash_block_tokens(trace))
+    lists = trace["prefix_hashes"]
+    hashes = lists.explode(empty_as_null=False, keep_nulls=False)    # no Python list per row
+    if hashes.null_count():
+        raise ValueError("prefix_hashes: a row's list of hashes holds a null")
+    lens = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return TraceBlockKeys.from_flat(block_size=block_size,
+                                    prompt_len=trace["prompt_tokens"].to_numpy(),
+                                    hashes=hashes.to_numpy(), offsets=offsets,
+                                    hash_block_tokens=hash_block_tokens(trace))
 
 
 def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
@@ -98,17 +106,28 @@ def make_scheduler(name: str, spec, state, keys):
 Choice = Literal["auto", "compiled", "reference"]
 
 
+class StepSink(Protocol):
+    """Where a replay's step and TBT columns go while the compiled core makes them (the store's
+    writer, replay/writer.py): the run id before the engine starts, then chunk by chunk in step
+    order. A reference replay hands it nothing: its tables come whole with the result."""
+
+    def begin_run(self, run_id: str) -> None: ...
+
+    def append(self, steps: dict[str, np.ndarray], tbt: dict[str, np.ndarray]) -> None: ...
+
+
 def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, executor, *,
                kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
                on_progress: Callable[[float, int], None] | None = None,
                progress_every_steps: int = 20_000, record_batches: bool = False,
-               spill_dir: str | None = None) -> RawRun:
+               spill_dir: str | None = None, sink: compiled.Sink | None = None) -> RawRun:
     """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
     it cannot run), "reference" (the Python scheduler and loop; `scheduler` if already built,
     e.g. for the torch stub) or "auto" (compiled where it can run, else the reference with a
     one-line notice on stderr saying why). `RawRun.implementation` says which ran.
     `spill_dir`: a long compiled run keeps its step and TBT columns in files there
-    (`compiled.run`; the reference keeps them in memory)."""
+    (`compiled.run`; the reference keeps them in memory). `sink`: a compiled run hands them to
+    it chunk by chunk as well (`compiled.run`; the reference does not call it)."""
     why = None if implementation == "reference" else \
         compiled.unavailable(engine, executor, keys, state, spec)
     if implementation == "compiled" and why:
@@ -117,10 +136,11 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
         return compiled.run(engine, state, spec, executor, keys,
                             kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
                             progress_every_steps=progress_every_steps,
-                            record_batches=record_batches, spill_dir=spill_dir)
+                            record_batches=record_batches, spill_dir=spill_dir, sink=sink)
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
+    from replay import loop      # the reference loop (a compiled replay does not load it)
     sched = scheduler if scheduler is not None else make_scheduler(engine, spec, state, keys)
     return loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
                     on_progress=on_progress, progress_every_steps=progress_every_steps,
@@ -130,11 +150,14 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
-           record_batches: bool = False, spill_dir: str | None = None) -> RunResult:
+           record_batches: bool = False, spill_dir: str | None = None,
+           step_sink: StepSink | None = None) -> RunResult:
     """Replay `trace` (canonical, sorted by arrival_s) under `config`; `record_batches` adds
     the `batches` table (every step's batch: off by default, it is one row per token step).
     With `spill_dir`, a long run's `steps` and `tbt` tables stay in files under that folder
-    until the store writes them (`results.SpilledTable`; `kvcap replay` does this beside its DB)."""
+    until the store writes them (`results.SpilledTable`; `kvcap replay` does this beside its DB).
+    With `step_sink`, a compiled run hands its step and TBT columns to it as it goes (`kvcap
+    replay`'s store writer) and its `steps` and `tbt` tables are those chunks."""
     config = config or EngineConfig()
     wall0 = time.perf_counter()
     eng = resolve(config)
@@ -159,20 +182,28 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     if spec.kv_offloading and link and scheduler is None:
         # Offload transfers take the host link the executor prices (a calibrated one included).
         spec = dataclasses.replace(spec, offload_host_link_bytes_per_s=float(link))
+    sha = run_id = None
+    if step_sink is not None:
+        sha = trace_sha256(trace)
+        run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)
+        step_sink.begin_run(run_id)
     raw = run_engine(config.scheduler, spec, state, keys, ex,
                      kv_bytes_per_block=eng.kv_bytes_per_block,
                      implementation=implementation, scheduler=scheduler, on_progress=on_progress,
-                     record_batches=record_batches, spill_dir=spill_dir)
+                     record_batches=record_batches, spill_dir=spill_dir,
+                     sink=step_sink.append if step_sink is not None else None)
     return result_of(raw, trace, config, eng, executor=executor, label=label,
-                     trace_name=trace_name, wall0=wall0, stub_options=stub_options)
+                     trace_name=trace_name, wall0=wall0, stub_options=stub_options,
+                     run_id=run_id, sha=sha)
 
 
 def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, executor: str,
               label: str | None, trace_name: str, wall0: float, stub_options: dict | None = None,
-              run_id: str | None = None) -> RunResult:
+              run_id: str | None = None, sha: str | None = None) -> RunResult:
     """The result tables of a finished replay of `trace` (sorted) under `config` (resolved:
-    `eng`); `run_id` overrides the content hash (a fleet's replicas: replay/fleet.py)."""
-    sha = trace_sha256(trace)
+    `eng`); `run_id` overrides the content hash (a fleet's replicas: replay/fleet.py); `sha`:
+    the trace's content hash, if already computed."""
+    sha = sha or trace_sha256(trace)
     cfg_json = config.config_json()
     run_id = run_id or run_id_for(trace, config, executor=executor, stub_options=stub_options,
                                   sha=sha)

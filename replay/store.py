@@ -17,7 +17,11 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-DEFAULT_DB = "kvcap.duckdb"
+# The file checks and the store's errors live in replay.dbfile (no DuckDB import: the command
+# line checks --db and reports errors without loading DuckDB); they are the store's API too.
+from replay.dbfile import (DEFAULT_DB, StoreError, StoreLocked, WriteInterrupted,  # noqa: F401
+                           check_db_file, remove_db)
+
 WRITE_MEMORY_LIMIT = "512MB"
 
 SCHEMA = {
@@ -58,75 +62,31 @@ SCHEMA = {
 }
 
 
-class StoreError(ValueError):
-    """The database cannot be used or written: one line naming the file, what is wrong, the fix."""
-
-
-class StoreLocked(StoreError, RuntimeError):
-    """Another process holds the DuckDB file."""
-
-
-class WriteInterrupted(KeyboardInterrupt):
-    """Ctrl-C while a run was being written; `committed` says whether it was (the message must
-    tell the truth: an interrupt during COMMIT is deferred until the COMMIT is done)."""
-
-    def __init__(self, path: str | Path, *, committed: bool) -> None:
-        super().__init__(f"{path}: the run was {'written' if committed else 'not written'}")
-        self.path, self.committed = str(path), committed
-
-
 # No extension is ever installed or loaded: a SQLite file given as --db made DuckDB try to download
 # its sqlite scanner.
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-_DUCKDB_MAGIC = b"DUCK"       # bytes 8..12 of every DuckDB database file
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def check_db_file(path: str | Path, *, must_exist: bool) -> None:
-    """Refuse, before DuckDB opens it, a --db that is not a DuckDB database (or is missing when
-    it is only read)."""
-    p = Path(path)
-    if p.is_dir():
-        raise StoreError(f"database {p} is a directory; pass a file path such as {p / DEFAULT_DB}")
-    if not p.exists():
-        if must_exist:
-            raise StoreError(f"{p}: no such database; write it first with --db (`kvcap replay`, "
-                             "`kvcap logs`) or check the path")
-        if not p.parent.is_dir():
-            raise StoreError(f"database {p}: folder {p.parent} does not exist; create it first")
-        return
-    try:
-        with p.open("rb") as fh:
-            head = fh.read(16)
-    except OSError as exc:
-        raise StoreError(f"database {p}: cannot read it ({exc.strerror or exc})") from None
-    if not head:
-        raise StoreError(f"database {p} is empty (0 bytes), not a DuckDB database; delete it or "
-                         "pass another --db")
-    if head.startswith(_SQLITE_MAGIC):
-        raise StoreError(f"database {p} is a SQLite file, not a DuckDB database; pass another --db")
-    if head[8:12] != _DUCKDB_MAGIC:
-        raise StoreError(f"database {p} is not a DuckDB database file; pass another --db")
-
-
 def _one_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 @contextmanager
 def connect(path: str | Path, *, read_only: bool = False):
+    con = _open(path, read_only=read_only)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _open(path: str | Path, *, read_only: bool):
     check_db_file(path, must_exist=read_only)
     try:
-        con = duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+        return duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
     except duckdb.Error as e:
         if "lock" in str(e).lower():
             raise StoreLocked(f"database {path} is locked by another process; "
                               "wait for it to finish or use another --db") from None
         raise StoreError(f"database {path}: cannot open it ({_one_line(e)})") from None
-    try:
-        yield con
-    finally:
-        con.close()
 
 
 def ensure_schema(con, path: str | Path = "the database") -> None:
@@ -172,7 +132,7 @@ def check_schema(con, path: str | Path = "the database") -> None:
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-def _check_int32(tables: dict[str, pl.DataFrame]) -> None:
+def check_int32(tables: dict[str, pl.DataFrame]) -> None:
     for table, cols in SCHEMA.items():
         df = tables.get(table)
         # A spilled table (results.SpilledTable) holds the cores' own int32 columns.
@@ -201,51 +161,92 @@ def write_run(path: str | Path, tables: dict) -> None:
 def write_runs(path: str | Path, runs: list[dict]) -> None:
     """`write_run` for several runs in one transaction (a fleet's replicas): all or none."""
     for tables in runs:
-        _check_int32(tables)
-    created = not Path(path).exists()
-    committed = False
+        check_int32(tables)
+    write = RunWrite(path)
     try:
-        with connect(path) as con:
-            ensure_schema(con, path)
-            # Written blocks need not stay cached: bounded memory for a run of many steps.
-            con.execute(f"SET memory_limit = '{WRITE_MEMORY_LIMIT}'")
-            con.execute("BEGIN TRANSACTION")
-            try:
-                for tables in runs:
-                    run_id = tables["runs"]["run_id"][0]
-                    for table in SCHEMA:
-                        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-                        df = tables.get(table)
-                        if df is None or df.height == 0:
-                            continue
-                        # A spilled table (results.SpilledTable) goes in batches, each dropped
-                        # before the next is read: bounded memory.
-                        parts = (df,) if isinstance(df, pl.DataFrame) else df.batches(run_id=False)
-                        del df
-                        for part in parts:
-                            _insert(con, table, part, run_id=run_id)
-                            del part
-                with _interrupt_deferred() as pending:
-                    con.execute("COMMIT")
-                    committed = True
-                if pending:
-                    raise KeyboardInterrupt
-            except BaseException:
-                if not committed:
-                    _rollback(con)
-                raise
-    except KeyboardInterrupt:
-        if created and not committed:
-            remove_db(path)
-        raise WriteInterrupted(path, committed=committed) from None
-    except duckdb.Error as e:
-        if created:
-            remove_db(path)
-        raise StoreError(f"database {path}: the run was not written ({_one_line(e)})") from None
-    except StoreError:
-        if created:
-            remove_db(path)
-        raise
+        write.open()
+        for tables in runs:
+            write.delete_run(tables["runs"]["run_id"][0])
+            write.append_tables(tables)
+        with _interrupt_deferred() as pending:
+            write.commit()
+        if pending:
+            raise KeyboardInterrupt
+    except BaseException as e:
+        err = write.failed(e)
+        if err is e:
+            raise
+        raise err from None
+    finally:
+        write.close()
+
+
+class RunWrite:
+    """One write transaction on a DuckDB file, in steps: `open` (connect, schema, BEGIN),
+    `delete_run` (the earlier run of that id), `append` / `append_tables`, `commit`; on any
+    exception `failed(exc)` rolls back, removes a file this write created, and returns what to
+    raise: `WriteInterrupted` for Ctrl-C (`committed` tells the truth), `StoreError` with
+    DuckDB's real reason for a DuckDB error, else the exception itself. `write_runs` runs them
+    in a row; replay/writer.py runs them in a thread while the run is replayed."""
+
+    def __init__(self, path: str | Path, *, memory_limit: str = WRITE_MEMORY_LIMIT) -> None:
+        self.path, self.memory_limit = path, memory_limit
+        self.created = not Path(path).exists()
+        self.committed = False
+        self.con = None
+
+    def open(self) -> None:
+        self.con = _open(self.path, read_only=False)
+        ensure_schema(self.con, self.path)
+        # Written blocks need not stay cached: bounded memory for a run of many steps.
+        self.con.execute(f"SET memory_limit = '{self.memory_limit}'")
+        self.con.execute("BEGIN TRANSACTION")
+
+    def delete_run(self, run_id: str) -> None:
+        for table in SCHEMA:
+            self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+
+    def append_tables(self, tables: dict, *, skip: tuple[str, ...] = ()) -> None:
+        """Every table of one run (those in `skip` are written already)."""
+        run_id = tables["runs"]["run_id"][0]
+        for table in SCHEMA:
+            if table in skip:
+                continue
+            df = tables.get(table)
+            if df is None or df.height == 0:
+                continue
+            # A spilled table (results.SpilledTable) goes in batches, each dropped before the
+            # next is read: bounded memory.
+            parts = (df,) if isinstance(df, pl.DataFrame) else df.batches(run_id=False)
+            del df
+            for part in parts:
+                self.append(table, part, run_id=run_id)
+                del part
+
+    def append(self, table: str, df: pl.DataFrame, *, run_id: str | None = None) -> None:
+        _insert(self.con, table, df, run_id=run_id)
+
+    def commit(self) -> None:
+        self.con.execute("COMMIT")
+        self.committed = True
+
+    def failed(self, exc: BaseException) -> BaseException:
+        if self.con is not None and not self.committed:
+            _rollback(self.con)
+        self.close()
+        if self.created and not self.committed:
+            remove_db(self.path)
+        if isinstance(exc, KeyboardInterrupt):
+            return exc if isinstance(exc, WriteInterrupted) else \
+                WriteInterrupted(self.path, committed=self.committed)
+        if isinstance(exc, duckdb.Error):
+            return StoreError(f"database {self.path}: the run was not written ({_one_line(exc)})")
+        return exc
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
 
 
 def _columns(table: str) -> dict[str, str]:
@@ -302,14 +303,6 @@ def _rollback(con) -> None:
         con.execute("ROLLBACK")
     except duckdb.Error:
         pass
-
-
-def remove_db(path: str | Path) -> None:
-    for p in (Path(path), Path(f"{path}.wal")):
-        try:
-            p.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 @contextmanager

@@ -94,9 +94,14 @@ def tbt_percentile(tbt, q: float) -> float | None:
     return tbt_percentiles(tbt, (q,))[0]
 
 
+# Spilled TBT samples up to this many are read whole and sorted once (what
+# nearest_rank_chunked's last pass holds anyway); more are narrowed down chunk by chunk.
+WHOLE_TBT_SAMPLES = 1 << 22
+
+
 def tbt_percentiles(tbt, qs) -> list[float | None]:
     """`tbt_percentile` for each q of `qs` (one sort of an in-memory table)."""
-    if isinstance(tbt, pl.DataFrame):
+    if isinstance(tbt, pl.DataFrame) or tbt.height <= WHOLE_TBT_SAMPLES:
         return nearest_ranks(tbt["tbt_s"].to_numpy(), qs, tbt["weight"].to_numpy())
     return [nearest_rank_chunked(
         lambda: ((c["tbt_s"], c["weight"]) for c in tbt.spill.chunks()), q) for q in qs]

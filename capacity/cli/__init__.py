@@ -11,6 +11,7 @@ typer's conversion of each command's parameters).
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import MutableMapping
 
 import typer
@@ -109,6 +110,10 @@ for _name in EAGER:
 
 
 def main() -> None:
+    # numpy's OpenBLAS otherwise starts a worker thread per core that spins for a while once
+    # numpy is loaded: ~0.1 s of CPU per `kvcap replay`, taken from the replay and the DuckDB
+    # writer on a small machine, for BLAS calls kvcap does not make (its fits are tiny).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     app()
 
 

@@ -47,7 +47,7 @@ def guarded(fn):
     """Turn expected failures (bad input, locked DB, bad config) into one line and exit 2."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from replay.store import StoreLocked, WriteInterrupted
+        from replay.dbfile import StoreLocked, WriteInterrupted
         from traces.schema import TraceError
         try:
             check_flags(fn.__name__, kwargs)
@@ -150,7 +150,7 @@ def check_flags(command: str, kwargs: dict) -> None:
 
 
 def _check_paths(command: str, kwargs: dict) -> None:
-    from replay.store import check_db_file
+    from replay.dbfile import check_db_file
     db = kwargs.get("db")
     if isinstance(db, Path):
         check_db_file(db, must_exist=command in _READS_DB)

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def replay_with_progress(trace, engine, *, executor: str, reference: bool, label: str | None,
                          trace_name: str, quiet: bool, stub_options: dict | None = None,
-                         record_batches: bool = False, spill_dir: str | None = None):
+                         record_batches: bool = False, spill_dir: str | None = None,
+                         step_sink=None):
     """Replay with a rich progress bar on stderr (simulated time, requests admitted)."""
     from replay.run import replay
     total_s = float(trace["arrival_s"].max() or 0.0) - float(trace["arrival_s"].min() or 0.0)
@@ -24,7 +25,7 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
                       trace_name=trace_name, stub_options=stub_options,
-                      record_batches=record_batches, spill_dir=spill_dir)
+                      record_batches=record_batches, spill_dir=spill_dir, step_sink=step_sink)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     err = Console(stderr=True)
@@ -40,7 +41,7 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
         return replay(trace, engine, executor=executor, label=label,
                       implementation="reference" if reference else "auto",
                       trace_name=trace_name, on_progress=on_progress, stub_options=stub_options,
-                      record_batches=record_batches, spill_dir=spill_dir)
+                      record_batches=record_batches, spill_dir=spill_dir, step_sink=step_sink)
 
 
 def summary_table(s: dict, db: str) -> Table:
@@ -99,7 +100,7 @@ def replay_cmd(
     import time
 
     from capacity.analyses.metrics import summary
-    from replay.store import write_run
+    from replay.writer import RunWriter
     wall0 = time.perf_counter()
     trace, _ = trace_input(file, trace_format, rate_scale, binned=False, hash_block_tokens=hash_block_tokens)
     if calibration is not None:
@@ -112,13 +113,16 @@ def replay_cmd(
     stub_options = {"stub_shape": stub_shape, "timing": timing} if executor == "stub" else None
     # A long run's steps and TBT samples wait on disk beside the DB (memory bounded by requests).
     spill_dir = str(db.parent) if db.parent.is_dir() else None
-    result = replay_with_progress(trace, engine, executor=executor, reference=reference,
-                                  label=label, trace_name=file.name, quiet=as_json,
-                                  stub_options=stub_options, record_batches=record_batches,
-                                  spill_dir=spill_dir)
-    tables = result.tables()
-    write_run(db, tables)
-    s = summary(tables)
+    # The run goes into the DB while it replays (one transaction, committed at the end).
+    with RunWriter(db) as writer:
+        result = replay_with_progress(trace, engine, executor=executor, reference=reference,
+                                      label=label, trace_name=file.name, quiet=as_json,
+                                      stub_options=stub_options, record_batches=record_batches,
+                                      spill_dir=spill_dir, step_sink=writer)
+        tables = result.tables()
+        writer.commit(tables)
+        s = summary(tables)             # while the writer commits
+        writer.wait()
     # Prefix hits at first admission: vLLM's GPU prefix cache and the CPU offloading connector.
     req = tables["requests"]
     s["gpu_hit_tokens"] = int(req["gpu_hit_tokens"].sum())
