@@ -29,7 +29,8 @@ GROUPS = (
     ("step time: cost model, profiles (#18)", ("cost_model.py", "step_profile.py", "memory.py")),
     ("production fits (#18)", ("bench_fit.py", "log_fit.py")),
     ("fleets, routing (#19)", ("fleet.py", "routing.py")),
-    ("config, catalog, store", ("config.py", "catalog.py", "store.py", "__init__.py")),
+    ("config, catalog, store", ("config.py", "catalog.py", "store.py", "writer.py", "dbfile.py",
+                                "__init__.py")),
 )
 
 
