@@ -28,6 +28,7 @@ SHARED = REPO.parent / "shared" / "traces"
 TRACES = {"azure-conv": "AzureLLMInferenceTrace_conv.csv", "mooncake": "conversation_trace.jsonl"}
 # label -> EngineConfig fields
 OFFLOAD = {"off": {},
+           "off, sync loop": {"async_scheduling": False},   # 0.33 with --no-async-scheduling
            "64 GiB LRU": {"kv_offloading_size": 64.0},
            "64 GiB ARC": {"kv_offloading_size": 64.0, "kv_offloading_eviction_policy": "arc"},
            "8 GiB LRU": {"kv_offloading_size": 8.0}}
