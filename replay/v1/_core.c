@@ -1121,24 +1121,27 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
  * oracle and golden scenarios; `run` above is the same steps without the round trips. */
 static Core *core_of(PyObject *cap) { return (Core *)PyCapsule_GetPointer(cap, "kvcap.core"); }
 
-static PyObject *core_add(PyObject *self, PyObject *args) {
+/* (core, row) of a call taking a request row, the row checked (V0's core has the same). */
+static int row_arg(PyObject *args, Core **c, int64_t *row) {
     PyObject *cap;
-    long long row;
-    if (!PyArg_ParseTuple(args, "OL", &cap, &row)) return NULL;
-    Core *c = core_of(cap);
-    if (!c) return NULL;
-    if (row < 0 || row >= c->q.n) return PyErr_Format(PyExc_IndexError, "core: row %lld", row);
+    long long r;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &r)) return -1;
+    if (!(*c = core_of(cap))) return -1;
+    if (r < 0 || r >= (*c)->q.n) { PyErr_Format(PyExc_IndexError, "core: row %lld", r); return -1; }
+    *row = r;
+    return 0;
+}
+
+static PyObject *core_add(PyObject *self, PyObject *args) {
+    Core *c; int64_t row;
+    if (row_arg(args, &c, &row) < 0) return NULL;
     add_request(c, (int32_t)row);
     Py_RETURN_NONE;
 }
 
 static PyObject *core_abort(PyObject *self, PyObject *args) {
-    PyObject *cap;
-    long long row;
-    if (!PyArg_ParseTuple(args, "OL", &cap, &row)) return NULL;
-    Core *c = core_of(cap);
-    if (!c) return NULL;
-    if (row < 0 || row >= c->q.n) return PyErr_Format(PyExc_IndexError, "core: row %lld", row);
+    Core *c; int64_t row;
+    if (row_arg(args, &c, &row) < 0) return NULL;
     abort_request(c, (int32_t)row);
     Py_RETURN_NONE;
 }
