@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from replay.cost_model import CostModel
-from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys
+from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys, row_offsets
 from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, OFFLOAD_STEP_COLUMNS, STEP_COLUMNS,
                         TBT_COLUMNS, ColumnChunks, ColumnSpill, RawRun, abort_reason)
 from replay.spec import SchedulerSpec
@@ -137,8 +137,7 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
     if type(keys) is TokenBlockKeys:
         per_row = keys.precomputed(state.n)
         lens = np.fromiter(map(len, per_row), np.int64, len(per_row))
-        off = np.zeros(len(per_row) + 1, np.int64)
-        np.cumsum(lens, out=off[1:])
+        off = row_offsets(lens)
         ids = np.fromiter((k for ks in per_row for k in ks), np.int64, int(off[-1]))
         return (2, 1, off, ids if len(ids) else np.zeros(1, np.int64), lens)
     ids = keys.chain_ids

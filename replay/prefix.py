@@ -72,7 +72,7 @@ class TraceBlockKeys:
         lens = np.fromiter((0 if h is None else len(h) for h in prefix_hashes), np.int64)
         flat = np.fromiter((codes.setdefault(x, len(codes))
                             for h in prefix_hashes if h is not None for x in h), np.int64)
-        self._init(block_size, prompt_len, flat, _offsets(lens), hash_block_tokens)
+        self._init(block_size, prompt_len, flat, row_offsets(lens), hash_block_tokens)
 
     @classmethod
     def from_flat(cls, *, block_size: int, prompt_len: np.ndarray, hashes: np.ndarray,
@@ -118,7 +118,9 @@ class TraceBlockKeys:
         return [self.key(row, k) for k in range(start, stop)]
 
 
-def _offsets(lens: np.ndarray) -> np.ndarray:
+def row_offsets(lens: np.ndarray) -> np.ndarray:
+    """Where each row's run starts in a flat array of all rows' values (and where the last ends):
+    offsets[r]:offsets[r+1] are row r's."""
     off = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens, out=off[1:])
     return off

@@ -21,7 +21,7 @@ import polars as pl
 
 from replay.config import EngineConfig, resolve
 from replay import compiled
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.prefix import TraceBlockKeys, UniqueBlockKeys, row_offsets
 from replay.raw import RawRun
 from replay.results import RunResult, build_tables
 from replay.spec import SchedulerSpec
@@ -71,11 +71,9 @@ def block_keys(trace: pl.DataFrame, block_size: int):
     if hashes.null_count():
         raise ValueError("prefix_hashes: a row's list of hashes holds a null")
     lens = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
-    offsets = np.zeros(len(lens) + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
     return TraceBlockKeys.from_flat(block_size=block_size,
                                     prompt_len=trace["prompt_tokens"].to_numpy(),
-                                    hashes=hashes.to_numpy(), offsets=offsets,
+                                    hashes=hashes.to_numpy(), offsets=row_offsets(lens),
                                     hash_block_tokens=hash_block_tokens(trace))
 
 
