@@ -189,8 +189,9 @@ class RunWrite:
     DuckDB's real reason for a DuckDB error, else the exception itself. `write_runs` runs them
     in a row; replay/writer.py runs them in a thread while the run is replayed."""
 
-    def __init__(self, path: str | Path, *, memory_limit: str = WRITE_MEMORY_LIMIT) -> None:
-        self.path, self.memory_limit = path, memory_limit
+    def __init__(self, path: str | Path, *, memory_limit: str = WRITE_MEMORY_LIMIT,
+                 threads: int | None = None) -> None:
+        self.path, self.memory_limit, self.threads = path, memory_limit, threads
         self.created = not Path(path).exists()
         self.committed = False
         self.con = None
@@ -200,6 +201,8 @@ class RunWrite:
         ensure_schema(self.con, self.path)
         # Written blocks need not stay cached: bounded memory for a run of many steps.
         self.con.execute(f"SET memory_limit = '{self.memory_limit}'")
+        if self.threads is not None:
+            self.con.execute(f"SET threads = {int(self.threads)}")
         self.con.execute("BEGIN TRANSACTION")
 
     def delete_run(self, run_id: str) -> None:

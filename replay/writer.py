@@ -24,17 +24,19 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from replay.dbfile import WriteInterrupted
 
 # Chunks waiting for the thread at most: a replay that outruns DuckDB waits (memory bounded).
 MAX_PENDING = 4
-# Rows per INSERT: whole DuckDB row groups (122,880 rows, DuckDB's default row group size).
-# An INSERT compresses and writes its full row groups at once, but one ending in a partial row
-# group leaves it to be rewritten later: appends of 65,536 steps each cost the write 1.5-2x its
-# CPU and made the file up to 60% larger. Only the run's last INSERT ends in a partial one.
-ROWS_PER_INSERT = 122_880
+# Each chunk is inserted as it comes, on one DuckDB thread: a single-threaded INSERT appends
+# to the transaction's one row-group collection, which writes each row group (122,880 rows) as
+# it fills, so chunks smaller than a row group cost no more and make the same file. (With
+# DuckDB's default threads, each INSERT is a batch insert of its own collections: appends of
+# 65,536 steps cost the write 1.5-2x its CPU and made the file up to 60% larger, so they had to
+# wait until a whole row group had come.) What is left after the loop is then one chunk and
+# the COMMIT: Mooncake's 119k steps, less than one row group, were all inserted after it.
+WRITE_THREADS = 1
 # DuckDB's memory limit for the write. Written blocks stay cached up to it, and a streamed write
 # lives as long as the replay, whose memory it adds to: at 512 MB (store.WRITE_MEMORY_LIMIT) the
 # 10x Azure conv process peaked at 600-640 MB, at 64 MB at ~500 MB (written blocks are evicted
@@ -54,7 +56,6 @@ class RunWriter:
         self._failure: BaseException | None = None
         self._write = None                      # store.RunWrite, once the thread made it
         self._rows = {"steps": 0, "tbt": 0}     # rows handed over so far (numbers the steps)
-        self._held: dict[str, list] = {"steps": [], "tbt": []}  # frames not yet inserted
         self._streamed = False
         # Set when the thread ends. Waited on instead of Thread.join(): a Ctrl-C that interrupts
         # join() on CPython 3.11 can mark a thread that still runs as stopped (its state lock is
@@ -151,7 +152,8 @@ class RunWriter:
         write = None
         try:
             from replay import results, store      # DuckDB's import, off the caller's thread
-            write = self._write = store.RunWrite(self.path, memory_limit=MEMORY_LIMIT)
+            write = self._write = store.RunWrite(self.path, memory_limit=MEMORY_LIMIT,
+                                                 threads=WRITE_THREADS)
             write.open()
             run_id = None
             while True:
@@ -166,9 +168,8 @@ class RunWriter:
                         start = self._rows[table]
                         self._rows[table] += len(next(iter(cols.values())))
                         if self._rows[table] > start:
-                            self._held[table].append(results.chunk_frame(
-                                cols, start, numbered=table == "steps"))
-                            self._insert_held(write, table, run_id, whole_groups=True)
+                            write.append(table, results.chunk_frame(
+                                cols, start, numbered=table == "steps"), run_id=run_id)
                 else:
                     self._finish(write, store, job[1], run_id)
                     return
@@ -179,18 +180,6 @@ class RunWriter:
                 write.close()
             self._done.set()
 
-    def _insert_held(self, write, table: str, run_id: str | None, *, whole_groups: bool) -> None:
-        """Insert the frames held for `table`: as many whole ROWS_PER_INSERT as they make (the
-        rest stays held), or all of them."""
-        held = self._held[table]
-        n = sum(f.height for f in held)
-        k = n - n % ROWS_PER_INSERT if whole_groups else n
-        if k == 0:
-            return
-        frame = pl.concat(held, rechunk=False) if len(held) > 1 else held[0]
-        write.append(table, frame.slice(0, k), run_id=run_id)
-        self._held[table] = [frame.slice(k)] if k < n else []
-
     def _finish(self, write, store, tables: dict, run_id: str | None) -> None:
         table_run_id = tables["runs"]["run_id"][0]
         if run_id is None:                          # nothing streamed: a plain write
@@ -199,7 +188,6 @@ class RunWriter:
             raise RuntimeError(f"store writer: run {table_run_id} committed, {run_id} begun")
         streamed = ("steps", "tbt") if self._streamed else ()
         for table in streamed:
-            self._insert_held(write, table, run_id, whole_groups=False)
             if tables[table].height != self._rows[table]:
                 raise RuntimeError(f"store writer: {self._rows[table]} {table} rows appended, "
                                    f"the run has {tables[table].height}")

@@ -14,7 +14,7 @@ import time
 import duckdb
 import pytest
 
-from replay import compiled, store, writer
+from replay import compiled, store
 from replay.config import EngineConfig
 from replay.run import replay
 from replay.writer import RunWriter
@@ -58,14 +58,13 @@ def streamed_write(db, trace, config=CONFIG, **kw):
     return result
 
 
-@pytest.mark.parametrize("sink_every,rows_per_insert,spill_every",
-                         [(97, 250, None), (1000, 1 << 20, None), (64, 64, 300)])
+@pytest.mark.parametrize("sink_every,spill_every",
+                         [(97, None), (1000, None), (64, 300)])
 def test_streamed_write_reads_back_as_write_run(tmp_path, trace, monkeypatch, sink_every,
-                                                rows_per_insert, spill_every):
+                                                spill_every):
     whole = replay(trace, CONFIG, record_batches=True)
     store.write_run(tmp_path / "a.duckdb", whole.tables())
     monkeypatch.setattr(compiled, "SINK_EVERY_STEPS", sink_every)
-    monkeypatch.setattr(writer, "ROWS_PER_INSERT", rows_per_insert)
     if spill_every:
         monkeypatch.setattr(compiled, "SPILL_EVERY_STEPS", spill_every)
     got = streamed_write(tmp_path / "b.duckdb", trace, record_batches=True,
