@@ -19,10 +19,21 @@
 
 /* ------------------------------------------------------------------ key -> block map
  * Open addressing, linear probing, backward-shift deletion; at most one entry per hashed block,
- * so a table of twice the pool never fills. A slot holds only the value (a block id); its key is
- * read from the block itself (`kbase + val * kstride`), which the caller touches anyway: a
- * quarter of the memory of key+value slots, so the table stays in L2. */
-typedef struct { int32_t *slots; uint64_t mask; const char *kbase; size_t kstride; } map_t;
+ * so a table of twice the pool never fills. An entry holds the value (a block id) and 32 bits of
+ * its key's hash (its home, and a filter: the key itself is read from the block, which the caller
+ * touches anyway, `kbase + val * kstride`): a deletion's backward shift finds the homes of the
+ * entries it moves in the entries, and a probe reads a block only on a hash match. The hash is
+ * computed once per key (block_hash; the pool keeps it beside the key). */
+typedef struct { uint32_t h; int32_t val; } MEnt;
+typedef struct { MEnt *e; uint64_t mask; const char *kbase; size_t kstride; } map_t;
+
+/* Multiplicative (Fibonacci) hashing, bits 32-63 of the product: one multiply instead of
+ * splitmix's five operations. The keys' structure (chain id << 24 | block, or minus row << 24 |
+ * block) spreads well over the middle bits; the maps are never iterated, so their layout is not
+ * observable. */
+static inline uint32_t key_hash(int64_t key) {
+    return (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 32);
+}
 
 static int map_init(map_t *m, int64_t num_blocks, const void *kbase, size_t kstride) {
     uint64_t cap = 16;
@@ -30,9 +41,9 @@ static int map_init(map_t *m, int64_t num_blocks, const void *kbase, size_t kstr
     m->mask = cap - 1;
     m->kbase = (const char *)kbase;
     m->kstride = kstride;
-    m->slots = (int32_t *)malloc(cap * sizeof(int32_t));
-    if (!m->slots) return -1;
-    for (uint64_t i = 0; i < cap; i++) m->slots[i] = -1;
+    m->e = (MEnt *)malloc(cap * sizeof(MEnt));
+    if (!m->e) return -1;
+    for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
     return 0;
 }
 
@@ -40,34 +51,39 @@ static inline int64_t map_key(const map_t *m, int32_t val) {
     return *(const int64_t *)(m->kbase + (size_t)val * m->kstride);
 }
 
-/* The slot holding `key`, or the empty slot where it would go: one probe serves a lookup and
- * the update that follows it. */
-static inline uint64_t map_find(const map_t *m, int64_t key) {
-    uint64_t i = mix64((uint64_t)key) & m->mask;
+/* The entry holding `key` (hash h), or the empty entry where it would go: one probe serves a
+ * lookup and the update that follows it. */
+static inline uint64_t map_find_h(const map_t *m, int64_t key, uint32_t h) {
+    uint64_t i = h & m->mask;
     int32_t v;
-    while ((v = m->slots[i]) >= 0 && map_key(m, v) != key) i = (i + 1) & m->mask;
+    while ((v = m->e[i].val) >= 0 && (m->e[i].h != h || map_key(m, v) != key)) i = (i + 1) & m->mask;
     return i;
 }
+static inline uint64_t map_find(const map_t *m, int64_t key) { return map_find_h(m, key, key_hash(key)); }
 
 static inline int32_t map_get(const map_t *m, int64_t key) {
-    return m->slots[map_find(m, key)];
+    return m->e[map_find(m, key)].val;
+}
+/* Entry i (found by map_find) takes value v of hash h. */
+static inline void map_set(map_t *m, uint64_t i, uint32_t h, int32_t v) {
+    m->e[i].h = h; m->e[i].val = v;
 }
 
-/* Empty slot i (found by map_find). */
+/* Empty entry i (found by map_find). */
 static void map_del_at(map_t *m, uint64_t i) {
-    int32_t *sl = m->slots;
+    MEnt *e = m->e;
     /* Backward shift: pull later entries of the probe run into the hole. */
     uint64_t j = i;
     for (;;) {
-        sl[i] = -1;
+        e[i].val = -1;
         for (;;) {
             j = (j + 1) & m->mask;
-            if (sl[j] < 0) return;
-            uint64_t home = mix64((uint64_t)map_key(m, sl[j])) & m->mask;
+            if (e[j].val < 0) return;
+            uint64_t home = e[j].h & m->mask;
             /* Entry j may move to i when its home is not in (i, j] cyclically. */
             if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
         }
-        sl[i] = sl[j];
+        e[i] = e[j];
         i = j;
     }
 }
@@ -82,6 +98,7 @@ typedef struct {
     int32_t ref;
     int32_t dup;        /* next block registered with the same key (-1: none) */
     uint8_t hashed;
+    uint32_t h;         /* key_hash(key), valid while hashed */
 } Blk;
 
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
@@ -158,11 +175,13 @@ static inline void fq_prepend(Core *c, int32_t b) {
 
 /* ---------------- prefix cache (block_pool.py register / _drop_keys) */
 static void cache_register(Core *c, int32_t b, int64_t k) {
-    uint64_t i = map_find(&c->map, k);
-    int32_t first = c->map.slots[i];
+    uint32_t h = key_hash(k);
+    uint64_t i = map_find_h(&c->map, k, h);
+    int32_t first = c->map.e[i].val;
     c->blk[b].key = k;          /* the map reads keys from the blocks */
+    c->blk[b].h = h;
     if (first < 0) {
-        c->map.slots[i] = b;
+        map_set(&c->map, i, h, b);
     } else if (first != b) {
         /* Same content computed twice: later copies queue behind the first (vLLM keeps both). */
         int32_t p = first;
@@ -175,11 +194,11 @@ static void cache_register(Core *c, int32_t b, int64_t k) {
 static void cache_evict(Core *c, int32_t b) {
     c->blk[b].hashed = 0;
     int64_t k = c->blk[b].key;
-    uint64_t i = map_find(&c->map, k);
-    int32_t first = c->map.slots[i];
+    uint64_t i = map_find_h(&c->map, k, c->blk[b].h);
+    int32_t first = c->map.e[i].val;
     if (first == b) {
         int32_t nx = c->blk[b].dup;
-        if (nx >= 0) c->map.slots[i] = nx;
+        if (nx >= 0) c->map.e[i].val = nx;
         else map_del_at(&c->map, i);
         c->blk[b].dup = -1;
     } else if (first >= 0) {
@@ -918,7 +937,7 @@ static void core_free(Core *c) {
     oc_free(&c->oc, c->q.n);
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->abort_upto, c->free_after_step, c->free_after_load,
-                  c->blk, c->map.slots, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
+                  c->blk, c->map.e, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next, c->in_step,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, c->pre_mode, c->pre_fallback};

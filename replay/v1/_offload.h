@@ -46,14 +46,9 @@ static int kmap_init(kmap_t *m, int64_t n) {
     for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
     return 0;
 }
-/* Multiplicative (Fibonacci) hashing, bits 32-63 of the product: one multiply instead of
- * splitmix's five operations, computed once per key and offer (a store looks each key up, then
- * inserts the missing ones after its evictions). The keys' structure (chain id << 24 | block, or
- * minus row << 24 | block) spreads well over the middle bits; the map is never iterated, so its
- * layout is not observable. */
-static inline uint32_t kmap_hash(int64_t key) {
-    return (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 32);
-}
+/* The block map's hash (key_hash), computed once per key and offer (a store looks each key up,
+ * then inserts the missing ones after its evictions). */
+static inline uint32_t kmap_hash(int64_t key) { return key_hash(key); }
 /* The entry holding `key` (hash h), or the empty one where it would go. */
 static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, uint32_t h) {
     uint64_t i = h & m->mask;
@@ -229,7 +224,8 @@ static void ghost_drop(Tier *t, int32_t g) {
 static void ghost_add(Tier *t, int64_t key, int list) {
     int32_t g = t->gfree[--t->ngfree];
     t->gh[g].key = key;
-    t->gmap.slots[map_find(&t->gmap, key)] = g;
+    uint32_t h = key_hash(key);
+    map_set(&t->gmap, map_find_h(&t->gmap, key, h), h, g);
     ghost_append(t, g, list);
 }
 
@@ -265,7 +261,7 @@ static int tier_init(Tier *t, int64_t n, int policy, int64_t nrows) {
 
 static void tier_free(Tier *t) {
     free(t->ch); free(t->map.e); free(t->free_slots); free(t->grp); free(t->gh);
-    free(t->gmap.slots); free(t->gfree);
+    free(t->gmap.e); free(t->gfree);
 }
 
 static inline int32_t tier_get_h(const Tier *t, int64_t key, uint32_t h) {
