@@ -113,10 +113,10 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             event("swap_in", row, blocks)
         # CPU KV offloading (V1 connector): one event per transfer issued, loads then stores.
         load_blocks = store_blocks = 0
-        for x in plan.offload_loads:
+        for x in plan.offload.loads:
             event("offload_load", x.row, len(x.gpu_blocks))
             load_blocks += len(x.gpu_blocks)
-        for x in plan.offload_stores:
+        for x in plan.offload.stores:
             event("offload_store", x.row, len(x.gpu_blocks))
             store_blocks += len(x.gpu_blocks)
         rows = plan.rows
@@ -194,7 +194,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         for r in out.finished.tolist():
             finish[r] = last_tok[r]
         progressed = (len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
-                      or len(out.finished) or plan.offload_loads or plan.offload_stores
+                      or len(out.finished) or plan.offload.loads or plan.offload.stores
                       or out.offload_done)
         idle_spins = 0 if progressed else idle_spins + 1
         t = end
@@ -233,15 +233,15 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
 _PREFILL, _DECODE = BATCH_KINDS.index("prefill"), BATCH_KINDS.index("decode")
 
 
-def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler):
+def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler) -> list[tuple[int, int]]:
     """(row, blocks) per swapped-in request: the swap-in pairs whose GPU block is in that
     request's block table (called right after schedule(), when the tables hold them). A block
     counts for the first such request only: with prefix caching, a request admitted later in the
     same step may hit blocks an earlier one just loaded, and those were not copied for it."""
-    if not plan.swapped_in:
-        return
-    dst = set(plan.swap_in[:, 1].tolist())
+    out = []
+    dst = set(plan.swap_in[:, 1].tolist()) if plan.swapped_in else set()
     for row in plan.swapped_in:
         mine = dst.intersection(scheduler.block_table(int(row)))
         dst -= mine
-        yield int(row), len(mine)
+        out.append((int(row), len(mine)))
+    return out
