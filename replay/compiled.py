@@ -363,7 +363,8 @@ class StepCore:
     def update(self, plan):
         from replay.plan import StepOutput
         sampled, fin, *done = self._ext.update(self._core)
-        return StepOutput(sampled=np.frombuffer(sampled, np.uint8).astype(bool),
+        sampled = plan.rows[np.frombuffer(sampled, np.uint8) != 0]
+        return StepOutput(sampled=tuple(sampled.tolist()),
                           finished=np.frombuffer(fin, np.int32).astype(np.int64),
                           offload_done=tuple((r, "store" if s else "load")
                                              for r, s in (done[0] if done else ())))

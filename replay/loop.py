@@ -14,7 +14,6 @@ polars or DuckDB). Must not import traces/, capacity/, polars or duckdb.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Protocol
 
 import numpy as np
@@ -38,11 +37,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     if n and np.any(np.diff(arrival) < 0):
         raise ValueError("requests must be sorted by arrival_s")
     # Per request, as Python lists while the loop runs (a step touches ~10 rows: scalar reads
-    # and writes of a list are several times cheaper than numpy's); numpy columns at the end.
-    nan = math.nan
-    first_sched, first_tok, finish, last_tok = [nan] * n, [nan] * n, [nan] * n, [nan] * n
+    # and writes of a list are several times cheaper than numpy's); numpy columns at the end
+    # (None, "not yet", becomes NaN there).
+    first_sched, first_tok, finish, last_tok = [None] * n, [None] * n, [None] * n, [None] * n
     max_tbt = [0.0] * n
-    preempted_at = [nan] * n             # time of the last preemption since the last token
+    preempted_at = [None] * n            # time of the last preemption since the last token
     preempt_mode = [0] * n               # 1 recompute, 2 swap
     prompt_len = state.prompt_len.tolist()
     arrival_s = arrival.tolist()
@@ -106,7 +105,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             if p.swap_full_fallback:
                 event("swap_full_fallback", p.row, p.num_blocks)
             event("preempt_swap" if p.mode == "swap" else "preempt_recompute", p.row, p.num_blocks)
-            if math.isnan(preempted_at[p.row]):
+            if preempted_at[p.row] is None:
                 preempted_at[p.row] = t
             preempt_mode[p.row] = 2 if p.mode == "swap" else 1
         for row, blocks in _swapped_in_blocks(plan, scheduler):
@@ -137,7 +136,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         for r, new, computed, prefill, out in zip(
                 row_list, plan.num_new_tokens.tolist(), plan.num_computed_tokens.tolist(),
                 plan.is_prefill.tolist(), state.num_output[rows].tolist()):
-            if math.isnan(first_sched[r]):
+            if first_sched[r] is None:
                 first_sched[r] = t
             if prefill:
                 num_prefill += new
@@ -155,7 +154,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         if tell_time is not None:
             tell_time(t + dt)
         out = scheduler.update(plan)
-        sampled = [r for r, s in zip(row_list, out.sampled.tolist()) if s]
+        sampled = out.sampled
         if len(sampled) != num_sampled:
             raise AssertionError(f"step {step + 1}: executor costed {num_sampled} sampled rows, "
                                  f"scheduler sampled {len(sampled)}")
@@ -170,7 +169,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         odd: list[float] = []
         for r in sampled:
             prev = last_tok[r]
-            if math.isnan(first_tok[r]):
+            if first_tok[r] is None:
                 first_tok[r] = end
             else:
                 gap = end - prev
@@ -180,11 +179,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                     odd.append(gap)
                 if gap > max_tbt[r]:
                     max_tbt[r] = gap
-                if not math.isnan(preempted_at[r]):
+                if preempted_at[r] is not None:
                     stalls["row"].append(r); stalls["preempted_s"].append(preempted_at[r])
                     stalls["resumed_s"].append(end); stalls["stall_s"].append(gap)
                     stalls["mode"].append("swap" if preempt_mode[r] == 2 else "recompute")
-            preempted_at[r] = nan
+            preempted_at[r] = None
             last_tok[r] = end
         if num_same:
             tbt_vals.append(end - t); tbt_wts.append(num_same)

@@ -128,8 +128,8 @@ class StepPlan:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepOutput:
-    # Aligned with plan.rows: the row produced an output token at the end of this step.
-    sampled: np.ndarray
+    # The rows that produced an output token at the end of this step, in batch order.
+    sampled: tuple[int, ...]
     # Rows that finished in this step (their blocks are already freed), in the order freed.
     finished: np.ndarray
     # V1 CPU KV offloading: (row, "load" | "store") per transfer reported complete in this

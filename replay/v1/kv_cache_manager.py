@@ -93,21 +93,22 @@ class KVCacheManager:
         """`allocate_slots` for a running request (no prefix hit, no full-ISL gate, no
         watermark; the scheduler keeps its tokens below max_model_len): None (and no change)
         when the new blocks do not fit; else the new blocks."""
+        pool, bs = self.pool, self.block_size
         end = num_computed + num_new_tokens
-        need = -(-end // self.block_size) - self.held[row]
+        need = -(-end // bs) - self.held[row]
         new: list[int] = []
         if need > 0:
-            if need > self.pool.num_free:
+            if need > pool.num_free:
                 return None
-            new = self.pool.pop_new(need)
+            new = pool.pop_new(need)
             self.tables[row].extend(new)
             self.held[row] += need
         # (cache_blocks inlined: this runs for every running request in every step)
-        if self.pool.enable_caching:
-            n_full = min(end, num_tokens) // self.block_size
+        if pool.enable_caching:
+            n_full = (end if end < num_tokens else num_tokens) // bs
             nc = self.num_cached[row]
             if nc < n_full:
-                self.pool.register(self.tables[row][nc:n_full], self.keys.keys(row, nc, n_full))
+                pool.register(self.tables[row][nc:n_full], self.keys.keys(row, nc, n_full))
                 self.num_cached[row] = n_full
         return new
 

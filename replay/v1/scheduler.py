@@ -385,7 +385,10 @@ class V1Scheduler:
             n = nt - c
             if 0 < thr < n:
                 n = thr
-            n = min(n, budget, L - c - 1)
+            if n > budget:
+                n = budget
+            if n > L - 1 - c:    # the sequence stays below max_model_len
+                n = L - 1 - c
             if n <= 0:
                 i += 1
                 continue
@@ -583,8 +586,7 @@ class V1Scheduler:
         self._free_after_step.clear()
         prompt, out_len, L = self._prompt, self._out_len, self.spec.max_model_len
         computed, num_output = self.num_computed, self.num_output
-        sampled = [computed[r] >= prompt[r] + num_output[r] for r in rows]
-        got = [r for r, s in zip(rows, sampled) if s]
+        got = [r for r in rows if computed[r] >= prompt[r] + num_output[r]]
         prefilling = self.prefilling
         for r in got:
             num_output[r] += 1
@@ -634,7 +636,7 @@ class V1Scheduler:
                 st.status[r] = Status.FINISHED
             gone = set(running)
             self.running = [r for r in self.running if r not in gone]
-        sampled, finished = np.array(sampled, bool), np.array(fin, _I64) if fin else _NO_ROWS
+        sampled, finished = tuple(got), np.array(fin, _I64) if fin else _NO_ROWS
         if self.conn is None:
             return StepOutput(sampled=sampled, finished=finished)
         # The worker runs the step's connector metadata; its output (transfers done) is applied
