@@ -216,8 +216,9 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     raw.first_token_s = np.array(first_tok, dtype=np.float64)
     raw.finish_s = np.array(finish, dtype=np.float64)
     raw.max_tbt_s = np.array(max_tbt, dtype=np.float64)
-    cols = list(zip(*step_rows)) if step_rows else [()] * len(STEP_COLUMNS)
-    raw.steps = {k: np.asarray(c, dtype=dt) for (k, dt), c in zip(STEP_COLUMNS.items(), cols)}
+    # One conversion of the step table (its integers are counts, exact in float64), then columns.
+    table = np.array(step_rows, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
+    raw.steps = {k: table[:, i].astype(dt) for i, (k, dt) in enumerate(STEP_COLUMNS.items())}
     raw.num_steps = step
     raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
     raw.tbt_values = np.array(tbt_vals, dtype=np.float64)

@@ -65,8 +65,8 @@ class V1Scheduler:
         self.num_computed = state.num_computed.tolist()
         self.num_output = state.num_output.tolist()
         self._arrived: list[int] = []          # added since the last schedule (rejection check)
-        # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
-        self.prefilling = [False] * state.n
+        # Rows admitted whose first token of this life is not sampled yet (StepPlan.is_prefill).
+        self.prefilling: set[int] = set()
         self._last_sched: dict[int, int] = {}  # the last schedule(): row -> new tokens
         self._admitted: dict[int, int] = {}
         # Async scheduling (0.33 AsyncScheduler, lag 1): a token sampled by the step in flight
@@ -294,7 +294,7 @@ class V1Scheduler:
         st.status[row] = Status.WAITING
         st.num_preemptions[row] += 1
         st.num_recomputes[row] += 1
-        self.prefilling[row] = False
+        self.prefilling.discard(row)
         self._inflight_prefills.discard(row)
         self.waiting.prepend(row)
         preempted.append(Preemption(row=row, mode="recompute", num_blocks=len(table)))
@@ -347,7 +347,7 @@ class V1Scheduler:
             for r in sched:
                 if computed[r] >= self._prompt[r] + self.num_output[r]:
                     self._inflight_prefills.discard(r)
-        prefilling, offload = self.prefilling, NO_OFFLOAD
+        pre, offload = self.prefilling, NO_OFFLOAD
         if conn is not None:
             # build_connector_meta: write-through stores of the scheduled requests (batch
             # order), then the finishes since the last step and the flushes.
@@ -361,8 +361,8 @@ class V1Scheduler:
                 store_failed=tuple(conn.store_failed), flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=np.array([prefilling[r] for r in sched], bool), kind=kind,
-            swap_out=_NO_PAIRS, swap_in=_NO_PAIRS, preempted=tuple(preempted),
+            is_prefill=np.array([r in pre for r in sched] if pre else [False] * len(sched), bool),
+            kind=kind, swap_out=_NO_PAIRS, swap_in=_NO_PAIRS, preempted=tuple(preempted),
             rejected=tuple(rejected), offload=offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
@@ -516,7 +516,7 @@ class V1Scheduler:
         self._admitted[r] = _RESUMED if st.num_preemptions[r] > 0 else _NEW
         st.status[r] = Status.RUNNING
         self.num_computed[r] = st.num_computed[r] = computed
-        self.prefilling[r] = True
+        self.prefilling.add(r)
         sched[r] = n
 
     def _loaded_phase(self, sched: dict[int, int], budget: int, thr: int,
@@ -590,7 +590,7 @@ class V1Scheduler:
         prefilling = self.prefilling
         for r in got:
             num_output[r] += 1
-            prefilling[r] = False
+            prefilling.discard(r)
         st.num_output[plan.rows] = [num_output[r] for r in rows]
         applied = got
         ph = self.placeholders
