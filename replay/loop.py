@@ -238,8 +238,9 @@ def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler) -> list[tuple[int, 
     request's block table (called right after schedule(), when the tables hold them). A block
     counts for the first such request only: with prefix caching, a request admitted later in the
     same step may hit blocks an earlier one just loaded, and those were not copied for it."""
-    out = []
-    dst = set(plan.swap_in[:, 1].tolist()) if plan.swapped_in else set()
+    if not plan.swapped_in:
+        return []
+    out, dst = [], set(plan.swap_in[:, 1].tolist())
     for row in plan.swapped_in:
         mine = dst.intersection(scheduler.block_table(int(row)))
         dst -= mine
