@@ -353,17 +353,18 @@ class StepCore:
                         swapped_in=tuple(_col(p, "si_rows", np.int32).tolist()))
         else:
             swap = {}
-        off = _offload_plan(p.get("offload"))
         return StepPlan(rows=rows, num_new_tokens=_col(p, "num_new", np.int64).copy(),
                         num_computed_tokens=_col(p, "num_computed", np.int64).copy(),
                         is_prefill=_col(p, "prefill", np.uint8).astype(bool),
                         kind=_col(p, "kind", np.int8).copy() if "kind" in p else None,
-                        preempted=pre, rejected=rej, **swap, **off)
+                        preempted=pre, rejected=rej, **swap,
+                        offload=_offload_plan(p.get("offload")))
 
     def update(self, plan):
         from replay.plan import StepOutput
         sampled, fin, *done = self._ext.update(self._core)
-        return StepOutput(sampled=np.frombuffer(sampled, np.uint8).astype(bool),
+        sampled = plan.rows[np.frombuffer(sampled, np.uint8) != 0]
+        return StepOutput(sampled=tuple(sampled.tolist()),
                           finished=np.frombuffer(fin, np.int32).astype(np.int64),
                           offload_done=tuple((r, "store" if s else "load")
                                              for r, s in (done[0] if done else ())))
@@ -424,16 +425,16 @@ class StepCore:
         return out
 
 
-def _offload_plan(off: dict | None) -> dict:
-    """StepPlan's offload_* fields from a V1 core's schedule() (empty without the connector)."""
-    from replay.plan import OffloadTransfer
+def _offload_plan(off: dict | None):
+    """StepPlan.offload from a V1 core's schedule() (NO_OFFLOAD without the connector)."""
+    from replay.plan import NO_OFFLOAD, OffloadPlan, OffloadTransfer
     if off is None:
-        return {}
+        return NO_OFFLOAD
 
     def transfers(jobs):
         return tuple(OffloadTransfer(row=r, num_tokens=n, gpu_blocks=tuple(b), chunks=tuple(i),
                                      keys=tuple(k)) for r, n, b, i, k in jobs)
-    return {"offload_lookups": tuple(off["lookups"]), "offload_hits": tuple(off["hits"]),
-            "offload_loads": transfers(off["loads"]), "offload_stores": transfers(off["stores"]),
-            "offload_evicted": tuple(off["evicted"]), "offload_store_failed": tuple(off["failed"]),
-            "offload_flushed": tuple(off["flushed"])}
+    return OffloadPlan(
+        lookups=tuple(off["lookups"]), hits=tuple(off["hits"]), loads=transfers(off["loads"]),
+        stores=transfers(off["stores"]), evicted=tuple(off["evicted"]),
+        store_failed=tuple(off["failed"]), flushed=tuple(off["flushed"]))

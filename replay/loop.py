@@ -14,7 +14,6 @@ polars or DuckDB). Must not import traces/, capacity/, polars or duckdb.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Protocol
 
 import numpy as np
@@ -38,11 +37,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     if n and np.any(np.diff(arrival) < 0):
         raise ValueError("requests must be sorted by arrival_s")
     # Per request, as Python lists while the loop runs (a step touches ~10 rows: scalar reads
-    # and writes of a list are several times cheaper than numpy's); numpy columns at the end.
-    nan = math.nan
-    first_sched, first_tok, finish, last_tok = [nan] * n, [nan] * n, [nan] * n, [nan] * n
+    # and writes of a list are several times cheaper than numpy's); numpy columns at the end
+    # (None, "not yet", becomes NaN there).
+    first_sched, first_tok, finish, last_tok = [None] * n, [None] * n, [None] * n, [None] * n
     max_tbt = [0.0] * n
-    preempted_at = [nan] * n             # time of the last preemption since the last token
+    preempted_at = [None] * n            # time of the last preemption since the last token
     preempt_mode = [0] * n               # 1 recompute, 2 swap
     prompt_len = state.prompt_len.tolist()
     arrival_s = arrival.tolist()
@@ -106,17 +105,17 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             if p.swap_full_fallback:
                 event("swap_full_fallback", p.row, p.num_blocks)
             event("preempt_swap" if p.mode == "swap" else "preempt_recompute", p.row, p.num_blocks)
-            if math.isnan(preempted_at[p.row]):
+            if preempted_at[p.row] is None:
                 preempted_at[p.row] = t
             preempt_mode[p.row] = 2 if p.mode == "swap" else 1
         for row, blocks in _swapped_in_blocks(plan, scheduler):
             event("swap_in", row, blocks)
         # CPU KV offloading (V1 connector): one event per transfer issued, loads then stores.
         load_blocks = store_blocks = 0
-        for x in plan.offload_loads:
+        for x in plan.offload.loads:
             event("offload_load", x.row, len(x.gpu_blocks))
             load_blocks += len(x.gpu_blocks)
-        for x in plan.offload_stores:
+        for x in plan.offload.stores:
             event("offload_store", x.row, len(x.gpu_blocks))
             store_blocks += len(x.gpu_blocks)
         rows = plan.rows
@@ -137,7 +136,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         for r, new, computed, prefill, out in zip(
                 row_list, plan.num_new_tokens.tolist(), plan.num_computed_tokens.tolist(),
                 plan.is_prefill.tolist(), state.num_output[rows].tolist()):
-            if math.isnan(first_sched[r]):
+            if first_sched[r] is None:
                 first_sched[r] = t
             if prefill:
                 num_prefill += new
@@ -155,7 +154,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         if tell_time is not None:
             tell_time(t + dt)
         out = scheduler.update(plan)
-        sampled = [r for r, s in zip(row_list, out.sampled.tolist()) if s]
+        sampled = out.sampled
         if len(sampled) != num_sampled:
             raise AssertionError(f"step {step + 1}: executor costed {num_sampled} sampled rows, "
                                  f"scheduler sampled {len(sampled)}")
@@ -170,7 +169,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         odd: list[float] = []
         for r in sampled:
             prev = last_tok[r]
-            if math.isnan(first_tok[r]):
+            if first_tok[r] is None:
                 first_tok[r] = end
             else:
                 gap = end - prev
@@ -180,11 +179,11 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
                     odd.append(gap)
                 if gap > max_tbt[r]:
                     max_tbt[r] = gap
-                if not math.isnan(preempted_at[r]):
+                if preempted_at[r] is not None:
                     stalls["row"].append(r); stalls["preempted_s"].append(preempted_at[r])
                     stalls["resumed_s"].append(end); stalls["stall_s"].append(gap)
                     stalls["mode"].append("swap" if preempt_mode[r] == 2 else "recompute")
-            preempted_at[r] = nan
+            preempted_at[r] = None
             last_tok[r] = end
         if num_same:
             tbt_vals.append(end - t); tbt_wts.append(num_same)
@@ -194,7 +193,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         for r in out.finished.tolist():
             finish[r] = last_tok[r]
         progressed = (len(rows) or plan.preempted or plan.rejected or len(plan.swap_in)
-                      or len(out.finished) or plan.offload_loads or plan.offload_stores
+                      or len(out.finished) or plan.offload.loads or plan.offload.stores
                       or out.offload_done)
         idle_spins = 0 if progressed else idle_spins + 1
         t = end
@@ -217,8 +216,9 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     raw.first_token_s = np.array(first_tok, dtype=np.float64)
     raw.finish_s = np.array(finish, dtype=np.float64)
     raw.max_tbt_s = np.array(max_tbt, dtype=np.float64)
-    cols = list(zip(*step_rows)) if step_rows else [()] * len(STEP_COLUMNS)
-    raw.steps = {k: np.asarray(c, dtype=dt) for (k, dt), c in zip(STEP_COLUMNS.items(), cols)}
+    # One conversion of the step table (its integers are counts, exact in float64), then columns.
+    table = np.array(step_rows, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
+    raw.steps = {k: table[:, i].astype(dt) for i, (k, dt) in enumerate(STEP_COLUMNS.items())}
     raw.num_steps = step
     raw.sim_seconds = t - (float(arrival[0]) if n else 0.0)
     raw.tbt_values = np.array(tbt_vals, dtype=np.float64)
@@ -233,15 +233,16 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
 _PREFILL, _DECODE = BATCH_KINDS.index("prefill"), BATCH_KINDS.index("decode")
 
 
-def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler):
+def _swapped_in_blocks(plan: StepPlan, scheduler: Scheduler) -> list[tuple[int, int]]:
     """(row, blocks) per swapped-in request: the swap-in pairs whose GPU block is in that
     request's block table (called right after schedule(), when the tables hold them). A block
     counts for the first such request only: with prefix caching, a request admitted later in the
     same step may hit blocks an earlier one just loaded, and those were not copied for it."""
     if not plan.swapped_in:
-        return
-    dst = set(plan.swap_in[:, 1].tolist())
+        return []
+    out, dst = [], set(plan.swap_in[:, 1].tolist())
     for row in plan.swapped_in:
         mine = dst.intersection(scheduler.block_table(int(row)))
         dst -= mine
-        yield int(row), len(mine)
+        out.append((int(row), len(mine)))
+    return out

@@ -71,6 +71,28 @@ class OffloadTransfer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OffloadPlan:
+    """A step's V1 CPU KV offloading decisions (vLLM's `kv_connector_metadata`), in the order the
+    connector made them; all empty without the connector."""
+    # Every lookup (row, tokens it would load; None = deferred: a chunk is being loaded or
+    # stored, or the request has transfers in flight), also for requests then not admitted.
+    lookups: tuple[tuple[int, int | None], ...] = ()
+    # (row, GPU-hit tokens, CPU-hit tokens) for requests admitted after a lookup.
+    hits: tuple[tuple[int, int, int], ...] = ()
+    # Loads and stores planned; chunk keys evicted for the stores (in eviction order); rows whose
+    # store was dropped (not enough evictable chunks, F15); rows whose in-flight stores are
+    # flushed before this step's forward pass (F9).
+    loads: tuple[OffloadTransfer, ...] = ()
+    stores: tuple[OffloadTransfer, ...] = ()
+    evicted: tuple[int, ...] = ()
+    store_failed: tuple[int, ...] = ()
+    flushed: tuple[int, ...] = ()
+
+
+NO_OFFLOAD = OffloadPlan()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepPlan:
     # Scheduled requests (trace rows) in batch order.
     rows: np.ndarray = field(default_factory=_empty_rows)
@@ -96,20 +118,8 @@ class StepPlan:
     rejected: tuple[Rejection, ...] = ()
     # Set when the engine stops in this step (nothing in this plan runs).
     abort: SwapAbort | None = None
-    # V1 CPU KV offloading (empty without it), in the order the connector did them:
-    # every lookup (row, tokens it would load; None = deferred: a chunk is being loaded or
-    # stored, or the request has transfers in flight), also for requests then not admitted;
-    offload_lookups: tuple[tuple[int, int | None], ...] = ()
-    # (row, GPU-hit tokens, CPU-hit tokens) for requests admitted after a lookup;
-    offload_hits: tuple[tuple[int, int, int], ...] = ()
-    # loads and stores planned; chunk keys evicted for the stores (in eviction order); rows whose
-    # store was dropped (not enough evictable chunks, F15); rows whose in-flight stores are
-    # flushed before this step's forward pass (F9).
-    offload_loads: tuple[OffloadTransfer, ...] = ()
-    offload_stores: tuple[OffloadTransfer, ...] = ()
-    offload_evicted: tuple[int, ...] = ()
-    offload_store_failed: tuple[int, ...] = ()
-    offload_flushed: tuple[int, ...] = ()
+    # V1 CPU KV offloading (NO_OFFLOAD without the connector).
+    offload: OffloadPlan = NO_OFFLOAD
 
     @property
     def num_batched_tokens(self) -> int:
@@ -118,8 +128,8 @@ class StepPlan:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepOutput:
-    # Aligned with plan.rows: the row produced an output token at the end of this step.
-    sampled: np.ndarray
+    # The rows that produced an output token at the end of this step, in batch order.
+    sampled: tuple[int, ...]
     # Rows that finished in this step (their blocks are already freed), in the order freed.
     finished: np.ndarray
     # V1 CPU KV offloading: (row, "load" | "store") per transfer reported complete in this

@@ -1,7 +1,9 @@
 """Per-request engine state as a struct of numpy arrays indexed by trace row.
 
 Schedulers own the queues and the blocks; this table holds what every part reads (the replay loop,
-the results): lengths, progress and the preemption counters. Must not import traces/ or capacity/.
+the results): lengths, progress and the preemption counters. (The V1 reference scheduler keeps the
+two it changes every step, num_computed and num_output, as Python ints and writes them here once
+per step.) Must not import traces/ or capacity/.
 """
 from __future__ import annotations
 

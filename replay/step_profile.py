@@ -82,7 +82,7 @@ def _segment(xs: tuple[float, ...], v: float) -> tuple[int, float]:
     `tab_segment`)."""
     if v <= xs[0]:
         return 0, 0.0
-    i = min(bisect.bisect_right(xs, v) - 1, len(xs) - 2)
+    i = bisect.bisect_right(xs, v, 0, len(xs) - 1) - 1     # the last segment at most
     return i, (v - xs[i]) / (xs[i + 1] - xs[i])
 
 

@@ -8,8 +8,8 @@ then play the model's output back (update()). Schedulers expose two test hooks:
 "kv_usage": float (V1)} with block ids as vLLM prints them (V0 host blocks offset by num_gpu_blocks).
 
 CPU KV offloading (V1 `kv_offloading` scenarios O*, oracle README §4). The plan carries the
-connector's decisions of the step (`StepPlan.offload_lookups`, `offload_hits`, `offload_loads`,
-`offload_stores`, `offload_evicted`, `offload_store_failed`, `offload_flushed`), the output the
+connector's decisions of the step (`StepPlan.offload`: lookups, hits, loads, stores, evicted,
+store_failed, flushed), the output the
 transfers it reports done (`StepOutput.offload_done`), and `snapshot()` adds:
 "free_cpu": tier chunks holding no data (pending and evictable ones count as used),
 "waiting_for_kv": [rows in WAITING_FOR_REMOTE_KVS], "cpu_pending": int (chunks whose store is in
@@ -195,15 +195,15 @@ def drive(make_scheduler, sc: dict, engine: str, *, inspect=None) -> list[dict]:
             line["computed"] = {ids[r]: int(c) for r, c in snap["computed"].items()}
         if offloading:
             line["waiting_for_kv"] = name(snap["waiting_for_kv"])
-            line["cpu_lookup"] = {ids[r]: t for r, t in plan.offload_lookups}
-            line["cpu_hit"] = {ids[r]: [g, c] for r, g, c in plan.offload_hits}
+            off = plan.offload
+            line["cpu_lookup"] = {ids[r]: t for r, t in off.lookups}
+            line["cpu_hit"] = {ids[r]: [g, c] for r, g, c in off.hits}
             line["cpu_load"] = [[ids[t.row], t.num_tokens, list(t.gpu_blocks), chunks(t)]
-                                for t in plan.offload_loads]
-            line["cpu_store"] = [[ids[t.row], list(t.gpu_blocks), chunks(t)]
-                                 for t in plan.offload_stores]
-            line["cpu_evict"] = [chunk_names[k] for k in plan.offload_evicted]
-            line["cpu_store_failed"] = name(plan.offload_store_failed)
-            line["cpu_flush"] = name(plan.offload_flushed)
+                                for t in off.loads]
+            line["cpu_store"] = [[ids[t.row], list(t.gpu_blocks), chunks(t)] for t in off.stores]
+            line["cpu_evict"] = [chunk_names[k] for k in off.evicted]
+            line["cpu_store_failed"] = name(off.store_failed)
+            line["cpu_flush"] = name(off.flushed)
         if tell is not None:
             tell(float(step))
         res = sched.update(plan)

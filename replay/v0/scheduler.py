@@ -384,9 +384,8 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
         """Play the model output back like vLLM's synchronous engine loop (oracle.py V0)."""
         st = self.state
         rows = plan.rows
-        sampled = np.zeros(len(rows), dtype=bool)
         if plan.abort is not None or len(rows) == 0:
-            return StepOutput(sampled=sampled, finished=np.zeros(0, dtype=np.int64))
+            return StepOutput(sampled=(), finished=np.zeros(0, dtype=np.int64))
         # One gather per column, then plain Python per row (batches are small).
         status = st.status[rows].tolist()
         nout = st.num_output[rows].tolist()
@@ -406,7 +405,6 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
                 prefilled.append(row)
             if is_prefill[i] and computed < seq_len:
                 continue
-            sampled[i] = True
             got.append(row)
             if nout[i] + 1 >= out_len[row] or seq_len + 1 >= L:
                 fin.append(row)
@@ -426,7 +424,7 @@ class V0Scheduler(AdmissionMixin, PreemptionMixin):
                 else:
                     remaining.append(row)
             self.running = remaining
-        return StepOutput(sampled=sampled, finished=np.array(finished, dtype=np.int64))
+        return StepOutput(sampled=tuple(got), finished=np.array(finished, dtype=np.int64))
 
 
 def _cat_pairs(parts: list[np.ndarray]) -> np.ndarray:

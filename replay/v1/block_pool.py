@@ -56,9 +56,6 @@ class BlockPool:
         """The free queue, head first (a copy)."""
         return list(self._free)
 
-    def free_order(self) -> list[int]:
-        return list(self._free)
-
     @property
     def ref(self) -> list[int]:
         """Reference count of every block (a copy)."""

@@ -48,11 +48,6 @@ class KVCacheManager:
         self.held = [0] * num_rows
         self.num_cached = [0] * num_rows
 
-    # ---------------------------------------------------------------- keys
-    def block_keys(self, row: int, start: int, stop: int) -> list[int]:
-        """Keys of blocks start..stop-1 of `row` (all full and known)."""
-        return self.keys.keys(row, start, stop)
-
     # ---------------------------------------------------------------- lookup
     def get_computed_blocks(self, row: int, num_tokens: int) -> list[int]:
         """Longest run of cached full blocks from block 0, capped at `num_tokens - 1` tokens (the
@@ -96,22 +91,24 @@ class KVCacheManager:
     def grow(self, row: int, num_new_tokens: int, num_computed: int,
              num_tokens: int) -> list[int] | None:
         """`allocate_slots` for a running request (no prefix hit, no full-ISL gate, no
-        watermark): None (and no change) when the new blocks do not fit; else the new blocks."""
+        watermark; the scheduler keeps its tokens below max_model_len): None (and no change)
+        when the new blocks do not fit; else the new blocks."""
+        pool, bs = self.pool, self.block_size
         end = num_computed + num_new_tokens
-        need = -(-min(end, self.max_model_len) // self.block_size) - self.held[row]
+        need = -(-end // bs) - self.held[row]
         new: list[int] = []
         if need > 0:
-            if need > self.pool.num_free:
+            if need > pool.num_free:
                 return None
-            new = self.pool.pop_new(need)
+            new = pool.pop_new(need)
             self.tables[row].extend(new)
             self.held[row] += need
         # (cache_blocks inlined: this runs for every running request in every step)
-        if self.pool.enable_caching:
-            n_full = min(end, num_tokens) // self.block_size
+        if pool.enable_caching:
+            n_full = (end if end < num_tokens else num_tokens) // bs
             nc = self.num_cached[row]
             if nc < n_full:
-                self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
+                pool.register(self.tables[row][nc:n_full], self.keys.keys(row, nc, n_full))
                 self.num_cached[row] = n_full
         return new
 
@@ -168,7 +165,7 @@ class KVCacheManager:
             return
         nc, n_full = self.num_cached[row], num_tokens // self.block_size
         if nc < n_full:
-            self.pool.register(self.tables[row][nc:n_full], self.block_keys(row, nc, n_full))
+            self.pool.register(self.tables[row][nc:n_full], self.keys.keys(row, nc, n_full))
             self.num_cached[row] = n_full
 
     def free(self, row: int) -> list[int]:

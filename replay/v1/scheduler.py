@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.plan import Preemption, Rejection, StepOutput, StepPlan
+from replay.plan import NO_OFFLOAD, OffloadPlan, Preemption, Rejection, StepOutput, StepPlan
 from replay.raw import BATCH_KINDS
 from replay.prefix import BlockKeys
 from replay.spec import SchedulerSpec
@@ -29,9 +29,11 @@ from replay.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
 _NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "running"))
-# V1 never swaps: every plan shares one empty (read-only) pair list instead of allocating two.
+# V1 never swaps: every plan shares one empty (read-only) pair list instead of allocating two;
+# most steps finish no request: their outputs share one empty row list.
 _NO_PAIRS = np.zeros((0, 2), dtype=_I64)
-_NO_PAIRS.flags.writeable = False
+_NO_ROWS = np.zeros(0, dtype=_I64)
+_NO_PAIRS.flags.writeable = _NO_ROWS.flags.writeable = False
 
 
 class V1Scheduler:
@@ -52,25 +54,28 @@ class V1Scheduler:
                            else spec.max_num_seqs)
         # vLLM: int(watermark * num_blocks), null block included.
         self.watermark_blocks = int(spec.watermark * spec.num_gpu_blocks)
-        # Python copies of constant per-row numbers for the scalar paths (numpy scalar reads are
-        # slow); the mutable counters live only in `state`.
+        # Python copies of the per-row numbers a step reads (a numpy scalar read costs ~100 ns).
         self._prompt = state.prompt_len.tolist()
         self._out_len = state.output_len.tolist()
         self._prio = state.priority.tolist()
         self._arrival = state.arrival_s.tolist()
+        # The counters every step reads and writes, as Python ints; `state` gets them once per
+        # step (num_computed from schedule(), num_output from update()), the other counters
+        # (written at admission, preemption and finish only) directly.
+        self.num_computed = state.num_computed.tolist()
+        self.num_output = state.num_output.tolist()
         self._arrived: list[int] = []          # added since the last schedule (rejection check)
-        # Admitted and the first token of this life not sampled yet (StepPlan.is_prefill).
-        self.prefilling = np.zeros(state.n, dtype=bool)
-        self._prefill_rows: set[int] = set()   # the running rows among them
-        self._last_rows = np.zeros(0, _I64)
+        # Rows admitted whose first token of this life is not sampled yet (StepPlan.is_prefill).
+        self.prefilling: set[int] = set()
+        self._last_sched: dict[int, int] = {}  # the last schedule(): row -> new tokens
         self._admitted: dict[int, int] = {}
         # Async scheduling (0.33 AsyncScheduler, lag 1): a token sampled by the step in flight
-        # counts in state.num_output at once (vLLM schedules on num_tokens +
+        # counts in num_output at once (vLLM schedules on num_tokens +
         # num_output_placeholders) and stays a placeholder until the next update() applies it;
         # the stop checks and frees run then, one step late.
         self.async_scheduling = spec.async_scheduling
         self.placeholders = [0] * state.n
-        self._in_flight = np.zeros(0, _I64)    # rows that sampled in the step in flight
+        self._in_flight: list[int] = []        # rows that sampled in the step in flight
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
@@ -111,10 +116,9 @@ class V1Scheduler:
             # vLLM calls the connector's request_finished for an aborted request too; it offers
             # the tokens computed so far (FINISHED_ABORTED in `_build_store_jobs`).
             self.conn.request_finished(row, self.kv.tables.get(row, []), self._real_tokens(row),
-                                       aborted_at=int(self.state.num_computed[row]))
+                                       aborted_at=self.num_computed[row])
         if st == Status.RUNNING:
             self.running.remove(row)
-            self._prefill_rows.discard(row)
             if self.conn is not None and row in self._rows_in_flight:
                 if self._promised:
                     self._promised_total -= self._promised.pop(row, 0)
@@ -134,7 +138,7 @@ class V1Scheduler:
                 self._arrived.remove(row)
         else:
             return
-        self._in_flight = self._in_flight[self._in_flight != row]
+        self._in_flight = [r for r in self._in_flight if r != row]
         self._inflight_prefills.discard(row)
         self.state.status[row] = Status.ABORTED
 
@@ -179,8 +183,8 @@ class V1Scheduler:
         snap = {"waiting": self.loading + self.waiting.rows(), "running": list(self.running),
                 "swapped": [], "free_gpu": pool.num_free, "free_cpu": None,
                 "blocks": {r: list(self.kv.tables.get(r, [])) for r in self.running},
-                "computed": {r: int(self.state.num_computed[r]) for r in self._last_rows.tolist()},
-                "kv_usage": pool.usage(), "free_queue": pool.free_order()}
+                "computed": {r: self.num_computed[r] for r in self._last_sched},
+                "kv_usage": pool.usage(), "free_queue": pool.free_queue}
         if self.conn is not None:
             tier = self.conn.tier
             snap["free_cpu"] = tier.capacity - tier.num_used
@@ -200,7 +204,7 @@ class V1Scheduler:
         """vLLM `request.num_tokens`: prompt and sampled tokens, without async placeholders
         (only real tokens have block hashes: the GPU prefix cache and the offload keys stop
         there)."""
-        return self._prompt[row] + int(self.state.num_output[row]) - self.placeholders[row]
+        return self._prompt[row] + self.num_output[row] - self.placeholders[row]
 
     def _reserved_for_prefills(self) -> int:
         """Blocks the in-flight prefills still need to hold their whole (real) sequence
@@ -243,7 +247,7 @@ class V1Scheduler:
         (num_new_tokens, Admission, CPU-hit tokens to load), None when it cannot be admitted now,
         or "skip" when the connector defers its lookup (F10)."""
         spec, kv, bs = self.spec, self.kv, self.block_size
-        nt = self._prompt[row] + int(self.state.num_output[row])
+        nt = self._prompt[row] + self.num_output[row]
         hits = kv.get_computed_blocks(row, nt)
         if self.conn is not None:
             cpu = self.conn.lookup(row, len(hits) * bs, self._real_tokens(row))
@@ -284,14 +288,13 @@ class V1Scheduler:
         st = self.state
         if self.conn is not None:
             self.conn.preempted(row)
-        st.computed_at_preemption[row] = st.num_computed[row]
+        st.computed_at_preemption[row] = self.num_computed[row]
         table = self._release(row)
-        st.num_computed[row] = 0
+        self.num_computed[row] = st.num_computed[row] = 0
         st.status[row] = Status.WAITING
         st.num_preemptions[row] += 1
         st.num_recomputes[row] += 1
-        self.prefilling[row] = False
-        self._prefill_rows.discard(row)
+        self.prefilling.discard(row)
         self._inflight_prefills.discard(row)
         self.waiting.prepend(row)
         preempted.append(Preemption(row=row, mode="recompute", num_blocks=len(table)))
@@ -323,62 +326,69 @@ class V1Scheduler:
         self._admitted = {}
         preempted: list[Preemption] = []
         budget = self._running_loop(0, sched, budget, thr, preempted)
-        if not preempted:
+        if not preempted and (len(self.waiting) or self.loading):
             budget = self._waiting_phase(sched, budget, thr, rejected)
 
         rows = np.fromiter(sched, _I64, len(sched))
         nnew = np.fromiter(sched.values(), _I64, len(sched))
         adm = self._admitted
-        kind = np.array([adm.get(r, _RUNNING) for r in sched], np.int8)
+        kind = np.array([adm.get(r, _RUNNING) for r in sched] if adm else [_RUNNING] * len(sched),
+                        np.int8)
         # Admissions already hold their hit as computed; _update_after_schedule comes next.
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
-        self._last_rows = rows
+        computed = self.num_computed
+        for r, n in sched.items():
+            computed[r] += n
+        self._last_sched = sched
         if self._inflight_prefills:
             # `_update_after_schedule`: a request whose chunk reaches its known tokens is no
             # longer an in-flight prefill.
-            for r in rows.tolist():
-                if st.num_computed[r] >= self._prompt[r] + st.num_output[r]:
+            for r in sched:
+                if computed[r] >= self._prompt[r] + self.num_output[r]:
                     self._inflight_prefills.discard(r)
-        offload = {}
+        pre, offload = self.prefilling, NO_OFFLOAD
         if conn is not None:
             # build_connector_meta: write-through stores of the scheduled requests (batch
             # order), then the finishes since the last step and the flushes.
             tables = self.kv.tables
-            for r, c in zip(rows.tolist(), st.num_computed[rows].tolist()):
-                conn.plan_stores(r, c, self._real_tokens(r), tables[r])
+            for r in sched:
+                conn.plan_stores(r, computed[r], self._real_tokens(r), tables[r])
             conn.end_schedule()
-            offload = dict(offload_lookups=tuple(conn.lookups), offload_hits=tuple(conn.hits),
-                           offload_loads=tuple(conn.loads), offload_stores=tuple(conn.stores),
-                           offload_evicted=tuple(conn.evicted),
-                           offload_store_failed=tuple(conn.store_failed),
-                           offload_flushed=tuple(conn.flushed))
+            offload = OffloadPlan(
+                lookups=tuple(conn.lookups), hits=tuple(conn.hits), loads=tuple(conn.loads),
+                stores=tuple(conn.stores), evicted=tuple(conn.evicted),
+                store_failed=tuple(conn.store_failed), flushed=tuple(conn.flushed))
         return StepPlan(
             rows=rows, num_new_tokens=nnew, num_computed_tokens=before,
-            is_prefill=self.prefilling[rows], kind=kind, swap_out=_NO_PAIRS, swap_in=_NO_PAIRS,
-            preempted=tuple(preempted), rejected=tuple(rejected), **offload)
+            is_prefill=np.array([r in pre for r in sched] if pre else [False] * len(sched), bool),
+            kind=kind, swap_out=_NO_PAIRS, swap_in=_NO_PAIRS, preempted=tuple(preempted),
+            rejected=tuple(rejected), offload=offload)
 
     def _running_loop(self, i: int, sched: dict[int, int], budget: int, thr: int,
                       preempted: list) -> int:
         """vLLM's running loop from request i on: allocate, preempting until it fits."""
         st, kv, L = self.state, self.kv, self.spec.max_model_len
         running, prompt = self.running, self._prompt
-        num_computed, num_output = st.num_computed, st.num_output
+        num_computed, num_output = self.num_computed, self.num_output
         priority = self.spec.policy == "priority"
         ph, out_len, async_scheduling = self.placeholders, self._out_len, self.async_scheduling
         grow = kv.grow
         while i < len(running) and budget > 0:
             r = running[i]
-            c = int(num_computed[r])
+            c = num_computed[r]
             if async_scheduling and ph[r] > 0 and c + 2 - ph[r] >= prompt[r] + out_len[r]:
                 # 0.33 AsyncScheduler: the step in flight already samples its last token.
                 i += 1
                 continue
-            nt = prompt[r] + int(num_output[r])
+            nt = prompt[r] + num_output[r]
             n = nt - c
             if 0 < thr < n:
                 n = thr
-            n = min(n, budget, L - c - 1)
+            if n > budget:
+                n = budget
+            if n > L - 1 - c:    # the sequence stays below max_model_len
+                n = L - 1 - c
             if n <= 0:
                 i += 1
                 continue
@@ -505,9 +515,8 @@ class V1Scheduler:
         st = self.state
         self._admitted[r] = _RESUMED if st.num_preemptions[r] > 0 else _NEW
         st.status[r] = Status.RUNNING
-        st.num_computed[r] = computed
-        self.prefilling[r] = True
-        self._prefill_rows.add(r)
+        self.num_computed[r] = st.num_computed[r] = computed
+        self.prefilling.add(r)
         sched[r] = n
 
     def _loaded_phase(self, sched: dict[int, int], budget: int, thr: int,
@@ -526,7 +535,7 @@ class V1Scheduler:
             if done is None:
                 continue
             self._promoted.add(r)
-            nt = self._prompt[r] + int(st.num_output[r])
+            nt = self._prompt[r] + self.num_output[r]
             computed = min(done, nt - 1)
             kv.cache_blocks(r, computed)
             n = nt - computed
@@ -570,45 +579,44 @@ class V1Scheduler:
         Async: the stop checks and frees apply the previous step's tokens (`finished` are rows
         whose last token that step sampled)."""
         st = self.state
-        rows = plan.rows
+        rows = plan.rows.tolist()
         for r in self._free_after_step:
             # The step in flight when they were aborted is processed now (_drain_deferred_frees).
             self.kv.free(r)
         self._free_after_step.clear()
-        sampled = st.num_computed[rows] >= st.prompt_len[rows] + st.num_output[rows]
-        got = rows[sampled]
-        st.num_output[got] += 1
-        self.prefilling[got] = False
-        got_rows = got.tolist()
-        if self._prefill_rows:
-            self._prefill_rows.difference_update(got_rows)
+        prompt, out_len, L = self._prompt, self._out_len, self.spec.max_model_len
+        computed, num_output = self.num_computed, self.num_output
+        got = [r for r in rows if computed[r] >= prompt[r] + num_output[r]]
+        prefilling = self.prefilling
+        for r in got:
+            num_output[r] += 1
+            prefilling.discard(r)
+        st.num_output[plan.rows] = [num_output[r] for r in rows]
         applied = got
         ph = self.placeholders
         if self.async_scheduling:
             # This step's tokens are placeholders; the previous step's output is applied now.
-            for r in got_rows:
+            for r in got:
                 ph[r] += 1
             applied, self._in_flight = self._in_flight, got
-            for r in applied.tolist():
+            for r in applied:
                 ph[r] -= 1
-            if self.spec.enable_prefix_caching and applied.size:
+            if self.spec.enable_prefix_caching and applied:
                 # vLLM update_from_output: with placeholders, a running request's blocks are
                 # cached up to the tokens of its processed steps (num_computed_tokens -
                 # num_in_flight_tokens) once the output is applied; the step in flight stays out.
-                in_step = dict(zip(rows.tolist(), plan.num_new_tokens.tolist()))
-                for r, status, computed in zip(applied.tolist(), st.status[applied].tolist(),
-                                               st.num_computed[applied].tolist()):
-                    if status == Status.RUNNING:
-                        self.kv.cache_blocks(r, computed - in_step.get(r, 0))
+                # (A request preempted in this step holds no blocks: nothing to cache.)
+                in_step = self._last_sched
+                for r in applied:
+                    self.kv.cache_blocks(r, computed[r] - in_step.get(r, 0))
         # Stop checks on the applied tokens (placeholders are not output yet).
-        prompt, out_len, L = self._prompt, self._out_len, self.spec.max_model_len
         fin = []
-        for r, num_output in zip(applied.tolist(), st.num_output[applied].tolist()):
-            out = num_output - ph[r]
+        for r in applied:
+            out = num_output[r] - ph[r]
             if out >= out_len[r] or prompt[r] + out >= L:
                 fin.append(r)
         if fin:
-            if self.async_scheduling and not set(got_rows).isdisjoint(fin):
+            if self.async_scheduling and not set(got).isdisjoint(fin):
                 raise AssertionError("async scheduling: a request was scheduled again after "
                                      "its last token")
             running = []
@@ -617,7 +625,7 @@ class V1Scheduler:
                 self._inflight_prefills.discard(r)
                 if conn is not None:
                     conn.request_finished(r, self.kv.tables.get(r, []),
-                                          self._prompt[r] + int(st.num_output[r]))
+                                          prompt[r] + num_output[r])
                 if st.status[r] == Status.RUNNING:
                     self._release(r)
                     running.append(r)
@@ -628,7 +636,7 @@ class V1Scheduler:
                 st.status[r] = Status.FINISHED
             gone = set(running)
             self.running = [r for r in self.running if r not in gone]
-        finished = np.array(fin, _I64)
+        sampled, finished = tuple(got), np.array(fin, _I64) if fin else _NO_ROWS
         if self.conn is None:
             return StepOutput(sampled=sampled, finished=finished)
         # The worker runs the step's connector metadata; its output (transfers done) is applied
@@ -636,7 +644,7 @@ class V1Scheduler:
         done = self.conn.execute(self._step_start_s, self._now_s)
         if self.async_scheduling:
             done, self._conn_in_flight = self._conn_in_flight, done
-            self._rows_in_flight = set(rows.tolist())
+            self._rows_in_flight = set(rows)
         offload_done = tuple(self.conn.apply(done))
         for r, kind in offload_done:
             if kind == "load" and r in self._free_after_load:
