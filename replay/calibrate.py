@@ -34,6 +34,7 @@ from replay.cost_model import CostModel, ModelShape
 from replay.executors import catalog_constants
 from replay.plan import StepPlan
 from replay.prefix import UniqueBlockKeys
+from replay.spec import cdiv
 from replay.state import RequestState
 from replay.stub import StubExecutor, compute_dtype, kv_dtype
 from replay.stub_kv import KVLayout, PagedKV
@@ -118,12 +119,8 @@ class _Bench:
     B: int
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _blocks_needed(s: StepShape, B: int) -> int:
-    return sum(_cdiv(n + c, B) for n, c in s.rows)
+    return sum(cdiv(n + c, B) for n, c in s.rows)
 
 
 def _bench(eng, shape: StubShape, dev: torch.device, shapes: list[StepShape], seed: int) -> _Bench:
@@ -153,7 +150,7 @@ def _plan(bench: _Bench, s: StepShape) -> StepPlan:
     bench.tables.clear()
     used = 0
     for r, (n, c) in enumerate(s.rows):
-        nb = _cdiv(n + c, B)
+        nb = cdiv(n + c, B)
         bench.tables[r] = perm[used:used + nb].tolist()
         used += nb
         st.prompt_len[r] = n + c          # the chunk reaches the end: the row samples

@@ -16,7 +16,7 @@ from typing import Literal
 
 from replay import memory
 from replay.catalog import GIB, GpuSpec, HardwareTier, ModelSpec, get_gpu, get_model
-from replay.spec import OnSwapFull, Policy, PreemptionModeName, SchedulerSpec
+from replay.spec import OnSwapFull, Policy, PreemptionModeName, SchedulerSpec, cdiv
 
 SchedulerVersion = Literal["v0", "v1"]
 
@@ -264,7 +264,7 @@ def offload_chunk_bytes(kv_bytes_per_block: int, tp: int,
     """One offload chunk in host memory: every rank's bytes of its blocks, rounded up to the
     4096-byte page (vLLM 0.33 `v1/kv_offload/cpu/spec.py`, oracle README F12)."""
     raw = kv_bytes_per_block * tp * blocks_per_chunk
-    return -(-raw // OFFLOAD_PAGE_BYTES) * OFFLOAD_PAGE_BYTES
+    return cdiv(raw, OFFLOAD_PAGE_BYTES) * OFFLOAD_PAGE_BYTES
 
 
 def _batch_limits(c: EngineConfig, gpu: GpuSpec, max_model_len: int, chunked: bool,
@@ -450,7 +450,7 @@ def _check_kv_memory(c: EngineConfig, model: ModelSpec, gpu: GpuSpec, util: floa
     """vLLM refuses to start without KV memory, or when one max_model_len request cannot fit
     (V1 `check_enough_kv_cache_memory`, V0 `raise_if_cache_size_invalid`; reference C2)."""
     tp = c.tensor_parallel_size
-    need_blocks = math.ceil(max_model_len / c.block_size)
+    need_blocks = cdiv(max_model_len, c.block_size)
     if gpu_blocks == 0:
         weights_gib = memory.weight_bytes_per_gpu(model, tp) / GIB
         # Suggest the smallest TP at which one max_model_len request fits as well.

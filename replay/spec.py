@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division, as vLLM's `cdiv` (blocks for `a` tokens at `b` per block); exact on
+    Python ints, where a float ceil is not."""
+    return -(-a // b)
+
 Policy = Literal["fcfs", "priority"]
 PreemptionModeName = Literal["recompute", "swap", "none"]
 OnSwapFull = Literal["abort", "recompute"]

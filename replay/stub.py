@@ -31,6 +31,7 @@ import torch
 
 from replay.plan import StepPlan
 from replay.prefix import BlockKeys, UniqueBlockKeys
+from replay.spec import cdiv
 from replay.state import RequestState, Status
 from replay.stub_kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fingerprints)
 from replay.stub_model import StepBatch, StubShape, StubShapeName, WeightlessModel
@@ -162,7 +163,7 @@ class StubExecutor:
         if e is not None and len(e) >= num_tokens:
             return e
         have = 0 if e is None else len(e) // self.B
-        need = -(-num_tokens // self.B)
+        need = cdiv(num_tokens, self.B)
         key = self.keys.key
         ks = np.array([key(row, k) & _MASK64 for k in range(have, need)], dtype=np.uint64)
         fresh = fingerprints(np.repeat(ks, self.B), np.tile(self._arange_b, need - have))
@@ -224,7 +225,7 @@ class _Prepared:
         for r, n, c in zip(rows, n_new, n_ctx):
             total = c + n
             table = np.asarray(ex.block_table(r), dtype=np.int64)
-            nb = -(-total // B)
+            nb = cdiv(total, B)
             if len(table) < nb:
                 raise StubIntegrityError(
                     f"step {ex.step}: request row {r} computes positions {c}..{total - 1} but its "

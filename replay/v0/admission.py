@@ -6,7 +6,8 @@ Must not import traces/, capacity/ or torch.
 from __future__ import annotations
 
 from replay.state import Status
-from replay.v0.block_manager import AllocStatus, cdiv
+from replay.spec import cdiv
+from replay.v0.block_manager import AllocStatus
 from replay.v0.budget import Budget
 
 # Self-preemptions at one (length, hit) after which a request counts as livelocked.

@@ -13,7 +13,7 @@ from enum import Enum
 import numpy as np
 
 from replay.prefix import BlockKeys
-from replay.spec import SchedulerSpec
+from replay.spec import SchedulerSpec, cdiv
 from replay.v0.block_pool import BlockPool
 
 
@@ -21,10 +21,6 @@ class AllocStatus(Enum):
     OK = "ok"
     LATER = "later"
     NEVER = "never"
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def blocks_touched_by_append(num_full_slots: int, num_new_tokens: int, block_size: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replay.prefix import BlockKeys
+from replay.spec import cdiv
 from replay.v1.block_pool import BlockPool
 
 
@@ -66,9 +67,6 @@ class KVCacheManager:
         return hits
 
     # ---------------------------------------------------------------- allocation
-    def _cdiv(self, n: int) -> int:
-        return -(-n // self.block_size)
-
     def num_blocks_needed(self, row: int, num_new_tokens: int, adm: Admission) -> int | None:
         """Blocks `allocate_slots` would take for an admission (None when it would fail)."""
         pool = self.pool
@@ -79,11 +77,11 @@ class KVCacheManager:
         total_computed = min(nh * self.block_size, self.max_model_len)
         if adm.full_sequence_must_fit:
             full = min(adm.num_tokens, self.max_model_len)
-            need_full = max(self._cdiv(full) - len(hits), 0) + evictable
+            need_full = max(cdiv(full, self.block_size) - len(hits), 0) + evictable
             if need_full + adm.watermark_blocks > free:
                 return None
         slots = min(total_computed + num_new_tokens, self.max_model_len)
-        need = max(self._cdiv(slots) - len(hits), 0) + evictable
+        need = max(cdiv(slots, self.block_size) - len(hits), 0) + evictable
         if need + adm.watermark_blocks > free - adm.reserved_blocks:
             return None
         return need
@@ -95,7 +93,7 @@ class KVCacheManager:
         when the new blocks do not fit; else the new blocks."""
         pool, bs = self.pool, self.block_size
         end = num_computed + num_new_tokens
-        need = -(-end // bs) - self.held[row]
+        need = cdiv(end, bs) - self.held[row]
         new: list[int] = []
         if need > 0:
             if need > pool.num_free:
@@ -129,7 +127,7 @@ class KVCacheManager:
         self.held[row] = len(hits)
         computed = (len(hits) + adm.num_loaded_blocks) * self.block_size
         slots = min(computed + num_new_tokens, self.max_model_len)
-        n_new = self._cdiv(slots) - len(table)
+        n_new = cdiv(slots, self.block_size) - len(table)
         new = pool.pop_new(n_new) if n_new > 0 else []
         if new:
             table.extend(new)
@@ -146,11 +144,12 @@ class KVCacheManager:
         pool, held = self.pool, self.held[row]
         free = pool.num_free
         if adm.full_sequence_must_fit:
-            need_full = max(self._cdiv(min(adm.num_tokens, self.max_model_len)) - held, 0)
+            whole = cdiv(min(adm.num_tokens, self.max_model_len), self.block_size)
+            need_full = max(whole - held, 0)
             if need_full + adm.watermark_blocks > free:
                 return None
         end = min(num_computed + num_new_tokens, self.max_model_len)
-        need = max(self._cdiv(end) - held, 0)
+        need = max(cdiv(end, self.block_size) - held, 0)
         if need + adm.watermark_blocks > free:
             return None
         new = pool.pop_new(need)

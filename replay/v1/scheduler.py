@@ -21,7 +21,7 @@ import numpy as np
 from replay.plan import NO_OFFLOAD, OffloadPlan, Preemption, Rejection, StepOutput, StepPlan
 from replay.raw import BATCH_KINDS
 from replay.prefix import BlockKeys
-from replay.spec import SchedulerSpec
+from replay.spec import SchedulerSpec, cdiv
 from replay.state import RequestState, Status
 from replay.v1.kv_cache_manager import Admission, KVCacheManager
 from replay.v1.offload import Connector
@@ -197,9 +197,6 @@ class V1Scheduler:
         return snap
 
     # ---------------------------------------------------------------- helpers
-    def _cdiv(self, n: int) -> int:
-        return -(-n // self.block_size)
-
     def _real_tokens(self, row: int) -> int:
         """vLLM `request.num_tokens`: prompt and sampled tokens, without async placeholders
         (only real tokens have block hashes: the GPU prefix cache and the offload keys stop
@@ -209,8 +206,8 @@ class V1Scheduler:
     def _reserved_for_prefills(self) -> int:
         """Blocks the in-flight prefills still need to hold their whole (real) sequence
         (vLLM `_inflight_prefill_reserved_blocks`)."""
-        L, held = self.spec.max_model_len, self.kv.held
-        return sum(max(self._cdiv(min(self._real_tokens(q), L)) - held[q], 0)
+        L, held, bs = self.spec.max_model_len, self.kv.held, self.block_size
+        return sum(max(cdiv(min(self._real_tokens(q), L), bs) - held[q], 0)
                    for q in self._inflight_prefills)
 
     def _never_runs(self, row: int) -> str | None:
@@ -223,10 +220,10 @@ class V1Scheduler:
             return f"prompt {p} > max_num_batched_tokens {spec.max_num_batched_tokens} " \
                    "with chunked prefill off"
         if self.mode == "none":
-            need = self._cdiv(min(p + o, L))
+            need = cdiv(min(p + o, L), self.block_size)
         else:
             # Most KV slots it ever holds: the last step computes token p+o-2 (0-based).
-            need = self._cdiv(min(p + o - 1, L - 1))
+            need = cdiv(min(p + o - 1, L - 1), self.block_size)
         usable = spec.num_gpu_blocks - 1
         if need > usable:
             return f"needs {need} blocks > {usable} usable GPU blocks"
@@ -278,7 +275,8 @@ class V1Scheduler:
         if kv.num_blocks_needed(row, n, adm) is None:
             return None
         if self.mode == "none":
-            whole = self._cdiv(min(self._prompt[row] + self._out_len[row], spec.max_model_len))
+            whole = cdiv(min(self._prompt[row] + self._out_len[row], spec.max_model_len),
+                         self.block_size)
             need = max(whole - len(hits), 0) + kv.pool.num_evictable(hits)
             if need + self._none_reserved() > kv.pool.num_free:
                 return None
@@ -494,7 +492,7 @@ class V1Scheduler:
                 continue
             running.append(r)
             if self.mode == "none":
-                whole = self._cdiv(min(self._prompt[r] + self._out_len[r], L))
+                whole = cdiv(min(self._prompt[r] + self._out_len[r], L), self.block_size)
                 self._promised[r] = whole
                 self._promised_total += whole
             self._start(r, gpu, n, sched)
