@@ -14,6 +14,7 @@
 enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8 /* ARC only */,
        RA_OUT = 16 /* LRU: seen, but not (or no longer) in the row's own rank group */ };
 enum { POL_LRU = 0, POL_ARC = 1 };
+#define NOMAP UINT32_MAX         /* Chunk.mpos of a chunk not in the key map */
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
 
 typedef struct {
@@ -26,7 +27,8 @@ typedef struct {
                                     -(idx + 1) * tokens per chunk, so it orders as -idx; an
                                     eviction flags the owner's record at idx */
     uint32_t stamp;              /* protected by the store being prepared (== Tier.stamp) */
-    uint32_t mpos;               /* its entry in Tier.map */
+    uint32_t mpos;               /* its entry in Tier.map (NOMAP: a key of its request's own,
+                                    LRU: found through its group, Grp.at) */
     int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free); LRU: 1 linked (evictable) */
 } Chunk;
 
@@ -41,11 +43,14 @@ typedef struct {
  * and take the fresh rank at once; the connector moves in the row's other chunks). A group's
  * chunks are row r's, one per chunk index (a key is one position's), so the group holds them by
  * index (Grp.at) rather than in a linked list: an eviction reads them down that array, where a
- * list walk was one dependent cache miss per chunk (Mooncake evicts 8.6M). */
+ * list walk was one dependent cache miss per chunk (Mooncake evicts 8.6M). A chunk with a key of
+ * its request's own (no other request offers it) never leaves that request's group, so it is
+ * found there (Grp.at) and stays out of the key map (conv's every chunk: no map insert and
+ * delete per chunk). */
 typedef struct {
     int64_t rank;                /* counter value (0: not in the group list) */
     int32_t prev, next;          /* group list links (sentinel: Tier.ng) */
-    int32_t *at;                 /* at[idx]: its evictable chunk of chunk index idx (-1: none) */
+    int32_t *at;                 /* at[idx]: its chunk of chunk index idx (-1: none) */
     int32_t cap;                 /* entries of at (grown on demand) */
     int32_t top;                 /* no evictable chunk at idx >= top */
     int32_t nev;                 /* evictable chunks */
@@ -106,24 +111,37 @@ static void grp_close(Tier *t, int32_t g) {
 static inline void grp_left(Tier *t, int32_t g) {
     if (--t->grp[g].members == 0 && t->grp[g].retired) grp_close(t, g);
 }
+/* Chunk s joins group g at chunk index idx (its rank's group, at its -position). */
+static inline void grp_join(Tier *t, int32_t s, int32_t g, int64_t idx) {
+    Chunk *c = &t->ch[s];
+    Grp *x = &t->grp[g];
+    c->grp = g; c->idx = (int32_t)idx;
+    x->members++;
+    if (idx >= x->cap) {
+        int32_t nc = x->cap ? x->cap : 16;
+        while (nc <= idx) nc *= 2;
+        int32_t *p = (int32_t *)realloc(x->at, (size_t)nc * sizeof(int32_t));
+        if (!p) { t->oom = 1; return; }
+        for (int32_t i = x->cap; i < nc; i++) p[i] = -1;
+        x->at = p; x->cap = nc;
+    }
+    x->at[idx] = s;
+}
+/* Its place in its group (the group's member count is the caller's: grp_left). */
+static inline void grp_unplace(Tier *t, int32_t s) {
+    Chunk *c = &t->ch[s];
+    Grp *x = &t->grp[c->grp];
+    if (c->idx < x->cap && x->at[c->idx] == s) x->at[c->idx] = -1;
+}
 static inline void grp_retire(Tier *t, int32_t g) {
     if (!t->grp[g].rank) return;
     t->grp[g].retired = 1;
     if (!t->grp[g].members) grp_close(t, g);
 }
-/* The evictable chunk s into its group, at its chunk index. */
+/* The chunk (a member of its group) becomes evictable, or stops being so. */
 static inline void lru_add(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     Grp *g = &t->grp[c->grp];
-    if (c->idx >= g->cap) {
-        int32_t nc = g->cap ? g->cap : 16;
-        while (nc <= c->idx) nc *= 2;
-        int32_t *p = (int32_t *)realloc(g->at, (size_t)nc * sizeof(int32_t));
-        if (!p) { t->oom = 1; return; }
-        for (int32_t i = g->cap; i < nc; i++) p[i] = -1;
-        g->at = p; g->cap = nc;
-    }
-    g->at[c->idx] = s;
     if (c->idx >= g->top) g->top = c->idx + 1;
     g->nev++;
     c->list = 1;
@@ -131,19 +149,18 @@ static inline void lru_add(Tier *t, int32_t s) {
 static void lru_del(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     if (c->list != 1) return;
-    Grp *g = &t->grp[c->grp];
-    g->at[c->idx] = -1;
-    g->nev--;
+    t->grp[c->grp].nev--;
     c->list = 0;
 }
-/* Chunk s (chunk index idx) takes group g's rank: re-placed when it is evictable. */
+/* Chunk s (chunk index idx) takes group g's rank (it joins g before leaving its old group, which
+ * may be g). */
 static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t idx) {
     Chunk *c = &t->ch[s];
     int linked = c->list == 1;
     if (linked) lru_del(t, s);
     int32_t old = c->grp;
-    c->grp = g; c->idx = (int32_t)idx;
-    t->grp[g].members++;
+    grp_unplace(t, s);
+    grp_join(t, s, g, idx);
     grp_left(t, old);
     if (linked) lru_add(t, s);
 }
@@ -225,6 +242,11 @@ static void tier_free(Tier *t) {
 static inline int32_t tier_get_h(const Tier *t, int64_t key, uint32_t h) {
     return t->n ? t->map.e[map_find_h(&t->map, key, h)].val : -1;
 }
+/* LRU: group g's chunk of chunk index idx, for a key of g's own (never in the map). */
+static inline int32_t tier_get_own(const Tier *t, int32_t g, int64_t idx) {
+    const Grp *x = &t->grp[g];
+    return idx < x->cap ? x->at[idx] : -1;
+}
 static inline int32_t tier_get(const Tier *t, int64_t key) { return tier_get_h(t, key, key_hash(key)); }
 /* Fetch key's map entry ahead of its lookup: a pass over many keys overlaps their misses. */
 static inline void tier_prefetch(const Tier *t, uint32_t h) {
@@ -236,8 +258,8 @@ static inline int64_t tier_free_chunks(const Tier *t) { return t->n - tier_used(
 
 /* The chunk leaves the tier (evicted): its slot goes back to the pool. */
 static void tier_drop(Tier *t, int32_t s) {
-    map_del_at(&t->map, t->ch[s].mpos);
-    if (t->policy == POL_LRU) { lru_del(t, s); grp_left(t, t->ch[s].grp); }
+    if (t->ch[s].mpos != NOMAP) map_del_at(&t->map, t->ch[s].mpos);
+    if (t->policy == POL_LRU) { lru_del(t, s); grp_unplace(t, s); grp_left(t, t->ch[s].grp); }
     else if (t->ch[s].list) arc_unlink(t, s);
     t->ch[s].ref = 0;
     t->free_slots[t->nfree_list++] = s;
@@ -280,17 +302,18 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
 }
 
 /* A new chunk (key hash h, chunk index idx; its store just prepared, ref -1), ranked for the
- * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). */
-static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t idx) {
+ * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). `own`: LRU, a key of
+ * the request's own, kept out of the map. */
+static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t idx, int own) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
     c->key = key; c->ref = -1; c->list = 0; c->stamp = 0;
-    map_set(&t->map, map_find_h(&t->map, key, h), h, s);
+    if (own) c->mpos = NOMAP;
+    else map_set(&t->map, map_find_h(&t->map, key, h), h, s);
     c->idx = (int32_t)idx;
     t->num_pending++;
     if (t->policy == POL_LRU) {
-        c->grp = g;
-        t->grp[g].members++;
+        grp_join(t, s, g, idx);
     } else {
         arc_append(t, s, 1);
         int32_t g = map_get(&t->gmap, key);
@@ -317,9 +340,11 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
                 if (i >= 8 && at[i - 8] >= 0) __builtin_prefetch(&t->ch[at[i - 8]]);
                 int32_t s = at[i];
                 if (s < 0) { if (top == i + 1) top = i; continue; }
+                const Chunk *c = &t->ch[s];
+                if (c->list != 1) { if (top == i + 1) top = i; continue; }   /* stored or loaded */
                 seen++;
-                if (t->ch[s].stamp == t->stamp) continue;
-                __builtin_prefetch(&t->map.e[t->ch[s].mpos]);
+                if (c->stamp == t->stamp) continue;
+                if (c->mpos != NOMAP) __builtin_prefetch(&t->map.e[c->mpos]);
                 out[got++] = s;
                 at[i] = -1;
                 if (top == i + 1) top = i;
@@ -342,7 +367,7 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
             int32_t s = out[k];
             Chunk *c = &t->ch[s];
             if (keys) keys[k] = c->key;
-            map_del_at(&t->map, c->mpos);
+            if (c->mpos != NOMAP) map_del_at(&t->map, c->mpos);
             c->list = 0;
             t->free_slots[t->nfree_list++] = s;
             grp_left(t, c->grp);
