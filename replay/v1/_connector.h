@@ -34,6 +34,14 @@ static inline int64_t oc_num_tokens(const Core *c, int64_t row) {
     return c->q.prompt[row] + c->q.num_output[row] - (c->async_sched ? c->ph[row] : 0);
 }
 
+/* The tier slot of the row's chunk i, or -1 (LRU: a key of the row's own is found in the row's
+ * group, not in the map). */
+static inline int32_t oc_get(const Core *c, int64_t row, int64_t i) {
+    const Oc *o = &c->oc;
+    if (o->policy == POL_LRU && i >= oc_first_unique(c, row)) return tier_get_own(&o->tier, (int32_t)row, i);
+    return tier_get(&o->tier, oc_key(c, row, i));
+}
+
 /* The in-flight prefill set (N2). */
 static inline void oc_infl_add(Oc *o, int64_t row) {
     if (o->infl_pos[row]) return;
@@ -118,7 +126,7 @@ static int oc_record_at(Core *c, int64_t row, int64_t chunk, int reused, int32_t
 
 /* The same for a chunk whose tier slot is not known yet. */
 static int oc_record(Core *c, int64_t row, int64_t chunk, int reused) {
-    return oc_record_at(c, row, chunk, reused, tier_get(&c->oc.tier, oc_key(c, row, chunk)));
+    return oc_record_at(c, row, chunk, reused, oc_get(c, row, chunk));
 }
 
 /* get_num_new_matched_tokens: tokens the tier can load after `local` GPU-hit tokens (block
@@ -135,7 +143,7 @@ static int64_t oc_lookup(Core *c, int64_t row, int64_t local) {
     int64_t nchunks = min64(cdiv(max_hit, tpc), keyed), start = local / tpc, hits = 0;
     int defer = 0;
     for (int64_t i = start; i < nchunks; i++) {
-        int32_t s = tier_get(&o->tier, oc_key(c, row, i));
+        int32_t s = oc_get(c, row, i);
         if (s < 0) break;
         hits++;
         defer |= o->tier.ch[s].ref < 0;
@@ -148,7 +156,7 @@ static int64_t oc_lookup(Core *c, int64_t row, int64_t local) {
     if (c->caching) {
         /* F10: a chunk another request is loading. */
         for (int64_t i = start; i < cdiv(local + got, tpc); i++) {
-            int32_t s = tier_get(&o->tier, oc_key(c, row, i));
+            int32_t s = oc_get(c, row, i);
             if (s >= 0 && o->tier.ch[s].ref > 0) return -1;
         }
     }
@@ -204,7 +212,7 @@ static int oc_plan_load(Core *c, int64_t row, int64_t ext) {
     Job *j = &o->jobs[ji];
     for (int64_t k = first; k < nblk; k++) j->blocks[j->nblocks++] = c->tbl[row][k];
     for (int64_t i = start; i < nchunks; i++) {
-        int32_t s = tier_get(&o->tier, oc_key(c, row, i));
+        int32_t s = oc_get(c, row, i);
         tier_pin(&o->tier, s);
         j->slots[j->nslots++] = s;
         if (oc_record(c, row, i, 1)) return -1;
@@ -238,35 +246,44 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     int64_t fu = oc_first_unique(c, row);
     for (int64_t i = start; i < end; i++) {
         kb[i - start] = o->bpc == 1 ? keyit_next(&c->keys, &it) : oc_key(c, row, i);
-        hb[i - start] = kmap_hash(kb[i - start]);
+        hb[i - start] = key_hash(kb[i - start]);
         if (i < start + 16) tier_prefetch(t, hb[i - start]);
     }
     /* One pass looks each chunk up and records the access (_record_request_cache_access, in
-     * chunk order; an LRU re-rank moves no other chunk of this offer out of the lookups' way). */
+     * chunk order; an LRU re-rank moves no other chunk of this offer out of the lookups' way).
+     * A miss's record is oc_record_f's for a chunk not in the tier, inlined: first seen, it is
+     * out of the row's group until inserted; its first sight ranks the row (LRU). */
+    uint8_t miss_first = lru ? RA_SEEN | RA_OUT : RA_SEEN;
     for (int64_t i = start; i < end; i++) {
         if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
         int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && i >= fu;
-        int32_t s = sb[i - start] = absent ? -1 : tier_get_h(t, kb[i - start], hb[i - start]);
+        int32_t s = sb[i - start] = absent ? -1
+                  : lru && i >= fu ? tier_get_own(t, (int32_t)row, i)
+                  : tier_get_h(t, kb[i - start], hb[i - start]);
         if (s < 0) {
             todo[ntodo++] = (int32_t)i;
-            oc_record_f(c, row, i, &fl[i], 0, -1);
+            if (!(fl[i] & RA_SEEN)) {
+                fl[i] |= miss_first;
+                if (lru && !o->rank[row]) oc_rank(c, row);
+            }
             continue;
         }
         t->ch[s].stamp = t->stamp;        /* protected from this store's evictions */
         if (t->ch[s].ref >= 0) oc_record_f(c, row, i, &fl[i], 1, s);
     }
     if (o->policy == POL_ARC) {
-        /* on_store_miss: the first miss of each chunk by this request may be a ghost hit. */
+        /* on_store_miss: the first miss of each chunk by this request may be a ghost hit (LRU
+         * has no use for the flag). */
         for (int64_t k = ntodo - 1; k >= 0; k--)
             if (!(fl[todo[k]] & RA_STORE_MISS)) arc_ghost_hit(t, kb[todo[k] - start]);
+        for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
     }
-    for (int64_t k = 0; k < ntodo; k++) fl[todo[k]] |= RA_STORE_MISS;
     if (!ntodo) return 0;
     int64_t need = ntodo - tier_free_chunks(t);
     if (need > 0) {
         if (need > t->num_evictable) return -1;
         int32_t *out = o->scratch + ntodo;
-        if (tier_evict(t, need, out, o->ekeys) < 0) return -1;
+        if (tier_evict(t, need, out, o->plan_out || !lru ? o->ekeys : NULL) < 0) return -1;
         for (int64_t k = 0; o->plan_out && k < need; k++)
             if (joblist_push(&o->evicted, o->ekeys[k])) return -2;
         if (o->policy == POL_LRU)
@@ -275,7 +292,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     if (o->policy == POL_LRU) oc_rank(c, row);
     for (int64_t k = 0; k < ntodo; k++) {
         int64_t i = todo[k];
-        sb[i - start] = tier_insert(t, kb[i - start], hb[i - start], (int32_t)row, i);
+        sb[i - start] = tier_insert(t, kb[i - start], hb[i - start], (int32_t)row, i, lru && i >= fu);
         fl[todo[k]] = (uint8_t)((fl[todo[k]] | RA_INSERTED) & ~RA_OUT);
     }
     return ntodo;
@@ -363,7 +380,7 @@ static void oc_request_finished(Core *c, int64_t row) {
     } else {
         for (int64_t k = 0; k < m; k++) kb[idx[k]] = oc_key(c, row, idx[k]);
     }
-    for (int64_t k = 0; k < m; k++) hb[idx[k]] = kmap_hash(kb[idx[k]]);
+    for (int64_t k = 0; k < m; k++) hb[idx[k]] = key_hash(kb[idx[k]]);
     for (int64_t k = 0; k < m && k < 16; k++) tier_prefetch(t, hb[idx[k]]);
     for (int64_t k = 0; k < m; k++) {
         if (k + 16 < m) tier_prefetch(t, hb[idx[k + 16]]);
@@ -467,7 +484,7 @@ static int oc_meta(Core *c) {
         while (b >= 0 && o->flushed[b] > x) { o->flushed[b + 1] = o->flushed[b]; b--; }
         o->flushed[b + 1] = x;
     }
-    return 0;
+    return o->tier.oom ? -1 : 0;
 }
 
 static int oc_job_done(Core *c, int64_t ji) {
@@ -590,7 +607,7 @@ static int oc_worker(Core *c) {
             if (oc_job_done(c, o->reported.d[k])) return -1;
         o->reported.n = 0;
     }
-    return 0;
+    return o->tier.oom ? -1 : 0;
 }
 
 static void oc_begin_step(Oc *o, double now_s) {
@@ -693,7 +710,8 @@ static PyObject *oc_snapshot(const Core *c) {
     if (o->policy == POL_LRU) {
         order = PyList_New(0);
         for (int32_t g = t->grp[t->ng].next; order && g != t->ng; g = t->grp[g].next)
-            for (int32_t s = t->grp[g].head; s >= 0; s = t->ch[s].next) {
+            for (int32_t i = t->grp[g].top - 1, s; i >= 0; i--) {
+                if ((s = t->grp[g].at[i]) < 0 || t->ch[s].list != 1) continue;
                 PyObject *x = PyLong_FromLongLong(tier_key(t, s));
                 if (!x || PyList_Append(order, x) < 0) { Py_XDECREF(x); Py_CLEAR(order); break; }
                 Py_DECREF(x);

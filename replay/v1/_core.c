@@ -17,35 +17,49 @@
 #include <math.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------ key -> block map
- * Open addressing, linear probing, backward-shift deletion; at most one entry per hashed block,
- * so a table of twice the pool never fills. An entry holds the value (a block id) and 32 bits of
- * its key's hash (its home, and a filter: the key itself is read from the block, which the caller
- * touches anyway, `kbase + val * kstride`): a deletion's backward shift finds the homes of the
- * entries it moves in the entries, and a probe reads a block only on a hash match. The hash is
- * computed once per key (block_hash; the pool keeps it beside the key). */
+/* ------------------------------------------------------------------ key -> value maps
+ * The block map (key -> block), the CPU tier's (key -> chunk) and ARC's ghosts (key -> node).
+ * Open addressing, linear probing, backward-shift deletion. The block and chunk maps are at most
+ * a quarter full (four entries per block or chunk: their probe runs stay short; at half full,
+ * as before, the misses' probes and the deletions' shifts cost Mooncake's replay a tenth of its
+ * time), the ghosts' at most half (ARC's ghost hits are rare; a smaller table). An
+ * entry holds the value and 32 bits of its key's hash (its home, and a filter: the key itself is
+ * read from the value's record, `kbase + val * kstride`, which the caller touches anyway): a
+ * deletion's backward shift finds the homes of the entries it moves in the entries, and a probe
+ * reads a record only on a hash match. A record may keep its entry's index (`pbase`, same
+ * stride), which a shift keeps up to date. */
 typedef struct { uint32_t h; int32_t val; } MEnt;
-typedef struct { MEnt *e; uint64_t mask; const char *kbase; size_t kstride; } map_t;
+typedef struct {
+    MEnt *e; uint64_t mask; int shift;   /* home(h) = h >> shift: the product's top bits */
+    const char *kbase; size_t kstride;
+    char *pbase;                         /* NULL, or each record's uint32 entry index */
+} map_t;
 
-/* Multiplicative (Fibonacci) hashing, bits 32-63 of the product: one multiply instead of
- * splitmix's five operations. The keys' structure (chain id << 24 | block, or minus row << 24 |
- * block) spreads well over the middle bits; the maps are never iterated, so their layout is not
- * observable. */
+/* Multiplicative (Fibonacci) hashing: one multiply instead of splitmix's five operations, the
+ * home from the product's top bits (the ones every key bit reaches: the keys are structured,
+ * chain id << 24 | block or minus row << 24 | block). The maps are never iterated, so their
+ * layout is not observable. */
 static inline uint32_t key_hash(int64_t key) {
     return (uint32_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> 32);
 }
 
-static int map_init(map_t *m, int64_t num_blocks, const void *kbase, size_t kstride) {
+/* A map of at least min_entries entries (a power of two). */
+static int map_init(map_t *m, int64_t min_entries, const void *kbase, size_t kstride, void *pbase) {
     uint64_t cap = 16;
-    while (cap < (uint64_t)(2 * num_blocks + 2)) cap <<= 1;
+    int bits = 4;
+    while (cap < (uint64_t)min_entries) { cap <<= 1; bits++; }
     m->mask = cap - 1;
+    m->shift = 32 - bits;
     m->kbase = (const char *)kbase;
     m->kstride = kstride;
+    m->pbase = (char *)pbase;
     m->e = (MEnt *)malloc(cap * sizeof(MEnt));
     if (!m->e) return -1;
     for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
     return 0;
 }
+
+static inline uint64_t map_home(const map_t *m, uint32_t h) { return h >> m->shift; }
 
 static inline int64_t map_key(const map_t *m, int32_t val) {
     return *(const int64_t *)(m->kbase + (size_t)val * m->kstride);
@@ -54,7 +68,7 @@ static inline int64_t map_key(const map_t *m, int32_t val) {
 /* The entry holding `key` (hash h), or the empty entry where it would go: one probe serves a
  * lookup and the update that follows it. */
 static inline uint64_t map_find_h(const map_t *m, int64_t key, uint32_t h) {
-    uint64_t i = h & m->mask;
+    uint64_t i = map_home(m, h);
     int32_t v;
     while ((v = m->e[i].val) >= 0 && (m->e[i].h != h || map_key(m, v) != key)) i = (i + 1) & m->mask;
     return i;
@@ -67,7 +81,10 @@ static inline int32_t map_get(const map_t *m, int64_t key) {
 /* Entry i (found by map_find) takes value v of hash h. */
 static inline void map_set(map_t *m, uint64_t i, uint32_t h, int32_t v) {
     m->e[i].h = h; m->e[i].val = v;
+    if (m->pbase) *(uint32_t *)(m->pbase + (size_t)v * m->kstride) = (uint32_t)i;
 }
+/* Fetch the home entry of hash h ahead of its probe: a pass over many keys overlaps misses. */
+static inline void map_prefetch(const map_t *m, uint32_t h) { __builtin_prefetch(&m->e[map_home(m, h)]); }
 
 /* Empty entry i (found by map_find). */
 static void map_del_at(map_t *m, uint64_t i) {
@@ -79,11 +96,12 @@ static void map_del_at(map_t *m, uint64_t i) {
         for (;;) {
             j = (j + 1) & m->mask;
             if (e[j].val < 0) return;
-            uint64_t home = e[j].h & m->mask;
+            uint64_t home = map_home(m, e[j].h);
             /* Entry j may move to i when its home is not in (i, j] cyclically. */
             if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
         }
         e[i] = e[j];
+        if (m->pbase) *(uint32_t *)(m->pbase + (size_t)e[i].val * m->kstride) = (uint32_t)i;
         i = j;
     }
 }
@@ -94,7 +112,7 @@ static void map_del_at(map_t *m, uint64_t i) {
 /* One block's pool state in one cache line: popping or freeing a block touches all of it. */
 typedef struct {
     int64_t key;        /* valid while hashed */
-    int32_t prev, next; /* free-queue links */
+    uint32_t fpos;      /* its index in the free queue's ring, while in the queue */
     int32_t ref;
     int32_t dup;        /* next block registered with the same key (-1: none) */
     uint8_t hashed;
@@ -119,8 +137,13 @@ typedef struct {
     int64_t *ph; int32_t *fl, *fl_next; int64_t nfl;
     int64_t *in_step;                               /* async caching: a row's tokens this step */
     /* Block pool. */
-    Blk *blk;          /* index num_blocks is the free queue's sentinel */
+    Blk *blk;
     int64_t num_free;
+    /* The free queue (vLLM's FreeKVCacheBlockQueue, a doubly linked list) as a ring of block ids
+     * in queue order, positions fq_head <= p < fq_tail (mod 2^64; index p & fq_mask); a block
+     * taken from the middle leaves a hole (-1) that the head skips: popping reads the ring in
+     * order, where walking the list's links was one dependent cache miss per block. */
+    int32_t *fq, *fq_spare; uint64_t fq_mask, fq_head, fq_tail;   /* spare: fq_compact's */
     map_t map;
     /* Block tables. */
     int32_t **tbl;
@@ -156,21 +179,45 @@ typedef struct {
 
 
 
-/* ---------------- free queue (doubly linked, sentinel = num_blocks) */
+/* ---------------- free queue (a ring with holes: Core.fq) */
+/* The ring holds at least twice the pool: when it is full of entries and holes, the entries
+ * (at most the pool) move to its start in order, so a move comes at most once per pool's worth
+ * of insertions. */
+static void fq_compact(Core *c) {
+    uint64_t n = 0;
+    int32_t *to = c->fq_spare;
+    for (uint64_t i = 0; i <= c->fq_mask; i++) to[i] = -1;
+    for (uint64_t p = c->fq_head; p != c->fq_tail; p++) {
+        int32_t b = c->fq[p & c->fq_mask];
+        if (b >= 0) { to[n] = b; c->blk[b].fpos = (uint32_t)n; n++; }
+    }
+    c->fq_spare = c->fq; c->fq = to;
+    c->fq_head = 0; c->fq_tail = n;
+}
 static inline void fq_unlink(Core *c, int32_t b) {
-    int32_t p = c->blk[b].prev, nx = c->blk[b].next;
-    c->blk[p].next = nx; c->blk[nx].prev = p;
+    c->fq[c->blk[b].fpos] = -1;
     c->num_free--;
 }
 static inline void fq_append(Core *c, int32_t b) {
-    int32_t s = (int32_t)c->num_blocks, p = c->blk[s].prev;
-    c->blk[p].next = b; c->blk[b].prev = p; c->blk[b].next = s; c->blk[s].prev = b;
+    if (c->fq_tail - c->fq_head > c->fq_mask) fq_compact(c);
+    uint32_t i = (uint32_t)(c->fq_tail++ & c->fq_mask);
+    c->fq[i] = b; c->blk[b].fpos = i;
     c->num_free++;
 }
 static inline void fq_prepend(Core *c, int32_t b) {
-    int32_t s = (int32_t)c->num_blocks, nx = c->blk[s].next;
-    c->blk[s].next = b; c->blk[b].prev = s; c->blk[b].next = nx; c->blk[nx].prev = b;
+    if (c->fq_tail - c->fq_head > c->fq_mask) fq_compact(c);
+    uint32_t i = (uint32_t)(--c->fq_head & c->fq_mask);
+    c->fq[i] = b; c->blk[b].fpos = i;
     c->num_free++;
+}
+/* The queue front to back into out[] (at most num_free entries); returns their count. */
+static int64_t fq_list(const Core *c, int32_t *out) {
+    int64_t n = 0;
+    for (uint64_t p = c->fq_head; p != c->fq_tail; p++) {
+        int32_t b = c->fq[p & c->fq_mask];
+        if (b >= 0) out[n++] = b;
+    }
+    return n;
 }
 
 /* ---------------- prefix cache (block_pool.py register / _drop_keys) */
@@ -218,27 +265,57 @@ static int pop_into(Core *c, int64_t row, int64_t n) {
         if (!p) return -1;
         c->tbl[row] = p; c->tcap[row] = (int32_t)nc;
     }
-    int32_t s = (int32_t)c->num_blocks;
+    /* The n head blocks leave the queue (holes skipped); their prefix-cache entries go after,
+     * each map entry fetched a few blocks ahead (on a long trace every pop evicts a cached
+     * block). */
+    int32_t *dst = c->tbl[row] + h, b;
+    for (int64_t i = 0; i < n; c->fq_head++) {
+        b = c->fq[c->fq_head & c->fq_mask];
+        if (b >= 0) { __builtin_prefetch(&c->blk[b]); dst[i++] = b; }
+    }
+    c->num_free -= n;
+    enum { AHEAD = 8 };
     for (int64_t i = 0; i < n; i++) {
-        int32_t b = c->blk[s].next;
-        fq_unlink(c, b);
+        if (c->caching && i + AHEAD < n && c->blk[dst[i + AHEAD]].hashed)
+            map_prefetch(&c->map, c->blk[dst[i + AHEAD]].h);
+        b = dst[i];
         c->blk[b].ref = 1;
         if (c->caching && c->blk[b].hashed) cache_evict(c, b);
-        c->tbl[row][h + i] = b;
         if (c->oc.on) c->oc.alloc_stamp[b] = c->oc.astamp;     /* allocated in this batch */
+    }
+    /* The next pops (decodes take one block each, row after row): the head's map entry (its
+     * block fetched by the last call) and the blocks after it. */
+    uint64_t p = c->fq_head;
+    if (c->fq_tail - p > 2) {
+        int32_t nx = c->fq[p & c->fq_mask];
+        if (nx >= 0 && c->caching && c->blk[nx].hashed) map_prefetch(&c->map, c->blk[nx].h);
+        for (int k = 1; k <= 2; k++)
+            if ((nx = c->fq[(p + k) & c->fq_mask]) >= 0) __builtin_prefetch(&c->blk[nx]);
     }
     c->held[row] = h + n;
     return 0;
 }
 
-static void cache_blocks(Core *c, int64_t row, int64_t num_tokens) {
-    if (!c->caching) return;
+/* cache_blocks' registrations (block_pool.py cache_full_blocks), from the row's first unhashed block. */
+static void cache_blocks_from(Core *c, int64_t row, int64_t num_tokens) {
     int64_t nfull = num_tokens / c->bs, nc = c->ncached[row];
-    if (nc >= nfull) return;
-    KeyIt it;
+    /* Each key's map entry is fetched a few blocks ahead (a second iterator). */
+    enum { AHEAD = 8 };
+    KeyIt it, ahead;
     keyit_init(&c->keys, &it, row, nc);
-    for (int64_t k = nc; k < nfull; k++) cache_register(c, c->tbl[row][k], keyit_next(&c->keys, &it));
+    keyit_init(&c->keys, &ahead, row, nc);
+    for (int64_t k = nc; k < nfull && k < nc + AHEAD; k++)
+        map_prefetch(&c->map, key_hash(keyit_next(&c->keys, &ahead)));
+    for (int64_t k = nc; k < nfull; k++) {
+        if (k + AHEAD < nfull) map_prefetch(&c->map, key_hash(keyit_next(&c->keys, &ahead)));
+        cache_register(c, c->tbl[row][k], keyit_next(&c->keys, &it));
+    }
     c->ncached[row] = nfull;
+}
+/* Register the row's blocks that num_tokens filled since the last call. Called for every row
+ * at every step, mostly with no new full block: that test, without a division, inline. */
+static inline void cache_blocks(Core *c, int64_t row, int64_t num_tokens) {
+    if (c->caching && num_tokens >= (c->ncached[row] + 1) * c->bs) cache_blocks_from(c, row, num_tokens);
 }
 
 /* Release a request's blocks, tail first: unhashed ones to the head (reused first), hashed ones
@@ -249,6 +326,7 @@ static int64_t kv_free(Core *c, int64_t row) {
     /* The blocks reaching ref 0, in release order, split by hashed-ness; reuse hits scratch. */
     int32_t *unh = c->hits, nu = 0;
     for (int64_t i = h - 1; i >= 0; i--) {
+        if (i >= 8) __builtin_prefetch(&c->blk[t[i - 8]]);
         int32_t b = t[i];
         if (--c->blk[b].ref == 0) {
             if (c->blk[b].hashed) fq_append(c, b);
@@ -937,7 +1015,7 @@ static void core_free(Core *c) {
     oc_free(&c->oc, c->q.n);
     if (c->tbl) { for (int64_t r = 0; r < c->q.n; r++) free(c->tbl[r]); }
     void *ps[] = {c->abort_upto, c->free_after_step, c->free_after_load,
-                  c->blk, c->map.e, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
+                  c->blk, c->fq, c->fq_spare, c->map.e, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next, c->in_step,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
                   c->rej_rows, c->hits, c->pre_mode, c->pre_fallback};
@@ -1007,10 +1085,13 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
     CALLOC(c->blk, nb + 1, Blk);
-    if (map_init(&c->map, nb, &c->blk[0].key, sizeof(Blk)) < 0) { PyErr_NoMemory(); goto fail; }
+    if (map_init(&c->map, 4 * nb + 2, &c->blk[0].key, sizeof(Blk), NULL) < 0) { PyErr_NoMemory(); goto fail; }
     {
-        int32_t s = (int32_t)nb;
-        c->blk[s].next = c->blk[s].prev = s;
+        uint64_t cap = 16;
+        while (cap < (uint64_t)(2 * nb + 2)) cap <<= 1;
+        CALLOC(c->fq, cap, int32_t); CALLOC(c->fq_spare, cap, int32_t);
+        c->fq_mask = cap - 1;
+        for (uint64_t i = 0; i < cap; i++) c->fq[i] = -1;
         for (int32_t b = 1; b < (int32_t)nb; b++) fq_append(c, b);
         for (int64_t b = 0; b <= nb; b++) c->blk[b].dup = -1;
     }
@@ -1105,11 +1186,16 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
             refs[b]++;
         }
     int64_t free_count = 0;
-    for (int32_t b = c->blk[nb].next; b != nb && !err; b = c->blk[b].next) {
+    for (uint64_t p = c->fq_head; p != c->fq_tail && !err; p++) {
+        int32_t b = c->fq[p & c->fq_mask];
+        if (b < 0) continue;
+        if (b == 0 || b >= nb) { err = "free queue holds an invalid block"; break; }
         if (inq[b]) err = "block twice in the free queue";
+        else if (c->blk[b].fpos != (p & c->fq_mask)) err = "block's free-queue index is stale";
         inq[b] = 1;
         free_count++;
     }
+    if (!err && c->fq_tail - c->fq_head > c->fq_mask + 1) err = "free queue ring overfull";
     for (int64_t b = 1; b < nb && !err; b++) {
         if (refs[b] != c->blk[b].ref) {
             snprintf(msg, sizeof msg, "block %lld: ref %d but %lld table entries", (long long)b,
@@ -1227,11 +1313,10 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
         Py_XDECREF(k); Py_XDECREF(v);
         if (bad) goto fail;
     }
-    /* The free queue front to back (block num_blocks is its sentinel). */
+    /* The free queue front to back. */
     int32_t *fq = (int32_t *)malloc(((size_t)c->num_free + 1) * sizeof(int32_t));
     if (!fq) { PyErr_NoMemory(); goto fail; }
-    int64_t nf = 0;
-    for (int32_t b = c->blk[c->num_blocks].next; b != c->num_blocks; b = c->blk[b].next) fq[nf++] = b;
+    int64_t nf = fq_list(c, fq);
     PyObject *free_queue = list_i32(fq, nf);
     free(fq);
     if (!free_queue) goto fail;

@@ -11,85 +11,49 @@
  */
 
 /* Per request, per chunk index (RequestAccess.flags). */
-enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8,
+enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8 /* ARC only */,
        RA_OUT = 16 /* LRU: seen, but not (or no longer) in the row's own rank group */ };
 enum { POL_LRU = 0, POL_ARC = 1 };
+#define NOMAP UINT32_MAX         /* Chunk.mpos of a chunk not in the key map */
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
 
 typedef struct {
     int64_t key;
     int32_t ref;                 /* -1 store in flight, 0 ready, > 0 loads in flight */
-    int32_t prev, next;          /* ARC list links; LRU: links within its group (-1: end) */
+    int32_t prev, next;          /* ARC list links */
     int32_t grp;                 /* LRU: its rank's group (Grp) */
     int32_t idx;                 /* its chunk index in the rows that offer it (a key is one
                                     position's): LRU's second part of its rank, -position, is
                                     -(idx + 1) * tokens per chunk, so it orders as -idx; an
                                     eviction flags the owner's record at idx */
     uint32_t stamp;              /* protected by the store being prepared (== Tier.stamp) */
-    uint32_t mpos;               /* its entry in Tier.map */
+    uint32_t mpos;               /* its entry in Tier.map (NOMAP: a key of its request's own,
+                                    LRU: found through its group, Grp.at) */
     int8_t list;                 /* ARC: 1 T1, 2 T2 (0: slot free); LRU: 1 linked (evictable) */
 } Chunk;
-
-/* key -> chunk slot. Unlike the block map (map_t) an entry holds 32 bits of its key's hash (its
- * home, and a filter: the key itself is compared in the chunk, which the caller reads anyway),
- * and every chunk knows its entry (Chunk.mpos): a store's misses, an eviction's removal and a
- * finish's lookups, millions on a long trace, each touch one small entry. */
-typedef struct { uint32_t h; int32_t val; } KEnt;
-typedef struct { KEnt *e; uint64_t mask; } kmap_t;
-
-static int kmap_init(kmap_t *m, int64_t n) {
-    uint64_t cap = 16;
-    while (cap < (uint64_t)(2 * n + 2)) cap <<= 1;
-    m->mask = cap - 1;
-    m->e = (KEnt *)malloc(cap * sizeof(KEnt));
-    if (!m->e) return -1;
-    for (uint64_t i = 0; i < cap; i++) m->e[i].val = -1;
-    return 0;
-}
-/* The block map's hash (key_hash), computed once per key and offer (a store looks each key up,
- * then inserts the missing ones after its evictions). */
-static inline uint32_t kmap_hash(int64_t key) { return key_hash(key); }
-/* The entry holding `key` (hash h), or the empty one where it would go. */
-static inline uint64_t kmap_find(const kmap_t *m, const Chunk *ch, int64_t key, uint32_t h) {
-    uint64_t i = h & m->mask;
-    for (;;) {
-        int32_t v = m->e[i].val;
-        if (v < 0 || (m->e[i].h == h && ch[v].key == key)) return i;
-        i = (i + 1) & m->mask;
-    }
-}
-/* Empty entry i (backward shift, as map_del_at), keeping the moved chunks' mpos. */
-static inline void kmap_del_at(kmap_t *m, uint64_t i, Chunk *ch) {
-    KEnt *e = m->e;
-    uint64_t j = i;
-    for (;;) {
-        e[i].val = -1;
-        for (;;) {
-            j = (j + 1) & m->mask;
-            if (e[j].val < 0) return;
-            uint64_t home = e[j].h & m->mask;
-            if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) break;
-        }
-        e[i] = e[j];
-        ch[e[i].val].mpos = (uint32_t)i;
-        i = j;
-    }
-}
 
 /* LRU ranks (lru.py) are pairs (rank, -position) with every rank from one counter: a request's
  * provisional rank, shared by the chunks it touches first, or, at its finish, fresh ranks for its
  * chunks tail first. A finish's fresh ranks are consecutive and nothing else takes a rank between
  * them, so they order like one rank with the chunks' -position: every rank is a group (one
  * counter value) and an order inside it. The evictable chunks are then a list of groups in rank
- * order (a new rank is the largest: appended) each holding a list ordered by -position, so that
- * every rank change, pin, unpin and eviction is O(1) list work (a finger makes the in-order
- * insertions of a request's consecutive chunks O(1) too) instead of lru.py's heap pushes. Group r
- * is row r's: its provisional rank, then its finish's (the group renewed: its chunks keep their
- * order and take the fresh rank at once; the connector moves in the row's other chunks). */
+ * order (a new rank is the largest: appended) each ordered by -position, so that every rank
+ * change, pin, unpin and eviction is O(1) work instead of lru.py's heap pushes. Group r is row
+ * r's: its provisional rank, then its finish's (the group renewed: its chunks keep their order
+ * and take the fresh rank at once; the connector moves in the row's other chunks). A group's
+ * chunks are row r's, one per chunk index (a key is one position's), so the group holds them by
+ * index (Grp.at) rather than in a linked list: an eviction reads them down that array, where a
+ * list walk was one dependent cache miss per chunk (Mooncake evicts 8.6M). A chunk with a key of
+ * its request's own (no other request offers it) never leaves that request's group, so it is
+ * found there (Grp.at) and stays out of the key map (conv's every chunk: no map insert and
+ * delete per chunk). */
 typedef struct {
     int64_t rank;                /* counter value (0: not in the group list) */
     int32_t prev, next;          /* group list links (sentinel: Tier.ng) */
-    int32_t head, tail, finger;  /* its evictable chunks, -position ascending (-1: none) */
+    int32_t *at;                 /* at[idx]: its chunk of chunk index idx (-1: none) */
+    int32_t cap;                 /* entries of at (grown on demand) */
+    int32_t top;                 /* no evictable chunk at idx >= top */
+    int32_t nev;                 /* evictable chunks */
     int32_t members;             /* tier chunks of this rank, evictable or not */
     int8_t retired;              /* takes no new members: leaves the list once it has none */
 } Grp;
@@ -100,13 +64,14 @@ typedef struct {
     int64_t n;                   /* capacity in chunks */
     int policy;
     Chunk *ch;                   /* n slots + 2 list sentinels (ARC: n T1, n + 1 T2) */
-    kmap_t map;                  /* key -> slot */
+    map_t map;                   /* key -> slot (a chunk keeps its entry: Chunk.mpos) */
     int32_t *free_slots; int64_t nfree_list, next_fresh;
     int64_t num_evictable, num_pending;
     uint32_t stamp;
     /* LRU: the groups (1 per row + the list sentinel at index ng). */
     Grp *grp; int64_t ng;
     int64_t next_rank;
+    int oom;                     /* a group's array could not grow (the step fails) */
     /* ARC. */
     int64_t t1_len, t2_len, b1_len, b2_len;
     double target_t1;
@@ -125,7 +90,7 @@ static inline int lru_rank_less(const Tier *t, const Chunk *x, int64_t rank, int
 static void grp_open(Tier *t, int32_t g, int64_t rank) {
     Grp *x = &t->grp[g];
     int32_t h = (int32_t)t->ng, p = t->grp[h].prev;
-    x->rank = rank; x->head = x->tail = x->finger = -1; x->members = 0; x->retired = 0;
+    x->rank = rank; x->at = NULL; x->cap = x->top = x->nev = 0; x->members = 0; x->retired = 0;
     t->grp[p].next = g; x->prev = p; x->next = h; t->grp[h].prev = g;
 }
 /* Group g takes a new rank, the largest so far (its chunks with it). */
@@ -141,52 +106,61 @@ static void grp_close(Tier *t, int32_t g) {
     Grp *x = &t->grp[g];
     t->grp[x->prev].next = x->next; t->grp[x->next].prev = x->prev;
     x->rank = 0;
+    free(x->at); x->at = NULL; x->cap = x->top = 0;
 }
 static inline void grp_left(Tier *t, int32_t g) {
     if (--t->grp[g].members == 0 && t->grp[g].retired) grp_close(t, g);
+}
+/* Chunk s joins group g at chunk index idx (its rank's group, at its -position). */
+static inline void grp_join(Tier *t, int32_t s, int32_t g, int64_t idx) {
+    Chunk *c = &t->ch[s];
+    Grp *x = &t->grp[g];
+    c->grp = g; c->idx = (int32_t)idx;
+    x->members++;
+    if (idx >= x->cap) {
+        int32_t nc = x->cap ? x->cap : 16;
+        while (nc <= idx) nc *= 2;
+        int32_t *p = (int32_t *)realloc(x->at, (size_t)nc * sizeof(int32_t));
+        if (!p) { t->oom = 1; return; }
+        for (int32_t i = x->cap; i < nc; i++) p[i] = -1;
+        x->at = p; x->cap = nc;
+    }
+    x->at[idx] = s;
+}
+/* Its place in its group (the group's member count is the caller's: grp_left). */
+static inline void grp_unplace(Tier *t, int32_t s) {
+    Chunk *c = &t->ch[s];
+    Grp *x = &t->grp[c->grp];
+    if (c->idx < x->cap && x->at[c->idx] == s) x->at[c->idx] = -1;
 }
 static inline void grp_retire(Tier *t, int32_t g) {
     if (!t->grp[g].rank) return;
     t->grp[g].retired = 1;
     if (!t->grp[g].members) grp_close(t, g);
 }
-/* The evictable chunk s into its group's list, by -position (from the finger, the last one
- * placed: a request's chunks come in order). */
+/* The chunk (a member of its group) becomes evictable, or stops being so. */
 static inline void lru_add(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     Grp *g = &t->grp[c->grp];
+    if (c->idx >= g->top) g->top = c->idx + 1;
+    g->nev++;
     c->list = 1;
-    if (g->head < 0) { c->prev = c->next = -1; g->head = g->tail = s; }
-    else if (c->idx > t->ch[g->head].idx) {
-        c->prev = -1; c->next = g->head; t->ch[g->head].prev = s; g->head = s;
-    } else if (c->idx < t->ch[g->tail].idx) {
-        c->next = -1; c->prev = g->tail; t->ch[g->tail].next = s; g->tail = s;
-    } else {
-        /* head.idx > idx > tail.idx: the first chunk after it is found walking from the finger. */
-        int32_t f = g->finger >= 0 ? g->finger : g->tail;
-        while (t->ch[f].idx > c->idx) f = t->ch[f].next;
-        while (t->ch[f].prev >= 0 && t->ch[t->ch[f].prev].idx < c->idx) f = t->ch[f].prev;
-        c->next = f; c->prev = t->ch[f].prev; t->ch[c->prev].next = s; t->ch[f].prev = s;
-    }
-    g->finger = s;
 }
 static void lru_del(Tier *t, int32_t s) {
     Chunk *c = &t->ch[s];
     if (c->list != 1) return;
-    Grp *g = &t->grp[c->grp];
-    if (c->prev >= 0) t->ch[c->prev].next = c->next; else g->head = c->next;
-    if (c->next >= 0) t->ch[c->next].prev = c->prev; else g->tail = c->prev;
-    if (g->finger == s) g->finger = c->prev >= 0 ? c->prev : c->next;
+    t->grp[c->grp].nev--;
     c->list = 0;
 }
-/* Chunk s (chunk index idx) takes group g's rank: re-placed when it is evictable. */
+/* Chunk s (chunk index idx) takes group g's rank (it joins g before leaving its old group, which
+ * may be g). */
 static void lru_rerank(Tier *t, int32_t s, int32_t g, int64_t idx) {
     Chunk *c = &t->ch[s];
     int linked = c->list == 1;
     if (linked) lru_del(t, s);
     int32_t old = c->grp;
-    c->grp = g; c->idx = (int32_t)idx;
-    t->grp[g].members++;
+    grp_unplace(t, s);
+    grp_join(t, s, g, idx);
     grp_left(t, old);
     if (linked) lru_add(t, s);
 }
@@ -238,7 +212,7 @@ static int tier_init(Tier *t, int64_t n, int policy, int64_t nrows) {
     t->ch = (Chunk *)calloc((size_t)n + 2, sizeof(Chunk));
     t->free_slots = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
     if (!t->ch || !t->free_slots) return -1;
-    if (kmap_init(&t->map, n) < 0) return -1;
+    if (map_init(&t->map, 4 * n + 2, &t->ch[0].key, sizeof(Chunk), &t->ch[0].mpos) < 0) return -1;
     if (policy == POL_LRU) {
         t->ng = nrows;
         t->grp = (Grp *)calloc((size_t)t->ng + 1, sizeof(Grp));
@@ -249,7 +223,7 @@ static int tier_init(Tier *t, int64_t n, int policy, int64_t nrows) {
     t->gh = (Ghost *)calloc(3 * (size_t)n + 2, sizeof(Ghost));
     t->gfree = (int32_t *)malloc((3 * (size_t)n + 1) * sizeof(int32_t));
     if (!t->gh || !t->gfree) return -1;
-    if (map_init(&t->gmap, 3 * n, &t->gh[0].key, sizeof(Ghost)) < 0) return -1;
+    if (map_init(&t->gmap, 6 * n + 2, &t->gh[0].key, sizeof(Ghost), NULL) < 0) return -1;
     for (int i = 0; i < 2; i++) {
         int32_t h = (int32_t)n + i, g = (int32_t)(3 * n) + i;
         t->ch[h].prev = t->ch[h].next = h;
@@ -260,17 +234,23 @@ static int tier_init(Tier *t, int64_t n, int policy, int64_t nrows) {
 }
 
 static void tier_free(Tier *t) {
+    for (int64_t g = 0; t->grp && g <= t->ng; g++) free(t->grp[g].at);
     free(t->ch); free(t->map.e); free(t->free_slots); free(t->grp); free(t->gh);
     free(t->gmap.e); free(t->gfree);
 }
 
 static inline int32_t tier_get_h(const Tier *t, int64_t key, uint32_t h) {
-    return t->n ? t->map.e[kmap_find(&t->map, t->ch, key, h)].val : -1;
+    return t->n ? t->map.e[map_find_h(&t->map, key, h)].val : -1;
 }
-static inline int32_t tier_get(const Tier *t, int64_t key) { return tier_get_h(t, key, kmap_hash(key)); }
+/* LRU: group g's chunk of chunk index idx, for a key of g's own (never in the map). */
+static inline int32_t tier_get_own(const Tier *t, int32_t g, int64_t idx) {
+    const Grp *x = &t->grp[g];
+    return idx < x->cap ? x->at[idx] : -1;
+}
+static inline int32_t tier_get(const Tier *t, int64_t key) { return tier_get_h(t, key, key_hash(key)); }
 /* Fetch key's map entry ahead of its lookup: a pass over many keys overlaps their misses. */
 static inline void tier_prefetch(const Tier *t, uint32_t h) {
-    if (t->n) __builtin_prefetch(&t->map.e[h & t->map.mask]);
+    if (t->n) map_prefetch(&t->map, h);
 }
 static inline int64_t tier_key(const Tier *t, int32_t s) { return t->ch[s].key; }
 static inline int64_t tier_used(const Tier *t) { return t->next_fresh - t->nfree_list; }
@@ -278,8 +258,8 @@ static inline int64_t tier_free_chunks(const Tier *t) { return t->n - tier_used(
 
 /* The chunk leaves the tier (evicted): its slot goes back to the pool. */
 static void tier_drop(Tier *t, int32_t s) {
-    kmap_del_at(&t->map, t->ch[s].mpos, t->ch);
-    if (t->policy == POL_LRU) { lru_del(t, s); grp_left(t, t->ch[s].grp); }
+    if (t->ch[s].mpos != NOMAP) map_del_at(&t->map, t->ch[s].mpos);
+    if (t->policy == POL_LRU) { lru_del(t, s); grp_unplace(t, s); grp_left(t, t->ch[s].grp); }
     else if (t->ch[s].list) arc_unlink(t, s);
     t->ch[s].ref = 0;
     t->free_slots[t->nfree_list++] = s;
@@ -322,18 +302,18 @@ static void arc_ghost_hit(Tier *t, int64_t key) {
 }
 
 /* A new chunk (key hash h, chunk index idx; its store just prepared, ref -1), ranked for the
- * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). */
-static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t idx) {
+ * storing request, group g (LRU), or in T1 (ARC, leaving the ghost lists). `own`: LRU, a key of
+ * the request's own, kept out of the map. */
+static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, int64_t idx, int own) {
     int32_t s = t->nfree_list ? t->free_slots[--t->nfree_list] : (int32_t)t->next_fresh++;
     Chunk *c = &t->ch[s];
-    uint64_t at = kmap_find(&t->map, t->ch, key, h);
-    t->map.e[at].h = h; t->map.e[at].val = s;
-    c->key = key; c->mpos = (uint32_t)at; c->ref = -1; c->list = 0; c->stamp = 0;
+    c->key = key; c->ref = -1; c->list = 0; c->stamp = 0;
+    if (own) c->mpos = NOMAP;
+    else map_set(&t->map, map_find_h(&t->map, key, h), h, s);
     c->idx = (int32_t)idx;
     t->num_pending++;
     if (t->policy == POL_LRU) {
-        c->grp = g;
-        t->grp[g].members++;
+        grp_join(t, s, g, idx);
     } else {
         arc_append(t, s, 1);
         int32_t g = map_get(&t->gmap, key);
@@ -343,54 +323,56 @@ static inline int32_t tier_insert(Tier *t, int64_t key, uint32_t h, int32_t g, i
 }
 
 /* Evict n ready, unpinned chunks not stamped with t->stamp (the store's own offer); their keys
- * go to keys[] in eviction order, their slots to out[] (scratch of 4 * n). 0, or -1 when n cannot be
- * found (nothing changed). */
+ * go to keys[] in eviction order (LRU: unless keys is NULL), their slots to out[] (scratch of
+ * 4 * n). 0, or -1 when n cannot be found (nothing changed). */
 static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     if (n == 0) return 0;
     if (t->policy == POL_LRU) {
-        /* lru.py evict: smallest ranks first, protected ones skipped (and kept). The victims
-         * come group by group (out[], and per group visited: the group, its first victim's index
-         * in out[], whether they are a prefix of its list). A prefix (no protected chunk before
-         * the last victim: a store evicts the oldest groups from their heads) is cut off at
-         * once, the list's head moved past it, instead of unlinking chunk by chunk. */
-        int64_t got = 0, ngv = 0;
-        int32_t *gv = out + n;           /* 3 entries per group with a victim (<= n groups) */
+        /* lru.py evict: smallest ranks first, protected ones skipped (and kept); in a group,
+         * down its chunk indices (-position ascending). A group's top comes down past the
+         * victims and holes above its first chunk kept. */
+        int64_t got = 0;
         for (int32_t g = t->grp[t->ng].next; got < n && g != t->ng; g = t->grp[g].next) {
+            Grp *x = &t->grp[g];
+            int32_t seen = 0, top = x->top, *at = x->at;
             int64_t first = got;
-            int prefix = 1, skipped = 0;
-            for (int32_t s = t->grp[g].head; got < n && s >= 0; s = t->ch[s].next) {
-                if (t->ch[s].stamp == t->stamp) { skipped = 1; continue; }
-                prefix &= !skipped;
-                __builtin_prefetch(&t->map.e[t->ch[s].mpos]);
+            for (int32_t i = x->top - 1; i >= 0 && got < n && seen < x->nev; i--) {
+                if (i >= 8 && at[i - 8] >= 0) __builtin_prefetch(&t->ch[at[i - 8]]);
+                int32_t s = at[i];
+                if (s < 0) { if (top == i + 1) top = i; continue; }
+                const Chunk *c = &t->ch[s];
+                if (c->list != 1) { if (top == i + 1) top = i; continue; }   /* stored or loaded */
+                seen++;
+                if (c->stamp == t->stamp) continue;
+                if (c->mpos != NOMAP) __builtin_prefetch(&t->map.e[c->mpos]);
                 out[got++] = s;
+                at[i] = -1;
+                if (top == i + 1) top = i;
             }
-            if (got > first) { gv[3 * ngv] = g; gv[3 * ngv + 1] = (int32_t)first; gv[3 * ngv++ + 2] = prefix; }
+            if (got == first) continue;
+            x->top = top;
+            x->nev -= (int32_t)(got - first);
         }
-        if (got < n) return -1;
-        for (int64_t v = 0; v < ngv; v++) {
-            int32_t g = gv[3 * v], prefix = gv[3 * v + 2];
-            int64_t first = gv[3 * v + 1], last = v + 1 < ngv ? gv[3 * v + 4] : got;
-            for (int64_t i = first; i < last; i++) {
-                int32_t s = out[i];
-                Chunk *c = &t->ch[s];
-                keys[i] = c->key;
-                kmap_del_at(&t->map, c->mpos, t->ch);
-                if (prefix) c->list = 0; else lru_del(t, s);
-                t->free_slots[t->nfree_list++] = s;
+        if (got < n) {
+            /* Not enough: put back the ones taken (nothing changed). */
+            for (int64_t k = 0; k < got; k++) {
+                Chunk *c = &t->ch[out[k]];
+                Grp *x = &t->grp[c->grp];
+                x->at[c->idx] = out[k]; x->nev++;
+                if (c->idx >= x->top) x->top = c->idx + 1;
             }
-            if (prefix) {
-                /* As unlinking them one by one: the finger, if it was a victim, moves on to the
-                 * first chunk left. */
-                Grp *x = &t->grp[g];
-                int32_t nh = t->ch[out[last - 1]].next;
-                x->head = nh;
-                if (nh >= 0) t->ch[nh].prev = -1; else x->tail = -1;
-                if (x->finger >= 0 && !t->ch[x->finger].list) x->finger = nh;
-            }
-            t->num_evictable -= last - first;
-            t->grp[g].members -= (int32_t)(last - first);
-            if (!t->grp[g].members && t->grp[g].retired) grp_close(t, g);
+            return -1;
         }
+        for (int64_t k = 0; k < n; k++) {
+            int32_t s = out[k];
+            Chunk *c = &t->ch[s];
+            if (keys) keys[k] = c->key;
+            if (c->mpos != NOMAP) map_del_at(&t->map, c->mpos);
+            c->list = 0;
+            t->free_slots[t->nfree_list++] = s;
+            grp_left(t, c->grp);
+        }
+        t->num_evictable -= n;
         return 0;
     }
     /* arc.py evict: from T1 while its (virtual) size is at least int(target_t1), else T2,
@@ -484,7 +466,7 @@ typedef struct {
     int32_t *scratch;            /* 4 * capacity + max chunks per request + 8 */
     int64_t *ekeys;              /* evicted keys of one store (capacity) */
     int64_t *kbuf; int32_t *sbuf;        /* one offer's keys and tier slots (chunks / request) */
-    uint32_t *hbuf;                      /* and their key hashes (kmap_hash) */
+    uint32_t *hbuf;                      /* and their key hashes (key_hash) */
     int plan_out;                        /* the step's decisions are read back (core_schedule:
                                             StepPlan.offload_*), evicted keys included */
     int64_t store_blocks, load_blocks;         /* this step's (steps columns) */
