@@ -1215,6 +1215,7 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
     int64_t used = 0;
     for (int64_t b = 1; b < nb; b++) used += c->blk[b].ref > 0;
     if (!err && free_count + used != nb - 1) err = "free + used != total";
+    if (!err && c->oc.on) err = tier_check(&c->oc.tier);
     free(refs); free(inq);
     if (err) { PyErr_SetString(PyExc_AssertionError, err); return NULL; }
     Py_RETURN_NONE;

@@ -418,6 +418,37 @@ static int tier_evict(Tier *t, int64_t n, int32_t *out, int64_t *keys) {
     return 0;
 }
 
+/* The tier's own invariants (tests, core_check): the map and each live chunk agree, every LRU
+ * chunk sits in its group's array at its chunk index, an evictable one below the group's top,
+ * and the evictable counts add up. NULL, or what is wrong. */
+static const char *tier_check(const Tier *t) {
+    if (!t->n) return NULL;
+    uint8_t *dead = (uint8_t *)calloc((size_t)t->n, 1);
+    if (!dead) return "tier check: out of memory";
+    const char *err = NULL;
+    for (int64_t k = 0; k < t->nfree_list; k++) dead[t->free_slots[k]] = 1;
+    int64_t evictable = 0;
+    for (int32_t s = 0; s < t->next_fresh && !err; s++) {
+        if (dead[s]) continue;
+        const Chunk *c = &t->ch[s];
+        if (c->mpos != NOMAP && (c->mpos > t->map.mask || t->map.e[c->mpos].val != s))
+            err = "tier chunk not at its key map entry";
+        else if (c->mpos == NOMAP && t->policy != POL_LRU) err = "ARC chunk outside the key map";
+        if (t->policy != POL_LRU || err) continue;
+        const Grp *x = &t->grp[c->grp];
+        if (!x->rank || c->idx >= x->cap || x->at[c->idx] != s) err = "LRU chunk not in its group's array";
+        else if (c->list == 1 && c->idx >= x->top) err = "evictable LRU chunk above its group's top";
+        evictable += c->list == 1;
+    }
+    if (!err && t->policy == POL_LRU) {
+        int64_t nev = 0;
+        for (int64_t g = 0; g < t->ng; g++) nev += t->grp[g].rank ? t->grp[g].nev : 0;
+        if (nev != evictable || evictable != t->num_evictable) err = "LRU evictable counts differ";
+    }
+    free(dead);
+    return err;
+}
+
 /* ------------------------------------------------------------------ connector state */
 /* One transfer job (offloading/scheduler.py TransferJob + the emulated worker's FIFO entry). */
 typedef struct {
