@@ -9,6 +9,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -277,6 +278,20 @@ typedef struct {
     double *first_sched, *first_tok, *finish, *max_tbt;
     int64_t *cpu_hit;       /* V1 offloading: tokens loaded from the CPU tier at first admission */
 } Req;
+
+/* The core behind a per-step call taking (capsule, request row), the row checked: both cores'
+ * Core structs begin with their Req, so the row count is read through it. NULL with the error
+ * set. */
+static void *kv_row_arg(PyObject *args, const char *capsule, int64_t *row) {
+    PyObject *cap;
+    long long r;
+    if (!PyArg_ParseTuple(args, "OL", &cap, &r)) return NULL;
+    Req *q = (Req *)PyCapsule_GetPointer(cap, capsule);
+    if (!q) return NULL;
+    if (r < 0 || r >= q->n) { PyErr_Format(PyExc_IndexError, "core: row %lld", r); return NULL; }
+    *row = r;
+    return q;
+}
 
 static int req_take(Views *vs, PyObject *arrays, Req *q) {
     PyObject *a[18];

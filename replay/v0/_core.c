@@ -1340,14 +1340,10 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
  * tables), for the oracle and golden scenarios; `run` above is the same steps in one call. */
 static Core *core_of(PyObject *cap) { return (Core *)PyCapsule_GetPointer(cap, "kvcap.core0"); }
 
+/* (core, row) of a call taking a request row (kvcore.h kv_row_arg: Core begins with its Req). */
+_Static_assert(offsetof(Core, q) == 0, "kv_row_arg reads the row count through Core's first member");
 static int row_arg(PyObject *args, Core **c, int64_t *row) {
-    PyObject *cap;
-    long long r;
-    if (!PyArg_ParseTuple(args, "OL", &cap, &r)) return -1;
-    if (!(*c = core_of(cap))) return -1;
-    if (r < 0 || r >= (*c)->q.n) { PyErr_Format(PyExc_IndexError, "core: row %lld", r); return -1; }
-    *row = r;
-    return 0;
+    return (*c = (Core *)kv_row_arg(args, "kvcap.core0", row)) ? 0 : -1;
 }
 
 static PyObject *core_add(PyObject *self, PyObject *args) {
