@@ -166,7 +166,7 @@ class RunWriter:
                     write.delete_run(run_id)
                 elif job[0] == "chunk":
                     # With the chunks that came meanwhile, one INSERT per table: an INSERT
-                    # costs ~9 ms besides its rows, so a core that outruns the write makes
+                    # costs ~4 ms besides its rows, so a core that outruns the write makes
                     # fewer of them, and what is left after the loop is still one chunk.
                     chunks, job = [job], None
                     while job is None and not self._jobs.empty():
