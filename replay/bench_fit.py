@@ -29,9 +29,6 @@ from replay.state import RequestState
 from replay import step_profile
 
 MAX_ROUNDS = 8
-# TTFT rows count less: a request's TTFT hangs on which step it arrived in, which jumps with the
-# step times (the fit -> replay iteration would chase it); TPOT moves smoothly.
-TTFT_WEIGHT = 0.3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

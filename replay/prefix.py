@@ -45,7 +45,7 @@ class UniqueBlockKeys:
     """No sharing between requests (a trace without prefix information)."""
 
     def key(self, row: int, k: int) -> int:
-        return -((row << _K_BITS) | k) - 1
+        return unique_key(row, k)
 
     def keys(self, row: int, start: int, stop: int) -> list[int]:
         return _unique_keys(row, start, stop)
