@@ -219,12 +219,13 @@ def fill_grid(cells: dict[tuple[int, int], float], rows: list[int], cols: list[i
             if t is None or not math.isfinite(t):
                 filled += 1
                 lower = [bb for bb in rows if bb < b and (bb, x) in cells]
-                if len(lower) >= 2:
-                    b0, b1 = lower[-2], lower[-1]
-                    t0, t1 = cells[(b0, x)], cells[(b1, x)]
-                    t = min(t1 + max(t1 - t0, 0.0) * (b - b1) / (b1 - b0), t1 * b / b1)
-                elif lower:
-                    t = cells[(lower[-1], x)] * b / lower[-1]
+                if lower:
+                    b1 = lower[-1]
+                    t1 = cells[(b1, x)]
+                    t = t1 * b / b1                             # in proportion: the cap
+                    if len(lower) >= 2:                         # the last segment, extended
+                        b0 = lower[-2]
+                        t = min(t1 + max(t1 - cells[(b0, x)], 0.0) * (b - b1) / (b1 - b0), t)
                 else:
                     shorter = [xx for xx in cols if xx < x and (b, xx) in cells]
                     if not shorter:
