@@ -102,3 +102,19 @@ def priority_random_share(df: pl.DataFrame, *, share: float, priority: int = 1,
     if tenant is not None:
         out = out.with_columns(tenant=pl.when(mask).then(pl.lit(tenant, pl.Utf8)).otherwise(pl.col("tenant")))
     return out.cast(SCHEMA)
+
+
+def jitter_arrivals(df: pl.DataFrame, *, seed: int, fraction: float = 0.5) -> pl.DataFrame:
+    """The same requests with each arrival moved by a uniform offset of at most `fraction` of the
+    mean inter-arrival gap (then re-sorted, stable): another sample of the same traffic, used to
+    measure how much a metric moves for reasons no configuration causes (capacity's noise)."""
+    if not 0 <= fraction <= 10:
+        raise TraceError(f"jitter fraction must be in [0, 10], got {fraction}")
+    n = len(df)
+    if n < 2:
+        return df
+    t = df["arrival_s"].to_numpy()
+    gap = float(t[-1] - t[0]) / (n - 1)
+    moved = np.maximum(t + _rng(seed).uniform(-fraction * gap, fraction * gap, n), 0.0)
+    out = df.with_columns(pl.Series("arrival_s", moved)).sort("arrival_s", maintain_order=True)
+    return out.with_columns(pl.col("arrival_s") - pl.col("arrival_s").first())

@@ -106,6 +106,16 @@ def search_loads(trace: pl.DataFrame, configs: dict[Hashable, EngineConfig], pla
     return {k: (found[k], tuple(sorted(points[k], key=lambda p: p.rate_scale))) for k in configs}
 
 
+def probe(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *, rate_scale: float,
+          slo_ttft_p99_s: float, slo_tbt_p99_s: float, budget: Budget,
+          label: str = "load") -> LoadPoint:
+    """One load point: the trace at `rate_scale` under `config` (the same replay a search's
+    probe at that scale is, so it is shared through the planner's memo)."""
+    r = planner.replay(_load(trace, rate_scale, None), config, f"{label} x{rate_scale:g}")
+    return load_point(r.tables(), rate_scale=rate_scale, surge=False,
+                      slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
+
+
 def ok(p: LoadPoint) -> bool:
     return p.ok
 

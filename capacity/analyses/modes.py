@@ -89,6 +89,9 @@ class ModeComparison:
     queue_only_note: str            # "" or why queue-only would be better, in words
     scheduler: str = "v1"           # the engine every variant replayed
     scheduler_loop: str = "sync"    # and its loop ("async" | "sync")
+    default_variant: str = "recompute+prefix-cache"   # vLLM's default for this engine
+    # (objective, relative gain, threshold) that justified leaving the default; None: it stayed.
+    departure: tuple[str, float, float] | None = None
 
     def table(self) -> pl.DataFrame:
         return pl.DataFrame([dataclasses.asdict(r) for r in self.results])
@@ -102,6 +105,9 @@ class ModeComparison:
                 "engine_words": self.engine_words(),
                 "recommended": self.recommended, "reason": self.reason,
                 "queue_only_note": self.queue_only_note,
+                "default": self.default_variant,
+                "departure": (None if self.departure is None else
+                              dict(zip(("objective", "gain", "threshold"), self.departure))),
                 "modes": [dataclasses.asdict(r) for r in self.results]}
 
 
@@ -206,8 +212,8 @@ def _queue_costs(q: ModeResult, best: ModeResult) -> str:
 
 def _slo_miss(results: list[ModeResult]) -> str:
     if all(r.meets_slo is False for r in results):
-        return ("; every mode misses the SLOs at this load, so the fix is capacity (GPUs, a "
-                "lower --max-num-seqs or rate limiting), not the preemption mode")
+        return ("; every mode misses the SLOs at this load, so the mode is not the fix (the "
+                "plan's binding constraint says what is)")
     return ""
 
 
@@ -218,92 +224,81 @@ def _gain(base: float | None, new: float | None) -> float:
     return (base - new) / base
 
 
-def offload_pays(off: ModeResult, rc: ModeResult) -> bool:
-    """CPU offloading pays for its host memory against recompute with prefix caching: it
-    shortens the preempted requests' P99 stall or TTFT p99 by >= 5% (and > 1 ms), and raises
-    neither, nor TBT p99, by more than 5%."""
-    stall = _gain(rc.max_tbt_p99_preempted_s, off.max_tbt_p99_preempted_s)
-    ttft = _gain(rc.ttft_p99_s, off.ttft_p99_s)
-    ms = lambda a, b: (a or 0.0) - (b or 0.0) > 0.001  # noqa: E731
-    better = ((stall >= HOST_TIER_GAIN and ms(rc.max_tbt_p99_preempted_s, off.max_tbt_p99_preempted_s))
-              or (ttft >= HOST_TIER_GAIN and ms(rc.ttft_p99_s, off.ttft_p99_s)))
-    worse = min(stall, ttft, _gain(rc.tbt_p99_s, off.tbt_p99_s)) < -HOST_TIER_GAIN
-    return off.status == "completed" and better and not worse
+# The objectives a mode is judged on, each lower-is-better: the preempted requests' P99 stall
+# (what a preemption mode changes), then TTFT p99 (what a prefix cache changes), then TBT p99.
+OBJECTIVES = (("max_tbt_p99_preempted_s", "the preempted requests' P99 stall"),
+              ("ttft_p99_s", "TTFT p99"), ("tbt_p99_s", "TBT p99"))
 
 
-def _why_offload_fails(off: ModeResult, rc: ModeResult) -> str:
-    """The part of `offload_pays` that fails, with its numbers: a metric it raises by more than
-    the threshold, else that neither TTFT p99 nor the stall P99 improves enough."""
-    if off.status != "completed":
-        return f"did not complete ({off.status})"
-    metrics = (("the preempted requests' P99 stall", rc.max_tbt_p99_preempted_s, off.max_tbt_p99_preempted_s),
-               ("TTFT p99", rc.ttft_p99_s, off.ttft_p99_s), ("TBT p99", rc.tbt_p99_s, off.tbt_p99_s))
-    raised = [(name, a, b) for name, a, b in metrics if _gain(a, b) < -HOST_TIER_GAIN]
-    if raised:
-        return "raises " + " and ".join(f"{name} from {_ms(a)} to {_ms(b)}" for name, a, b in raised) + \
-            " against recompute with prefix caching"
-    return (f"changes TTFT p99 to {_ms(off.ttft_p99_s)} (from {_ms(rc.ttft_p99_s)}) and the stall "
-            f"P99 to {_ms(off.max_tbt_p99_preempted_s)} (from {_ms(rc.max_tbt_p99_preempted_s)}), "
-            f"short of the {HOST_TIER_GAIN:.0%} gain that would pay for its host memory")
+def _threshold(noise, metric: str, host_tier: bool) -> float:
+    t = noise.threshold(metric) if noise is not None else 0.0
+    return max(t, HOST_TIER_GAIN) if host_tier else t
 
 
-def _recommend_v1(results: list[ModeResult], default_variant: str) -> tuple[str, str, str]:
+def _beats(c: ModeResult, d: ModeResult, noise, host_tier: bool) -> tuple[str, float, float] | None:
+    """(objective, gain, threshold) when `c` wins an objective against the default `d` by more
+    than its threshold (and by > 1 ms) without losing any objective by more than its threshold;
+    None otherwise."""
+    if c.status != "completed":
+        return None
+    wins = []
+    for metric, _ in OBJECTIVES:
+        a, b = getattr(d, metric), getattr(c, metric)
+        t = _threshold(noise, metric, host_tier)
+        g = _gain(a, b)
+        if g < -t:
+            return None                 # worse beyond the noise on one objective
+        if g > t and (a or 0.0) - (b or 0.0) > 0.001:
+            wins.append((metric, g, t))
+    return wins[0] if wins else None
+
+
+def _words(metric: str) -> str:
+    return dict(OBJECTIVES)[metric]
+
+
+def recommend(results: list[ModeResult], default_variant: str, *, noise=None,
+              prefix_data: bool = True) -> tuple[str, str, str, tuple | None]:
+    """(recommended variant, reason, queue-only note, (objective, gain, threshold) or None).
+
+    vLLM's default mode stays unless another mode vLLM can run wins one objective by more than
+    its noise threshold (a host tier: by at least HOST_TIER_GAIN too) and loses none beyond it.
+    Without prefix information in the trace, turning prefix caching off is never advised: the
+    replay cannot show what the cache would have saved."""
     by = {r.variant: r for r in results}
-    off, rc, q = by[OFFLOAD], by.get("recompute+prefix-cache"), by.get("queue-only")
-    slo_miss = _slo_miss(results)
-    plain = [r for r in results if r.variant not in ("queue-only", OFFLOAD)]
-    if all(r.preemptions == 0 for r in plain):
-        best = by[default_variant]
-        why = "no preemption happens under recompute at this load"
-    else:
-        best = min([r for r in plain if r.status == "completed"] or plain, key=_stall_key)
-        why = (f"{best.variant} gives the shortest preemption stalls of the modes vLLM can run "
-               f"without a host tier (P99 {_ms(best.max_tbt_p99_preempted_s)}, recomputing "
-               f"{best.recomputed_share:.1%} of prefill work)")
-    if rc is not None and offload_pays(off, rc):
-        return OFFLOAD, (
-            f"CPU offloading of {off.host_tier_gib:g} GiB (--kv-offloading-size) loads "
-            f"{off.cpu_hit_tokens:,} prompt tokens from the host instead of recomputing them: TTFT "
-            f"p99 {_ms(off.ttft_p99_s)} vs {_ms(rc.ttft_p99_s)} and the preempted requests' P99 "
-            f"stall {_ms(off.max_tbt_p99_preempted_s)} vs {_ms(rc.max_tbt_p99_preempted_s)} with "
-            f"recompute and prefix caching alone" + slo_miss), _queue_note(q, off)
-    tier = f"; CPU offloading of {off.host_tier_gib:g} GiB {_why_offload_fails(off, rc)}" if rc else ""
-    return best.variant, why + tier + slo_miss, _queue_note(q, best)
-
-
-def recommend(results: list[ModeResult], default_variant: str) -> tuple[str, str, str]:
-    """(recommended variant, reason, queue-only note). See the module docstring for the rule."""
-    by = {r.variant: r for r in results}
-    if OFFLOAD in by:
-        return _recommend_v1(results, default_variant)
-    preempting = [r for r in results if r.variant != "queue-only"]
+    d = by[default_variant]
     q = by.get("queue-only")
-    slo_miss = _slo_miss(results)
-    if all(r.preemptions == 0 for r in preempting):
-        return default_variant, ("no preemption happens under any mode at this load, so keep "
-                                 "vLLM's default and spend no host memory on swap" + slo_miss), ""
-    ok = [r for r in preempting if r.status == "completed"] or preempting
-    best = min(ok, key=_stall_key)
-    rc = by.get("recompute+prefix-cache")
-    swap_gain = ""
-    if best.variant == "swap" and rc is not None and rc in ok:
-        # Swap costs host memory and PCIe time: it must buy a real improvement (>= 5% shorter
-        # preemption stalls), otherwise stay with vLLM's default.
-        gain = (rc.max_tbt_p99_preempted_s or 0.0) - (best.max_tbt_p99_preempted_s or 0.0)
-        if gain < 0.05 * (rc.max_tbt_p99_preempted_s or 0.0) or gain <= 0.001:
-            swap_gain = (f" (swap's stalls are only {gain * 1000:,.0f} ms shorter, under the 5% "
-                         f"that would pay for its host memory)")
-            best = rc
-    note = _queue_note(q, best)
-    if best.variant == "swap" and rc is not None:
-        gain = (rc.max_tbt_p99_preempted_s or 0) - (best.max_tbt_p99_preempted_s or 0)
-        return "swap", (f"swap keeps the preempted requests' P99 stall {gain * 1000:,.0f} ms shorter "
-                        f"than recompute with prefix caching (which re-prefills "
-                        f"{rc.recomputed_share:.1%} of all prefill work) for "
-                        f"{best.swapped_gib:.1f} GiB over the host link" + slo_miss), note
-    return best.variant, (f"{best.variant} gives the shortest preemption stalls of the modes vLLM "
-                          f"can run (P99 {_ms(best.max_tbt_p99_preempted_s)}, recomputing "
-                          f"{best.recomputed_share:.1%} of prefill work){swap_gain}" + slo_miss), note
+    slo_miss = _slo_miss([r for r in results if r.variant != "queue-only"])
+    others = [r for r in results if r.variant not in ("queue-only", default_variant)
+              and not (r.variant == "recompute" and not prefix_data)]
+    if all(r.preemptions == 0 for r in results if r.variant != "queue-only"):
+        return default_variant, ("no preemption happens under any mode at this load, so vLLM's "
+                                 "default stays and no host memory is spent" + slo_miss), "", None
+    wins = [(r, w) for r in others if (w := _beats(r, d, noise, r.variant in ("swap", OFFLOAD)))]
+    if not wins:
+        shown = ", ".join(f"{r.variant} {_ms(r.max_tbt_p99_preempted_s)}" for r in others)
+        why = (f"vLLM's default ({default_variant}) stays: no other mode wins the preempted "
+               f"requests' P99 stall, TTFT p99 or TBT p99 by more than the noise without losing "
+               f"another (stall P99 {_ms(d.max_tbt_p99_preempted_s)}"
+               + (f"; {shown}" if shown else "") + ")")
+        if not prefix_data and "recompute" in by:
+            why += ("; the trace carries no prefix hashes, so turning prefix caching off is "
+                    "never advised from it")
+        return default_variant, why + slo_miss, _queue_note(q, d), None
+    best, (metric, g, t) = max(wins, key=lambda rw: rw[1][1])
+    a, b = getattr(d, metric), getattr(best, metric)
+    if best.variant == OFFLOAD:
+        why = (f"CPU offloading of {best.host_tier_gib:g} GiB (--kv-offloading-size) cuts "
+               f"{_words(metric)} from {_ms(a)} to {_ms(b)} ({g:.0%}, above the {t:.0%} that the "
+               f"noise and its host memory ask) against {default_variant}")
+    elif best.variant == "swap":
+        why = (f"swap cuts {_words(metric)} from {_ms(a)} to {_ms(b)} ({g:.0%}, above the {t:.0%} "
+               f"that the noise and its host memory ask) against {default_variant}, for "
+               f"{best.swapped_gib:.1f} GiB over the host link")
+    else:
+        why = (f"{best.variant} cuts {_words(metric)} from {_ms(a)} to {_ms(b)} ({g:.0%}, above "
+               f"the noise threshold {t:.0%}) against vLLM's default {default_variant}")
+    return best.variant, why + slo_miss, _queue_note(q, best), (metric, g, t)
 
 
 def default_offload_gib(config: EngineConfig) -> float:
@@ -335,9 +330,11 @@ def variant_config(config: EngineConfig, variant: str, swap_space_gib: float | N
 def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner | None = None,
                   swap_space_gib: float | None = None, kv_offloading_size_gib: float | None = None,
                   include_host_tier: bool = True, slo_ttft_p99_s: float | None = None,
-                  slo_tbt_p99_s: float | None = None) -> ModeComparison:
+                  slo_tbt_p99_s: float | None = None, noise=None) -> ModeComparison:
     """`include_host_tier=False` leaves the swap / offload variant out (a sizing found that no
-    host tier helps at this load)."""
+    host tier helps at this load). `noise` (capacity.analyses.noise.Noise): the thresholds a
+    mode must clear to replace vLLM's default; None: any strict gain does."""
+    from traces.schema import has_prefix_hashes
     planner = planner or Planner()
     gpu = resolve(config).gpu
     names = [n for n, _ in variants(config.scheduler)
@@ -350,8 +347,10 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
                            slo_ttft_p99_s, slo_tbt_p99_s) for name, r in zip(cfgs, runs)]
     default = ("recompute+prefix-cache" if resolve(config).spec.enable_prefix_caching
                else "recompute")
-    rec, reason, note = recommend(results, default)
+    rec, reason, note, dep = recommend(results, default, noise=noise,
+                                       prefix_data=has_prefix_hashes(trace))
     run0 = runs[0].tables()["runs"].row(0, named=True)
     return ModeComparison(results=tuple(results), recommended=rec, reason=reason,
                           config=cfgs[rec], queue_only_note=note, scheduler=config.scheduler,
-                          scheduler_loop="async" if run0.get("async_scheduling") else "sync")
+                          scheduler_loop="async" if run0.get("async_scheduling") else "sync",
+                          default_variant=default, departure=dep)

@@ -15,7 +15,10 @@ point of the sweep on the two things a prefix cache buys: the prefill tokens the
 connector) is always a point, so a tier that saves less than the tolerance recommends none. When no
 size is within tolerance on both (TTFT p99 moves for reasons the tier does not cause), the smallest
 size within tolerance on prefill work is taken and the reason says so. A recommendation is always
-a replayed size, never an interpolation.
+a replayed size, never an interpolation. The default sweep starts at 1/16 of the GPU KV pool,
+doubles up to the KV of every prompt, then bisects (geometrically, twice) between the knee and the
+size below it; the answer says where the gain comes from (`gain_source`: prompt reuse, preempted
+requests reloading, or nothing) and when the host-RAM cap binds instead of the knee.
 
 Host RAM: the tier pins what `resolve` computes (`kv_offloading_host_ram_bytes`). vLLM 0.33 does not
 check it against the host; kvcap applies V0's swap-space thresholds (warn above 40%, error above
@@ -44,7 +47,11 @@ from replay.memory import SWAP_RAM_ERROR_FRACTION, SWAP_RAM_WARN_FRACTION
 TOLERANCE = 0.05
 # Default sweep: multiples of the GPU KV pool (a write-through tier no larger than the GPU cache
 # mostly holds copies of what the GPU still has), up to the KV of every prompt in the trace.
-POOL_MULTIPLES = (0.5, 1, 2, 4, 8, 16, 32)
+# The sweep starts at 1/16 of the pool: a tier that only has to hold what preempted requests
+# reload is small, and a sweep that starts large recommends a large size for a small gain.
+POOL_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32)
+# Bisection steps between the knee and the swept size below it (geometric midpoints).
+KNEE_BISECTIONS = 2
 
 # Host RAM per GPU of the vendor's reference 8-GPU server (DGX datasheets: DGX A100 1 TB, DGX H100 /
 # H200 2 TB, DGX B200 2 TB base), used when --host-ram-gib is not given. GPUs sold in servers of
@@ -124,14 +131,43 @@ class OffloadSizing:
             return f"no CPU offloading: {self.knee.reason}"
         ram = (f"; pins {r.host_ram_gib:g} GiB of host RAM ({r.host_ram_verdict})"
                if r.host_ram_verdict else f"; pins {r.host_ram_gib:g} GiB of host RAM")
+        binds = ("; the host-RAM cap binds, not the knee" if self.knee.unconstrained_gib
+                 is not None else "")
         return (f"--kv-offloading-size {self.knee.size_gib:g} GiB (V1, all TP ranks): "
-                f"{r.cpu_hit_tokens:,} prompt tokens hit the CPU tier, the GPU computes "
+                f"{self.gain_words()}; the GPU computes "
                 f"{_pct(r.prefill_tokens, base.prefill_tokens)} of the prefill it computes without "
-                f"offloading; {self.knee.reason}{ram}")
+                f"offloading; {self.knee.reason}{ram}{binds}")
+
+    def gain_source(self) -> str:
+        """Where the recommended tier's gain comes from: "prompt_reuse" (prompts found in the
+        CPU tier at first admission), "preempted_reload" (preempted requests coming back from
+        host memory instead of recomputing: fewer recomputed tokens or preemptions), both, or
+        "none"."""
+        r, base = self.recommended, self.points[0]
+        reuse = r.cpu_hit_tokens > 0
+        reload = (r.recomputed_prefill_tokens < base.recomputed_prefill_tokens
+                  or r.preemptions < base.preemptions)
+        return ("prompt_reuse+preempted_reload" if reuse and reload else "prompt_reuse" if reuse
+                else "preempted_reload" if reload else "none")
+
+    def gain_words(self) -> str:
+        r, base = self.recommended, self.points[0]
+        parts = []
+        if r.cpu_hit_tokens:
+            parts.append(f"{r.cpu_hit_tokens:,} prompt tokens found in the CPU tier at first "
+                         f"admission (prompt reuse)")
+        if (r.recomputed_prefill_tokens < base.recomputed_prefill_tokens
+                or r.preemptions < base.preemptions):
+            parts.append(f"preempted requests reload from host memory: recomputed prefill "
+                         f"{base.recomputed_prefill_tokens:,} → {r.recomputed_prefill_tokens:,} "
+                         f"tokens, preemptions {base.preemptions:,} → {r.preemptions:,}")
+        return "; ".join(parts) or "no measurable gain (no prompt reuse, no fewer recomputes)"
 
     def as_dict(self) -> dict:
         return {"engine": self.scheduler, "scheduler_loop": self.scheduler_loop,
-                "engine_words": self.engine_words(),
+                "engine_words": self.engine_words(), "gain_source": self.gain_source(),
+                "gain_words": self.gain_words(),
+                "host_ram_binds": self.knee.unconstrained_gib is not None,
                 "tensor_parallel_size": self.tensor_parallel_size,
                 "points": [dataclasses.asdict(p) for p in self.points],
                 "recommended_kv_offloading_size_gib": self.knee.size_gib,
@@ -315,6 +351,7 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
     check_v1(config)
     check_tolerance(tolerance)                       # before any replay
     planner = planner or Planner()
+    default_sweep = not sizes
     sizes = tuple(sorted({0.0, *(float(s) for s in (sizes or default_sizes(trace, config)))}))
     for s in sizes:
         if not (math.isfinite(s) and s >= 0):
@@ -326,12 +363,21 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
         raise ValueError(f"size-offload: the engine is overloaded at this load ({st.evidence}); "
                          f"a tier sized here would be sized for the backlog — lower the rate "
                          f"(--rate-scale) or add capacity first")
-    jobs = [Job(trace=trace, config=c, label=f"size-offload {s:g}", trace_name=planner.trace_name)
-            for s, c in zip(sizes[1:], cfgs[1:])]
-    runs = planner.run(jobs)
     total, source = host_ram_total(config, host_ram_gib)
     pts = [point(0.0, base, cfgs[0], total)]
-    pts += [point(s, r.tables(), c, total) for s, c, r in zip(sizes[1:], cfgs[1:], runs)]
+    pts += _points(trace, config, sizes[1:], planner, total)
+    if default_sweep:
+        for _ in range(KNEE_BISECTIONS):          # bisect between the knee and the size below
+            ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
+            k = host_bounded_knee(ordered, tolerance).index
+            if k < 2:                             # the knee is 0 or the smallest size
+                break
+            lo, hi = ordered[k - 1].kv_offloading_size_gib, ordered[k].kv_offloading_size_gib
+            mid = nice_gib(math.sqrt(lo * hi))
+            if not lo < mid < hi:
+                break
+            pts += _points(trace, config, (mid,), planner, total)
+    pts.sort(key=lambda p: p.kv_offloading_size_gib)
     run0 = base["runs"].row(0, named=True)
     return OffloadSizing(
         scheduler=config.scheduler, tensor_parallel_size=config.tensor_parallel_size,
@@ -339,3 +385,9 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
         tolerance=tolerance, points=tuple(pts), knee=host_bounded_knee(pts, tolerance),
         host_ram_total_gib=total, host_ram_source=source)
 
+
+def _points(trace, config, sizes, planner: Planner, total) -> list[OffloadPoint]:
+    cfgs = [offload_config(config, s) for s in sizes]
+    runs = planner.run([Job(trace=trace, config=c, label=f"size-offload {s:g}",
+                            trace_name=planner.trace_name) for s, c in zip(sizes, cfgs)])
+    return [point(s, r.tables(), c, total) for s, c, r in zip(sizes, cfgs, runs)]

@@ -1,34 +1,46 @@
-"""The capacity plan: every analysis in order, and the one Recommendation rendered everywhere.
+"""The capacity plan: one procedure, one frozen `Plan` that every command renders (docs/planning.md).
 
-Order (each step only when the previous allows it):
-1. replay the baseline and classify its stability; an overloaded baseline gets its sustainable
-   load (search) and the nearest fixes, and nothing else: no flags, no swap size, no alert rule;
-2. the host tier: V0's swap sizing (the pool the swap mode would need), V1's CPU offloading
-   sizing (the knee of the `--kv-offloading-size` curve), and the other engine's answer beside it
-   (migration.py); then the preemption modes (the swap / offload variant with that tier);
-3. max-num-seqs tuning on the chosen mode, by margin;
-4. the recommended configuration = the chosen mode with the chosen max-num-seqs; its flags are
-   `flags.vllm_flags`, and *the replay of those flags* (parsed back by `flags.apply_flags`) gives
-   the expected metrics, the headroom search and the alert rule.
-The report, the CLI tables, summary.json and the printed `vllm serve` flags all render
-`Plan.recommendation`.
+Inputs: trace, deployment (the engine config), SLOs, preemption budget, precision, router, the
+load to plan for. Steps, each only when the previous allows it:
+1. replay the baseline; an engine that cannot keep up is *overloaded*: its sustainable load (the
+   queue drains — a weaker number, labelled so), its capacity (SLOs and budget), what binds and
+   the replicas, and no flags, no host-tier size, no alert rule;
+2. the noise: the baseline replayed on jittered copies of the trace, each metric's spread
+   (capacity/analyses/noise.py); no advice departs from vLLM's default below it;
+3. the host tier (V0 swap sizing, V1 offload knee) and the preemption modes, judged against the
+   noise; then max-num-seqs by margin, kept at vLLM's default unless another value's margin wins
+   by more than the threshold;
+4. what binds (capacity/analyses/binding.py); a prefill chunk that binds TBT searches a smaller
+   `--max-num-batched-tokens`, kept only when it wins;
+5. the recommended configuration's flags (`flags.vllm_flags`), *their* replay (the expected
+   numbers), its capacity (the largest load meeting the SLOs and the budget, searched to the
+   precision), what binds it, and the replicas by fleet replay (N meets, N - 1 fails);
+6. the verdict: `fits` (SLOs and budget hold at today's load), `misses` (stable, but a target
+   fails: which, by how much) or `overloaded`. Only a fitting plan gets an alert rule and a
+   host-tier size.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import polars as pl
 
+from capacity.analyses.binding import Binding, diagnose
 from capacity.analyses.classify import AlertRule, Classification, alert_rule, classify
-from capacity.analyses.criteria import Budget, evaluate
+from capacity.analyses.criteria import Budget, Candidate, evaluate
+from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.flags import apply_flags, vllm_flags
-from capacity.analyses.headroom import Headroom, headroom, sustainable_load
+from capacity.analyses.headroom import (Headroom, LoadPoint, headroom, ok, probe, search_loads,
+                                        sustainable_load)
 from capacity.analyses.migration import Migration, migration
 from capacity.analyses.modes import ModeComparison, compare_modes
+from capacity.analyses.noise import Noise, gain, measure_noise
 from capacity.analyses.offload import OffloadSizing, size_offload
 from capacity.analyses.planner import Planner
-from capacity.analyses.search import PRECISION, ScaleSearch
+from capacity.analyses.replicas import Replicas, min_replicas
+from capacity.analyses.search import ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
 from capacity.analyses.stability import Stability, stability
 from capacity.analyses.stalls import StallBatches, stall_batches
@@ -36,6 +48,8 @@ from capacity.analyses.tuning import Tuning, tune
 from replay.config import EngineConfig, resolve
 from replay.results import RunResult
 from replay.run import replay
+
+VERDICTS = ("overloaded", "misses", "fits")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,31 +62,50 @@ class Expected:
     throughput_rps: float
     goodput_rps: float
     slo_share: float
-    meets_slo: bool
+    meets_slo: bool             # fleet P99 TTFT and TBT within the SLOs
+    within_budget: bool         # preemption within the budget
+    breaks: str                 # "" or what fails, with the numbers
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Departure:
+    """One setting the plan changes from vLLM's default, with the win that justified it."""
+    knob: str
+    default: object
+    recommended: object
+    objective: str
+    gain: float                 # relative
+    threshold: float            # relative: the noise (or the search precision) it had to beat
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Recommendation:
+    verdict: str                           # overloaded | misses | fits
     sustainable: bool
     offered_rps: float
     served_rps: float
     sustainable_rate_scale: float | None   # overloaded baselines: the searched sustainable scale
-    headroom_rate_scale: float | None      # the recommended configuration's headroom
+    headroom_rate_scale: float | None      # the recommended configuration's capacity (× today)
+    capacity_rps: float | None             # per replica, SLOs and budget met
     precision: float
-    flags: tuple[str, ...]                 # `vllm serve` arguments; () when not sustainable
+    flags: tuple[str, ...]                 # `vllm serve` arguments; () when overloaded
     expected: Expected | None
     config: EngineConfig | None
     headline: str
     lines: tuple[str, ...]                 # the rest, in words (what the flags cannot say too)
 
     def as_dict(self) -> dict:
-        return {"sustainable": self.sustainable, "offered_rps": self.offered_rps,
-                "served_rps": self.served_rps,
+        return {"verdict": self.verdict, "sustainable": self.sustainable,
+                "offered_rps": self.offered_rps, "served_rps": self.served_rps,
                 "sustainable_rate_scale": self.sustainable_rate_scale,
-                "headroom_rate_scale": self.headroom_rate_scale, "precision": self.precision,
+                "headroom_rate_scale": self.headroom_rate_scale,
+                "capacity_rps": self.capacity_rps, "precision": self.precision,
                 "flags": list(self.flags),
                 "expected": self.expected.as_dict() if self.expected else None,
                 "headline": self.headline, "lines": list(self.lines)}
@@ -83,19 +116,63 @@ class Plan:
     baseline: RunResult
     stability: Stability
     sustainable_load: ScaleSearch | None
+    noise: Noise | None
     sizing: SwapSizing | None               # V0's swap pool (V1 plans: None)
     offload: OffloadSizing | None           # V1's CPU tier (V0 plans: None)
     migration: Migration | None             # both engines' host tier, side by side
     modes: ModeComparison | None
     tuning: Tuning | None
-    headroom: Headroom | None
+    headroom: Headroom | None               # of the recommended flags (overloaded: of the given)
+    binding: Binding | None
+    replicas: Replicas | None
+    departures: tuple[Departure, ...]
     recommended_run: RunResult | None
     # The recommended replay's worst-stalled request, its batches around each stall (None when
     # nothing stalled or the baseline is overloaded).
     stall_drill: StallBatches | None
     classification: Classification | None   # preemption of the recommended replay
-    alert: AlertRule | None                  # None when the baseline is overloaded
+    alert: AlertRule | None                  # only for a fitting plan
+    slo_ttft_p99_s: float
+    slo_tbt_p99_s: float
+    budget: Budget
     recommendation: Recommendation
+
+    @property
+    def verdict(self) -> str:
+        return self.recommendation.verdict
+
+    @property
+    def capacity_rps(self) -> float | None:
+        return self.recommendation.capacity_rps
+
+    def contract(self) -> dict:
+        """The keys scripts rely on, identical in `report --json`, summary.json, `plan --json`
+        and `headroom --json`."""
+        rec = self.recommendation
+        return {"verdict": rec.verdict, "headline": rec.headline,
+                "binding_constraint": self.binding.constraint if self.binding else None,
+                "binding": self.binding.as_dict() if self.binding else None,
+                "capacity_rps": rec.capacity_rps, "capacity_rate_scale": rec.headroom_rate_scale,
+                "headroom_rate_scale": rec.headroom_rate_scale,
+                "sustainable": rec.sustainable,
+                "sustainable_rps": (rec.offered_rps * rec.sustainable_rate_scale
+                                    if rec.sustainable_rate_scale else
+                                    rec.served_rps if rec.sustainable else None),
+                "offered_rps": rec.offered_rps, "served_rps": rec.served_rps,
+                "replicas": self.replicas.as_dict() if self.replicas else None,
+                "noise": self.noise.as_dict() if self.noise else None,
+                "departures": [d.as_dict() for d in self.departures],
+                "slo": {"ttft_p99_s": self.slo_ttft_p99_s, "tbt_p99_s": self.slo_tbt_p99_s},
+                "budget": budget_words(self.budget)}
+
+
+def budget_words(b: Budget) -> str:
+    parts = [x for x in ("peak-only" if b.peak_only else "",
+                         f"at most {b.max_minutes_share:.0%} of minutes"
+                         if b.max_minutes_share is not None else "",
+                         f"at most {b.max_per_minute:g} per minute"
+                         if b.max_per_minute is not None else "") if x]
+    return ", ".join(parts) or "any"
 
 
 # The plan sizes V1's CPU tier only where the compiled core replays the connector: a sweep on
@@ -115,73 +192,233 @@ def default_grid(max_num_seqs: int) -> list[int]:
     return sorted({max(1, max_num_seqs // d) for d in (8, 4, 2, 1)})
 
 
-def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner, *, slo_ttft_p99_s,
-                slo_tbt_p99_s, budget, grid, precision) -> Plan:
-    search, _ = sustainable_load(trace, config, planner, precision=precision,
-                                 served_share=st.served_rps / st.offered_rps if st.offered_rps else None)
-    k = search.scale
-    tn = tune(trace, config, max_num_seqs_grid=grid or default_grid(resolve(config).spec.max_num_seqs),
-              slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
-              planner=planner, precision=precision)
-    fixes = []
-    if k:
-        fixes.append(f"rate-limit this replica to about {st.offered_rps * k:,.2f} req/s, or run "
-                     f"{math.ceil(1 / k - 1e-9)} replicas for this traffic")
-    if tn.recommended is not None:
-        fixes.append(f"--max-num-seqs {tn.recommended.max_num_seqs} keeps up and meets the SLOs at "
-                     f"this rate (margin {tn.margin.words()}): re-run the report with it")
-    fixes.append("a larger KV pool: more GPUs (--tensor-parallel-size), an fp8 KV cache "
-                 "(--kv-cache-dtype fp8) or a smaller model")
-    load = (f"sustainable load ≈ {st.offered_rps * k:,.2f} req/s (×{k:.2f} of this trace, "
-            f"precision {precision:.0%})" if k else
-            f"not sustainable even at ×{search.failed_at:g} of this trace")
-    head = f"overloaded: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}"
-    rec = Recommendation(sustainable=False, offered_rps=st.offered_rps, served_rps=st.served_rps,
-                         sustainable_rate_scale=k, headroom_rate_scale=None, precision=precision,
-                         flags=(), expected=None, config=None, headline=head,
-                         lines=tuple([f"the nearest fixes are: " + "; ".join(fixes),
-                                      f"evidence: {st.evidence}",
-                                      "no flags, no swap size and no alert rule are derived from "
-                                      "an overloaded run"]))
-    return Plan(baseline=base, stability=st, sustainable_load=search, sizing=None, offload=None,
-                migration=None, modes=None,
-                tuning=tn, headroom=None, recommended_run=None, stall_drill=None, classification=None, alert=None,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Targets:
+    slo_ttft_p99_s: float
+    slo_tbt_p99_s: float
+    budget: Budget
+    precision: float
+
+    @property
+    def slo(self) -> dict:
+        return dict(slo_ttft_p99_s=self.slo_ttft_p99_s, slo_tbt_p99_s=self.slo_tbt_p99_s)
+
+    @property
+    def search(self) -> dict:
+        return dict(**self.slo, budget=self.budget, precision=self.precision)
+
+
+def floor_trace(trace: pl.DataFrame) -> pl.DataFrame:
+    """The trace's p99-length prompt (nearest rank) alone, cold (no prefix hashes), two output
+    tokens: its TTFT is the least any load gives the p99 of TTFT (binding.py)."""
+    lengths = trace["prompt_tokens"].sort()
+    p99 = int(lengths[max(1, math.ceil(0.99 * len(lengths))) - 1])
+    row = trace.filter(pl.col("prompt_tokens") == p99).head(1)
+    return row.with_columns(pl.lit(0.0).alias("arrival_s"),
+                            pl.lit(2, dtype=row["output_tokens"].dtype).alias("output_tokens"),
+                            pl.lit(None, dtype=row["prefix_hashes"].dtype).alias("prefix_hashes"))
+
+
+def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int]:
+    ft = floor_trace(trace)
+    return (probe(ft, config, planner, rate_scale=1.0, budget=t.budget, label="floor", **t.slo),
+            int(ft["prompt_tokens"][0]))
+
+
+def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets) -> Binding:
+    point, tokens = floor
+    return diagnose(tuple(p for p in pts if not p.surge), point, floor_prompt_tokens=tokens,
+                    scale=rate.scale, failed_at=rate.failed_at, **t.slo)
+
+
+def _capacity(trace, config, planner: Planner, t: _Targets, *, guess: float | None = None,
+              label: str = "capacity") -> tuple[ScaleSearch, tuple[LoadPoint, ...], Binding]:
+    """The largest load meeting the SLOs and the budget, its probes, and what binds it."""
+    guesses = {"c": guess} if guess else None
+    rate, pts = search_loads(trace, {"c": config}, planner, passes=ok, guesses=guesses,
+                             label=label, **t.search)["c"]
+    return rate, pts, _diagnose(pts, _floor(trace, config, planner, t), rate, t)
+
+
+def _replicas(trace, config, planner, t: _Targets, rate: ScaleSearch, binding: Binding, *,
+              router: str, max_replicas: int, target_peak_scale: float) -> Replicas:
+    return min_replicas(trace, config, planner, capacity_scale=rate.scale, budget=t.budget,
+                        router=router, max_replicas=max_replicas,
+                        target_peak_scale=target_peak_scale,
+                        replicas_help=binding.replicas_help, why_not=binding.evidence, **t.slo)
+
+
+def _rps(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.2f} req/s"
+
+
+def _capacity_words(rate: ScaleSearch, offered: float) -> str:
+    if rate.scale is None:
+        return (f"capacity: none — even ×{rate.failed_at:g} of this traffic misses the SLOs or "
+                f"the budget")
+    return f"capacity {_rps(rate.scale * offered)} per replica ({rate.words()})"
+
+
+def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner, t: _Targets, *,
+                router: str, max_replicas: int, target_peak_scale: float) -> Plan:
+    served = st.served_rps / st.offered_rps if st.offered_rps else None
+    sus, _ = sustainable_load(trace, config, planner, precision=t.precision, served_share=served)
+    rate, pts, binding = _capacity(trace, config, planner, t, guess=sus.scale, label="capacity")
+    reps = _replicas(trace, config, planner, t, rate, binding, router=router,
+                     max_replicas=max_replicas, target_peak_scale=target_peak_scale)
+    k = sus.scale
+    load = (f"the queue drains up to ≈ {_rps(st.offered_rps * k)} (×{k:.2f}; sustainable, "
+            f"not the SLOs)" if k else f"the queue grows even at ×{sus.failed_at:g} of this trace")
+    head = (f"overloaded: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
+            f"{_capacity_words(rate, st.offered_rps)}; "
+            + (f"{reps.count} replicas ({router}) meet the SLOs and the budget" if reps.count
+               else reps.explanation))
+    lines = [f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
+             f"{binding.knob or '—'}",
+             f"replicas: {reps.explanation}",
+             f"evidence: {st.evidence}",
+             "no flags, no host-tier size and no alert rule are derived from an overloaded run"]
+    hr = Headroom(rate=rate, surge=None, surge_window_s=None, points=pts,
+                  target_peak_scale=target_peak_scale, replicas_needed=reps.count,
+                  slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tbt_p99_s=t.slo_tbt_p99_s,
+                  explanation=_capacity_words(rate, st.offered_rps))
+    rec = Recommendation(verdict="overloaded", sustainable=False, offered_rps=st.offered_rps,
+                         served_rps=st.served_rps, sustainable_rate_scale=k,
+                         headroom_rate_scale=rate.scale,
+                         capacity_rps=rate.scale * st.offered_rps if rate.scale else None,
+                         precision=t.precision, flags=(), expected=None, config=None,
+                         headline=head, lines=tuple(lines))
+    return Plan(baseline=base, stability=st, sustainable_load=sus, noise=None, sizing=None,
+                offload=None, migration=None, modes=None, tuning=None, headroom=hr,
+                binding=binding, replicas=reps, departures=(), recommended_run=None,
+                stall_drill=None, classification=None, alert=None, budget=t.budget,
+                slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tbt_p99_s=t.slo_tbt_p99_s,
                 recommendation=rec)
 
 
-def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
-              slo_ttft_p99_s: float, slo_tbt_p99_s: float, budget: Budget = Budget(),
-              grid: list[int] | None = None, precision: float = PRECISION,
-              model_name: str | None = None) -> Plan:
-    base = planner.replay(trace, config, "report baseline")
-    base_tables = base.tables()
-    st = stability(base_tables)
-    kw = dict(slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s)
-    if not st.sustainable:
-        return _overloaded(trace, config, base, st, planner, budget=budget, grid=grid,
-                           precision=precision, **kw)
+def _host_tier_and_modes(trace, config, base, planner, t: _Targets, noise: Noise):
     sizing = offload = None
     if config.scheduler == "v1":
         if fast_offloading():
             # The baseline is the sweep's size-0 point unless it already runs a CPU tier.
             offload = size_offload(trace, config, planner=planner,
-                                   baseline=None if config.kv_offloading_size else base_tables)
-        modes = compare_modes(trace, config, planner=planner, **kw,
+                                   baseline=None if config.kv_offloading_size else base.tables())
+        modes = compare_modes(trace, config, planner=planner, **t.slo, noise=noise,
                               kv_offloading_size_gib=(offload.recommended_kv_offloading_size_gib
                                                       if offload else None),
                               include_host_tier=offload is not None and offload.needed)
     else:
-        sizing = size_swap(trace, config, planner=planner, baseline=base_tables)
-        modes = compare_modes(trace, config, planner=planner, **kw,
+        sizing = size_swap(trace, config, planner=planner, baseline=base.tables())
+        modes = compare_modes(trace, config, planner=planner, **t.slo, noise=noise,
                               swap_space_gib=sizing.recommended_swap_space_gib if sizing.needed
                               else None)
+    return sizing, offload, modes
+
+
+def _margin_of(trace, config, planner, t: _Targets) -> float | None:
+    rate, _ = search_loads(trace, {"c": config}, planner, passes=ok, label="headroom",
+                           **t.search)["c"]
+    return rate.scale
+
+
+def _margin_gain(default: float | None, new: float | None) -> float:
+    if new is None:
+        return 0.0
+    if default is None:
+        return math.inf                   # the default fails at every load searched
+    return gain(default, new, higher_is_better=True)
+
+
+def _choose_seqs(trace, mode_cfg, tn: Tuning, planner, t: _Targets,
+                 noise: Noise) -> tuple[EngineConfig, Departure | None, str]:
+    """The tuned max-num-seqs only when its margin beats vLLM's default's by more than the
+    threshold; otherwise the default, said so."""
+    default = resolve(mode_cfg).spec.max_num_seqs
+    if tn.recommended is None or tn.recommended.max_num_seqs == default:
+        return mode_cfg, None, tn.explanation
+    m_new = tn.margin.scale if tn.margin else None
+    m_def = next((m.scale if m else None for c, m in zip(tn.candidates, tn.margins)
+                  if c.max_num_seqs == default), None)
+    if m_def is None:
+        m_def = _margin_of(trace, mode_cfg, planner, t)
+    g, thr = _margin_gain(m_def, m_new), noise.threshold("margin")
+    if g > thr:
+        cfg = tn.recommended_config
+        return cfg, Departure(knob="--max-num-seqs", default=default,
+                              recommended=tn.recommended.max_num_seqs,
+                              objective="capacity (margin × today's rate)",
+                              gain=g if math.isfinite(g) else 1.0, threshold=thr), tn.explanation
+    return mode_cfg, None, (
+        f"vLLM's default {default} stays: max_num_seqs={tn.recommended.max_num_seqs}'s margin "
+        f"{'—' if m_new is None else f'×{m_new:.2f}'} against the default's "
+        f"{'—' if m_def is None else f'×{m_def:.2f}'} is within the search precision "
+        f"(threshold {thr:.0%})")
+
+
+def _batched_tokens(trace, cfg: EngineConfig, planner, t: _Targets, noise: Noise,
+                    m_now: float | None) -> tuple[EngineConfig, Departure | None, str]:
+    """A TBT bound by the prefill chunk: smaller --max-num-batched-tokens, searched by margin."""
+    spec = resolve(cfg).spec
+    if not spec.enable_chunked_prefill:
+        return cfg, None, "chunked prefill is off: the chunk is the whole prompt"
+    mbt = spec.max_num_batched_tokens
+    values = [mbt // d for d in (2, 4, 8, 16) if mbt // d >= max(256, spec.block_size)]
+    if not values:
+        return cfg, None, f"--max-num-batched-tokens {mbt} is already small"
+    cands = {v: dataclasses.replace(cfg, max_num_batched_tokens=v) for v in values}
+    found = search_loads(trace, cands, planner, passes=ok, label="batched tokens", **t.search)
+    margins = {v: found[v][0].scale for v in values}
+    best = max(values, key=lambda v: (margins[v] or 0.0, v))
+    g, thr = _margin_gain(m_now, margins[best]), noise.threshold("margin")
+    tried = ", ".join(f"{v}: {'—' if margins[v] is None else f'×{margins[v]:.2f}'}" for v in values)
+    if margins[best] is not None and g > thr:
+        return cands[best], Departure(knob="--max-num-batched-tokens", default=mbt,
+                                      recommended=best, objective="capacity (margin × today's rate)",
+                                      gain=g if math.isfinite(g) else 1.0, threshold=thr), (
+            f"--max-num-batched-tokens {best} (from {mbt}) shortens the prefill chunk that binds "
+            f"TBT: margins {tried} against {'—' if m_now is None else f'×{m_now:.2f}'}")
+    return cfg, None, (f"a smaller --max-num-batched-tokens does not win beyond the threshold "
+                       f"({tried}; now {'—' if m_now is None else f'×{m_now:.2f}'})")
+
+
+def _mode_departure(modes: ModeComparison) -> list[Departure]:
+    if modes.departure is None:
+        return []
+    metric, g, thr = modes.departure
+    knob = {"swap": "--preemption-mode", "recompute+cpu-offload": "--kv-offloading-size",
+            "recompute": "--enable-prefix-caching",
+            "recompute+prefix-cache": "--enable-prefix-caching"}.get(modes.recommended, "mode")
+    return [Departure(knob=knob, default=modes.default_variant, recommended=modes.recommended,
+                      objective=metric, gain=g, threshold=thr)]
+
+
+def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
+              slo_ttft_p99_s: float = DEFAULTS.slo_ttft_p99_s,
+              slo_tbt_p99_s: float = DEFAULTS.slo_tbt_p99_s, budget: Budget = Budget(),
+              grid: list[int] | None = None, precision: float = DEFAULTS.precision,
+              model_name: str | None = None, router: str = DEFAULTS.router,
+              max_replicas: int = DEFAULTS.max_replicas, target_peak_scale: float = 1.0,
+              noise_seeds: int = DEFAULTS.noise_seeds) -> Plan:
+    t = _Targets(slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
+                 precision=precision)
+    rkw = dict(router=router, max_replicas=max_replicas, target_peak_scale=target_peak_scale)
+    base = planner.replay(trace, config, "report baseline")
+    st = stability(base.tables())
+    if not st.sustainable:
+        return _overloaded(trace, config, base, st, planner, t, **rkw)
+    noise = measure_noise(trace, config, planner, seeds=noise_seeds, precision=precision)
+    sizing, offload, modes = _host_tier_and_modes(trace, config, base, planner, t, noise)
     moved = migration(trace, config, planner, sizing=sizing, offload=offload)
-    mode_cfg = modes.config
-    if mode_cfg.preemption_mode == "none":      # never recommended (modes.py); kept safe here
-        mode_cfg = config
+    mode_cfg = modes.config if modes.config.preemption_mode != "none" else config
     tn = tune(trace, mode_cfg, budget=budget, planner=planner, precision=precision,
-              max_num_seqs_grid=grid or default_grid(resolve(mode_cfg).spec.max_num_seqs), **kw)
-    chosen = tn.recommended_config or mode_cfg
+              max_num_seqs_grid=grid or default_grid(resolve(mode_cfg).spec.max_num_seqs), **t.slo)
+    chosen, seqs_dep, seqs_words = _choose_seqs(trace, mode_cfg, tn, planner, t, noise)
+    departures = _mode_departure(modes) + ([seqs_dep] if seqs_dep else [])
+    rate, pts, binding = _capacity(trace, chosen, planner, t, label="headroom")
+    mbt_words = ""
+    if binding.constraint == "prefill_chunk":
+        chosen, mbt_dep, mbt_words = _batched_tokens(trace, chosen, planner, t, noise, rate.scale)
+        departures += [mbt_dep] if mbt_dep else []
     flags = vllm_flags(chosen)
     cfg = apply_flags(config, flags)            # what a user who follows the flags runs
     run = planner.replay(trace, cfg, "recommended")
@@ -189,49 +426,73 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     c = evaluate(tables, slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
     expected = Expected(run_id=run.run_id, ttft_p99_s=c.ttft_p99_s, tbt_p99_s=c.tbt_p99_s,
                         preemptions=c.preemptions, throughput_rps=c.throughput_rps,
-                        goodput_rps=c.goodput_rps, slo_share=c.slo_share, meets_slo=c.meets_slo)
-    hr = headroom(trace, cfg, planner, budget=budget, precision=precision, **kw)
+                        goodput_rps=c.goodput_rps, slo_share=c.slo_share, meets_slo=c.meets_slo,
+                        within_budget=c.within_budget, breaks=c.breaks)
+    hr = headroom(trace, cfg, planner, budget=budget, precision=precision, **t.slo)
+    rate, pts = hr.rate, hr.points
+    binding = _diagnose(pts, _floor(trace, cfg, planner, t), rate, t)
+    reps = _replicas(trace, cfg, planner, t, rate, binding, **rkw)
+    hr = dataclasses.replace(hr, replicas_needed=reps.count, target_peak_scale=target_peak_scale)
+    fits = c.feasible
     drill = None
     if run.stalls.height:
         # The same replay once more, keeping its batches (identical otherwise; the planner's
         # replays do not record them: one row per request per step).
         drill = stall_batches(replay(trace, cfg, record_batches=True).tables())
     verdict = classify(tables)
-    rule = alert_rule(tables, model_name=model_name)
+    rule = alert_rule(tables, model_name=model_name) if fits else None
+    offered = st.offered_rps
+    cap = rate.scale * offered if rate.scale else None
     lines = [f"preemption mode: {modes.recommended} — {modes.reason}"]
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
-    lines.append(_host_tier_line(chosen, sizing, offload, modes))
-    lines.append(f"max-num-seqs: {tn.explanation}")
-    lines.append(f"headroom: {hr.explanation}")
+    lines.append(_host_tier_line(chosen, sizing, offload, modes, fits))
+    lines.append(f"max-num-seqs: {seqs_words}")
+    if mbt_words:
+        lines.append(f"max-num-batched-tokens: {mbt_words}")
+    lines.append(f"binding constraint: {binding.constraint or 'none within the search'} — "
+                 f"{binding.evidence}" + (f"; the knob: {binding.knob}" if binding.knob else ""))
+    lines.append(f"{_capacity_words(rate, offered)}: {hr.explanation}")
+    lines.append(f"replicas: {reps.explanation}")
     lines.append(f"preemption is {verdict.verdict} with these flags: {verdict.evidence}")
-    ok = "meet" if c.meets_slo else "MISS"
-    head = (f"sustainable: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s offered; "
-            f"the flags below {ok} the SLOs (TTFT p99 {_s(c.ttft_p99_s)}, TBT p99 "
-            f"{_s(c.tbt_p99_s)}, {c.preemptions:,} preemptions) with headroom "
-            f"{hr.rate.words()}")
-    rec = Recommendation(sustainable=True, offered_rps=st.offered_rps, served_rps=st.served_rps,
-                         sustainable_rate_scale=None, headroom_rate_scale=hr.rate.scale,
-                         precision=precision, flags=flags, expected=expected, config=cfg,
-                         headline=head, lines=tuple(lines))
-    return Plan(baseline=base, stability=st, sustainable_load=None, sizing=sizing, offload=offload,
-                migration=moved, modes=modes,
-                tuning=tn, headroom=hr, recommended_run=run, stall_drill=drill,
-                classification=verdict, alert=rule,
+    nums = (f"TTFT p99 {_s(c.ttft_p99_s)}, TBT p99 {_s(c.tbt_p99_s)}, {c.preemptions:,} "
+            f"preemptions")
+    reps_words = (f"{reps.count} replica{'s' if reps.count != 1 else ''} ({router})"
+                  if reps.count else "no replica count fixes it")
+    if fits:
+        head = (f"fits: the flags below meet the SLOs and the preemption budget at today's "
+                f"{offered:,.2f} req/s ({nums}); {_capacity_words(rate, offered)}; "
+                f"{reps_words}")
+    else:
+        head = (f"misses: stable (serves {st.served_rps:,.2f} of {offered:,.2f} req/s), but "
+                f"with the flags below {c.breaks} ({nums}); binding: "
+                f"{binding.constraint or '—'}; {_capacity_words(rate, offered)}; {reps_words}")
+    rec = Recommendation(verdict="fits" if fits else "misses", sustainable=True,
+                         offered_rps=offered, served_rps=st.served_rps,
+                         sustainable_rate_scale=None, headroom_rate_scale=rate.scale,
+                         capacity_rps=cap, precision=precision, flags=flags, expected=expected,
+                         config=cfg, headline=head, lines=tuple(lines))
+    return Plan(baseline=base, stability=st, sustainable_load=None, noise=noise, sizing=sizing,
+                offload=offload, migration=moved, modes=modes, tuning=tn, headroom=hr,
+                binding=binding, replicas=reps, departures=tuple(departures),
+                recommended_run=run, stall_drill=drill, classification=verdict, alert=rule,
+                slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
                 recommendation=rec)
 
 
 def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,
-                    offload: OffloadSizing | None, modes: ModeComparison) -> str:
+                    offload: OffloadSizing | None, modes: ModeComparison, fits: bool) -> str:
     if chosen.scheduler == "v1" and offload is None:
         return f"CPU offloading: {NOT_SIZED}"
     if offload is not None:                  # V1: CPU KV offloading
         if chosen.kv_offloading_size:
-            return f"CPU offloading ({offload.engine_words()}): {offload.words()}"
+            return (f"CPU offloading ({offload.engine_words()}): {offload.words()}"
+                    + ("" if fits else "; the plan misses its targets, so this size is the mode "
+                       "comparison's, not a sizing to provision"))
         if not offload.needed:
             return f"CPU offloading: not needed — {offload.knee.reason}"
-        return (f"CPU offloading: not used (mode {modes.recommended}); sized alone it would be "
-                f"--kv-offloading-size {offload.recommended_kv_offloading_size_gib:g} GiB")
+        return (f"CPU offloading: not used (mode {modes.recommended}: the tier's gain is within "
+                f"the noise)")
     if chosen.preemption_mode == "swap":
         return f"host tier: {sizing.words()}"
     return "host swap tier: " + ("not needed: no request is ever swapped out at this load"

@@ -60,7 +60,11 @@ def interference(trace: pl.DataFrame, config: EngineConfig, *,
     high = int(trace["priority"].min())
     alone = trace.filter(pl.col("priority") == high)
     jobs = [Job(trace=trace, config=cfg, label="priority shared"),
-            Job(trace=trace, config=dataclasses.replace(cfg, preemption_mode="none"),
+            # Queue-only admits what fits and never preempts: nothing is ever offloaded for a
+            # preempted request, and vLLM has no tier without preemption (the config refuses it).
+            Job(trace=trace, config=dataclasses.replace(cfg, preemption_mode="none",
+                                                        kv_offloading_size=None,
+                                                        num_cpu_blocks_override=None),
                 label="priority shared queue-only"),
             Job(trace=alone, config=cfg, label="priority interactive alone")]
     runs = (planner or Planner()).run(jobs)

@@ -11,6 +11,7 @@ from rich.table import Table
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
+from capacity.analyses.defaults import DEFAULTS
 
 err = Console(stderr=True)
 
@@ -139,20 +140,25 @@ def modes_table(cmp) -> Table:
 def report_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file; none = the built-in default scenario."),
     out: Path = typer.Option(Path("report"), "-o", "--out", help="Output directory."),
-    slo_ttft_p99: float = typer.Option(5.0, "--slo-ttft-p99", help="Seconds (tuning, headroom)."),
-    slo_tbt_p99: float = typer.Option(0.2, "--slo-tbt-p99", help="Seconds (tuning, headroom)."),
+    slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
+    slo_tbt_p99: float = typer.Option(DEFAULTS.slo_tbt_p99_s, "--slo-tbt-p99", help="Seconds."),
     max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
                                                     help="Default: 1/8, 1/4, 1/2, 1 x the engine's."),
-    preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
+    preemption_budget: str = typer.Option(DEFAULTS.preemption_budget, "--preemption-budget",
                                           help="peak-only, any, or a max share of minutes (0.1)."),
-    precision: float = typer.Option(0.05, "--precision",
+    precision: float = typer.Option(DEFAULTS.precision, "--precision",
                                     help="Of the load searches: relative width of the last bracket."),
+    router: str = typer.Option(DEFAULTS.router, "--router", help="The replica search's router: lor | rr | prefix."),
+    target_peak: float = typer.Option(1.0, "--target-peak", help="Plan replicas for this multiple of the trace's rate."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="model_name label for the alert rules."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
-    db: Path = typer.Option(None, "--db", help="DuckDB file for the runs (default: OUT/kvcap.duckdb)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file for every replay of the plan "
+                                      "(default: OUT/kvcap.duckdb with the baseline and the "
+                                      "recommended runs only)."),
+    no_db: bool = typer.Option(False, "--no-db", help="Write no DuckDB file."),
     evidence_db: Optional[Path] = typer.Option(None, "--evidence-db", help="DuckDB of `kvcap logs` with "
                                                "Prometheus series: adds replay vs. production."),
     prometheus_server: Optional[str] = typer.Option(None, "--prometheus-server",
@@ -163,35 +169,31 @@ def report_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """The capacity report: stability, the recommendation, swap sizing, modes, tuning, alerts,
-    headroom, stalls, priority (and replay vs. Prometheus with --evidence-db) -> OUT/index.html
-    (+ PNGs, summary.json)."""
+    """The capacity plan as a report: verdict, binding constraint, flags, capacity, replicas,
+    host tier, modes, tuning, alerts, stalls, priority (and replay vs. Prometheus with
+    --evidence-db) -> OUT/index.html (+ PNGs, summary.json)."""
     import time
 
-    from capacity.analyses.criteria import Budget
-    from capacity.analyses.plan import make_plan
     from capacity.analyses.planner import Planner
-    from capacity.cli.tune import parse_grid
     from capacity.report.build import build_report
     wall0 = time.perf_counter()
     if evidence_db is not None and not evidence_db.is_file():
         raise CliError(f"--evidence-db: {evidence_db}: no such database (write it with `kvcap logs`)")
+    if no_db and db is not None:
+        raise CliError("--db and --no-db: give one of them")
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
-    grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("report: baseline, stability, sizing, modes, tuning, headroom…"):
-        plan = make_plan(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99,
-                         slo_tbt_p99_s=slo_tbt_p99, budget=Budget.parse(preemption_budget),
-                         grid=grid, precision=precision, model_name=model_name)
-    with err.status("report: priority interference…"):
-        prio_trace, prio_note = trace, None
-        if trace["priority"].n_unique() < 2:
-            from traces.synth import synthesize
-            prio_trace = synthesize("priority-mix", duration_s=300.0)
-            prio_note = ("the trace has one priority class, so this section replays the built-in "
-                         "priority-mix scenario (5 min) on the same engine")
-        from capacity.analyses.priority import interference
-        prio = interference(prio_trace, plan.recommendation.config or engine, planner=planner)
+    with err.status("report: baseline, noise, host tier, modes, tuning, capacity, replicas…"):
+        plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
+                             slo_tbt_p99=slo_tbt_p99, preemption_budget=preemption_budget,
+                             precision=precision, router=router, target_peak=target_peak,
+                             max_num_seqs_grid=max_num_seqs_grid, model_name=model_name)
+    prio = prio_note = None
+    if trace["priority"].n_unique() >= 2 and plan.recommendation.config is not None:
+        # Only about this trace: its own priority classes, under the recommended flags.
+        with err.status("report: priority interference…"):
+            from capacity.analyses.priority import interference
+            prio = interference(trace, plan.recommendation.config, planner=planner)
     production = None
     if evidence_db is not None:
         from capacity.evidence.promvalidate import compare_run
@@ -202,16 +204,47 @@ def report_cmd(
             raise CliError(f"--evidence-db: {e}") from None
     with err.status("report: charts…"):
         out.mkdir(parents=True, exist_ok=True)
-        db = db or out / "kvcap.duckdb"
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
                                      priority_note=prio_note, production=production)
-    store_runs(db, planner.runs)
-    result |= {"report": str(index), "db": str(db), "runs": len(planner.runs),
+    if no_db:
+        db_path, stored = None, []
+    elif db is not None:
+        db_path, stored = db, planner.runs
+    else:
+        db_path = out / "kvcap.duckdb"
+        stored = [r for r in (plan.baseline, plan.recommended_run) if r is not None]
+    if db_path is not None:
+        store_runs(db_path, list({r.run_id: r for r in stored}.values()))
+    result |= {"report": str(index), "db": None if db_path is None else str(db_path),
+               "runs": len(planner.runs), "runs_stored": len(stored),
                "wall_seconds": time.perf_counter() - wall0}
     if as_json:
         emit_json(result)
         return
     print_plan(plan, result)
+
+
+def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: float,
+                  preemption_budget: str, precision: float, router: str, target_peak: float,
+                  max_num_seqs_grid: str | None = None, model_name: str | None = None):
+    """The one planning procedure behind `report`, `plan` and `headroom` (same inputs, same
+    Plan: the same capacity and replica count in every command)."""
+    from capacity.analyses.criteria import Budget
+    from capacity.analyses.plan import make_plan
+    from capacity.cli.tune import parse_grid
+    grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
+    try:
+        budget = Budget.parse(preemption_budget)
+    except ValueError as e:
+        raise CliError(f"--preemption-budget: {e}") from None
+    from replay.fleet import ROUTERS
+    if router not in ROUTERS:
+        raise CliError(f"--router {router!r}: use one of {', '.join(ROUTERS)}")
+    if not target_peak > 0:
+        raise CliError(f"--target-peak {target_peak}: a multiple of the trace's rate > 0, e.g. 2")
+    return make_plan(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99,
+                     slo_tbt_p99_s=slo_tbt_p99, budget=budget, grid=grid, precision=precision,
+                     model_name=model_name, router=router, target_peak_scale=target_peak)
 
 
 def print_plan(plan, result: dict) -> None:
@@ -223,6 +256,8 @@ def print_plan(plan, result: dict) -> None:
     for line in rec.lines:
         c.print(f"  - {line}")
     if rec.flags:
-        c.print("[bold]vLLM flags:[/bold] vllm serve MODEL " + " ".join(rec.flags))
+        # One line whatever the terminal's width (soft_wrap): pasted, it runs whole.
+        c.print("vLLM flags: vllm serve MODEL " + " ".join(rec.flags), soft_wrap=True,
+                markup=False, highlight=False)
     else:
         c.print("[bold]vLLM flags:[/bold] none (overloaded: fix the capacity first)")

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from capacity.analyses.metrics import summary
+from replay.config import resolve
 from capacity.analyses.plan import Plan
 from capacity.analyses.stalls import attribute_stalls
 from capacity.report import sections as sec
@@ -26,25 +27,32 @@ def write_atomic(path: Path, content: str) -> None:
     atomic.write_text(path, content)
 
 
-def result_dict(plan: Plan, name: str) -> dict:
+def result_dict(plan: Plan, name: str, trace) -> dict:
     """The `kvcap report --json` object (the contract keys first)."""
+    from traces.schema import has_prefix_hashes
     rec, tn = plan.recommendation, plan.tuning
-    return {"sustainable": rec.sustainable, "offered_rps": rec.offered_rps,
-            "served_rps": rec.served_rps, "headroom_rate_scale": rec.headroom_rate_scale,
+    fits = rec.verdict == "fits"
+    return {**plan.contract(),
             "recommendation": rec.as_dict(), "trace": name,
+            "trace_has_prefix_hashes": has_prefix_hashes(trace),
             "stability": plan.stability.as_dict(),
             "sustainable_load": plan.sustainable_load.as_dict() if plan.sustainable_load else None,
             "recommended_mode": plan.modes.recommended if plan.modes else None,
+            # A host-tier size only for a fitting plan (DESIGN §8).
             "recommended_swap_space_gib": (plan.sizing.recommended_swap_space_gib
-                                           if plan.sizing and plan.sizing.needed else None),
-            # V1: the knee of the CPU offloading sweep (0: no connector); None on V0 / overloaded.
+                                           if fits and plan.sizing and plan.sizing.needed
+                                           else None),
+            # V1: the knee of the CPU offloading sweep (0: no connector); None on V0, or when
+            # the plan does not fit.
             "recommended_kv_offloading_size_gib": (
-                plan.offload.recommended_kv_offloading_size_gib if plan.offload else None),
+                plan.offload.recommended_kv_offloading_size_gib if fits and plan.offload
+                else None),
             "offload": plan.offload.as_dict() if plan.offload else None,
             "migration": plan.migration.as_dict() if plan.migration else None,
-            "recommended_max_num_seqs": (tn.recommended.max_num_seqs
-                                         if tn and tn.recommended else None),
-            "margin_rate_scale": tn.margin.scale if tn and tn.margin else None,
+            # The plan's value (vLLM's default unless tuning won beyond the noise).
+            "recommended_max_num_seqs": (resolve(rec.config).spec.max_num_seqs
+                                         if rec.config is not None else None),
+            "margin_rate_scale": rec.headroom_rate_scale if rec.config is not None else None,
             "preemption_verdict": plan.classification.verdict if plan.classification else None,
             "alert_threshold_5m": plan.alert.threshold if plan.alert else None,
             "baseline": summary(plan.baseline.tables()),
@@ -82,7 +90,7 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
         extra.append(psec)
     if production is not None:
         extra.append(sec.production_section(production))
-    result = result_dict(plan, name)
+    result = result_dict(plan, name, trace)
     if production is not None:
         result["production"] = production.as_dict()
     rules = out / RULES_FILE
@@ -95,11 +103,13 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
                          run=plan.baseline, sizing=plan.sizing, modes=plan.modes,
                          recommendation=plan.recommendation, stability=plan.stability,
                          extra_sections=extra, host_tier_sections=host_tier_sections(plan),
-                         extra_summary={k: result[k] for k in ("recommended_mode",
+                         extra_summary={**plan.contract(),
+                                        "trace_has_prefix_hashes": result["trace_has_prefix_hashes"],
+                                        **{k: result[k] for k in ("recommended_mode",
                                                                "recommended_max_num_seqs",
                                                                "margin_rate_scale",
                                                                "recommended_swap_space_gib",
                                                                "recommended_kv_offloading_size_gib",
                                                                "offload", "migration",
-                                                               "tuning")})
+                                                               "tuning")}})
     return index, result

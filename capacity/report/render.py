@@ -118,9 +118,10 @@ def recommendations_section(rec, stab) -> Section:
     """The top of the report: one Recommendation (capacity.analyses.plan), in words and flags."""
     if rec.flags:
         # A configuration that still misses the SLOs is not advice to deploy: say so above it.
-        misses = rec.expected is not None and not rec.expected.meets_slo
-        intro = ("These flags reproduce the replay quoted here, which MISSES the SLOs: following "
-                 "them is not enough (the lines below say what is):" if misses else
+        misses = rec.verdict != "fits"
+        intro = ("These flags reproduce the replay quoted here, which MISSES the SLOs or the "
+                 "preemption budget: following them is not enough (the lines below say what "
+                 "binds and how many replicas it takes):" if misses else
                  "Append these flags to your `vllm serve` command (they reproduce the replay "
                  "whose numbers are quoted here):")
         block = text(intro) + code_block(" \\\n".join(_flag_lines(rec.flags)))
@@ -133,8 +134,10 @@ def recommendations_section(rec, stab) -> Section:
                 ["preemptions", exp.preemptions], ["throughput", f"{exp.throughput_rps:,.2f} req/s"],
                 ["requests within both SLOs", pct(exp.slo_share)],
                 ["goodput", f"{exp.goodput_rps:,.2f} req/s"],
-                ["headroom (× today's rate)", "—" if rec.headroom_rate_scale is None
-                 else f"×{rec.headroom_rate_scale:.2f} (precision {rec.precision:.0%})"]]
+                ["preemption budget", "met" if exp.within_budget else "MISSED"],
+                ["capacity per replica (SLOs and budget)", "—" if rec.capacity_rps is None
+                 else f"{rec.capacity_rps:,.2f} req/s (×{rec.headroom_rate_scale:.2f} of today, "
+                      f"precision {rec.precision:.0%})"]]
     body = (f'<p class="headline">{inline(rec.headline)}</p>' + block
             + (table(rows, ["with these flags", "value"]) if rows else "") + bullets(rec.lines))
     return Section(title="Recommendation", body=body, anchor="recommendations")
