@@ -241,10 +241,10 @@ def _capacity(trace, config, planner: Planner, t: _Targets, *, guess: float | No
 
 
 def _replicas(trace, config, planner, t: _Targets, rate: ScaleSearch, binding: Binding, *,
-              router: str, max_replicas: int, target_peak_scale: float) -> Replicas:
+              router: str, max_replicas: int, target_peak_scale: float, on_fleet) -> Replicas:
     return min_replicas(trace, config, planner, capacity_scale=rate.scale, budget=t.budget,
                         router=router, max_replicas=max_replicas,
-                        target_peak_scale=target_peak_scale,
+                        target_peak_scale=target_peak_scale, on_fleet=on_fleet,
                         replicas_help=binding.replicas_help, why_not=binding.evidence, **t.slo)
 
 
@@ -260,12 +260,13 @@ def _capacity_words(rate: ScaleSearch, offered: float) -> str:
 
 
 def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner, t: _Targets, *,
-                router: str, max_replicas: int, target_peak_scale: float) -> Plan:
+                router: str, max_replicas: int, target_peak_scale: float, on_fleet) -> Plan:
     served = st.served_rps / st.offered_rps if st.offered_rps else None
     sus, _ = sustainable_load(trace, config, planner, precision=t.precision, served_share=served)
     rate, pts, binding = _capacity(trace, config, planner, t, guess=sus.scale, label="capacity")
     reps = _replicas(trace, config, planner, t, rate, binding, router=router,
-                     max_replicas=max_replicas, target_peak_scale=target_peak_scale)
+                     max_replicas=max_replicas, target_peak_scale=target_peak_scale,
+                     on_fleet=on_fleet)
     k = sus.scale
     load = (f"the queue drains up to ≈ {_rps(st.offered_rps * k)} (×{k:.2f}; sustainable, "
             f"not the SLOs)" if k else f"the queue grows even at ×{sus.failed_at:g} of this trace")
@@ -398,10 +399,13 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
               grid: list[int] | None = None, precision: float = DEFAULTS.precision,
               model_name: str | None = None, router: str = DEFAULTS.router,
               max_replicas: int = DEFAULTS.max_replicas, target_peak_scale: float = 1.0,
-              noise_seeds: int = DEFAULTS.noise_seeds) -> Plan:
+              noise_seeds: int = DEFAULTS.noise_seeds, surge: bool = True,
+              on_fleet=None) -> Plan:
+    """The plan (module docstring). `on_fleet` sees every fleet the replica search replays."""
     t = _Targets(slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
                  precision=precision)
-    rkw = dict(router=router, max_replicas=max_replicas, target_peak_scale=target_peak_scale)
+    rkw = dict(router=router, max_replicas=max_replicas, target_peak_scale=target_peak_scale,
+               on_fleet=on_fleet)
     base = planner.replay(trace, config, "report baseline")
     st = stability(base.tables())
     if not st.sustainable:
@@ -428,7 +432,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                         preemptions=c.preemptions, throughput_rps=c.throughput_rps,
                         goodput_rps=c.goodput_rps, slo_share=c.slo_share, meets_slo=c.meets_slo,
                         within_budget=c.within_budget, breaks=c.breaks)
-    hr = headroom(trace, cfg, planner, budget=budget, precision=precision, **t.slo)
+    hr = headroom(trace, cfg, planner, budget=budget, precision=precision, surge=surge, **t.slo)
     rate, pts = hr.rate, hr.points
     binding = _diagnose(pts, _floor(trace, cfg, planner, t), rate, t)
     reps = _replicas(trace, cfg, planner, t, rate, binding, **rkw)

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from capacity.analyses.defaults import DEFAULTS
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, emit_json, engine_flags, guarded,
                                  seconds_text, trace_input)
 
@@ -148,14 +149,16 @@ def plan_rich_table(p) -> Table:
 @candidate_flags
 def plan_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (default: the built-in scenario)."),
-    router: str = typer.Option("lor", "--router", help="lor | rr | prefix (the fleets replayed)."),
-    slo_ttft_p99: float = typer.Option(5.0, "--slo-ttft-p99", help="Seconds."),
-    slo_tbt_p99: float = typer.Option(0.2, "--slo-tbt-p99", help="Seconds."),
-    preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
+    router: str = typer.Option(DEFAULTS.router, "--router", help="lor | rr | prefix (the fleets replayed)."),
+    slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
+    slo_tbt_p99: float = typer.Option(DEFAULTS.slo_tbt_p99_s, "--slo-tbt-p99", help="Seconds."),
+    preemption_budget: str = typer.Option(DEFAULTS.preemption_budget, "--preemption-budget",
                                           help="peak-only, any, or a max share of minutes (0.1)."),
+    precision: float = typer.Option(DEFAULTS.precision, "--precision", help="Of the load searches (relative)."),
+    target_peak: float = typer.Option(1.0, "--target-peak", help="Plan for this multiple of the trace's rate."),
     gpu_price: List[str] = typer.Option(None, "--gpu-price", help="GPU=USD per GPU-hour (repeatable), over the defaults."),
     prices: Optional[Path] = typer.Option(None, "--prices", help="YAML/JSON mapping gpu: USD per GPU-hour."),
-    max_replicas: int = typer.Option(256, "--max-replicas"),
+    max_replicas: int = typer.Option(DEFAULTS.max_replicas, "--max-replicas"),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
@@ -181,17 +184,29 @@ def plan_cmd(
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
     fleets: list = []
-    with err.status(f"plan: {len(candidates)} candidate(s), one-replica headroom then fleet "
-                    "replays…"):
+    if not target_peak > 0:
+        raise CliError(f"--target-peak {target_peak}: a multiple of the trace's rate > 0, e.g. 2")
+    try:
+        budget = Budget.parse(preemption_budget)
+    except ValueError as e:
+        raise CliError(f"--preemption-budget: {e}") from None
+    with err.status(f"plan: {len(candidates)} candidate(s), the capacity plan of each, then "
+                    "fleet replays…"):
         p = plan_fleet(trace, candidates, planner, router=router, slo_ttft_p99_s=slo_ttft_p99,
-                       slo_tbt_p99_s=slo_tbt_p99, budget=Budget.parse(preemption_budget),
-                       prices=table, max_replicas=max_replicas, on_fleet=fleets.append)
+                       slo_tbt_p99_s=slo_tbt_p99, budget=budget, precision=precision,
+                       prices=table, max_replicas=max_replicas, target_peak_scale=target_peak,
+                       on_fleet=fleets.append)
     # The fleets' replicas are stored as fleet runs; the planner's copies of them are not.
     store_runs(db, [r for r in planner.runs if not r.run["label"].startswith("fleet ")])
     for f in fleets:
         store_fleet(db, f)
     if as_json:
-        emit_json(p.as_dict())
+        # The contract keys (same as `report --json` for the same inputs): the cheapest
+        # candidate's, or the only one's.
+        top = p.cheapest or next((c for c in p.plans if c.plan is not None), None)
+        head = top.plan.contract() if top is not None and top.plan is not None else {
+            "capacity_rps": None, "replicas": None, "verdict": None}
+        emit_json({**head, **p.as_dict()})
         return
     c = Console(width=110)
     c.print(plan_rich_table(p))

@@ -226,7 +226,8 @@ def report_cmd(
 
 def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: float,
                   preemption_budget: str, precision: float, router: str, target_peak: float,
-                  max_num_seqs_grid: str | None = None, model_name: str | None = None):
+                  max_num_seqs_grid: str | None = None, model_name: str | None = None,
+                  surge: bool = True):
     """The one planning procedure behind `report`, `plan` and `headroom` (same inputs, same
     Plan: the same capacity and replica count in every command)."""
     from capacity.analyses.criteria import Budget
@@ -244,7 +245,8 @@ def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: f
         raise CliError(f"--target-peak {target_peak}: a multiple of the trace's rate > 0, e.g. 2")
     return make_plan(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99,
                      slo_tbt_p99_s=slo_tbt_p99, budget=budget, grid=grid, precision=precision,
-                     model_name=model_name, router=router, target_peak_scale=target_peak)
+                     model_name=model_name, router=router, target_peak_scale=target_peak,
+                     surge=surge)
 
 
 def print_plan(plan, result: dict) -> None:

@@ -12,6 +12,7 @@ from rich.table import Table
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
+from capacity.analyses.defaults import DEFAULTS
 
 err = Console(stderr=True)
 
@@ -47,15 +48,17 @@ def tuning_table(tn) -> Table:
 @engine_flags
 def tune_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
-    max_num_seqs_grid: str = typer.Option(..., "--max-num-seqs-grid", help="e.g. 64,128,256,512"),
+    max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
+                                                    help="e.g. 64,128,256,512 (default: 1/8, 1/4, "
+                                                         "1/2, 1 x the engine's, as the report)."),
     max_num_batched_tokens_grid: Optional[str] = typer.Option(None, "--max-num-batched-tokens-grid"),
-    slo_ttft_p99: float = typer.Option(..., "--slo-ttft-p99", help="Seconds."),
-    slo_tbt_p99: float = typer.Option(..., "--slo-tbt-p99", help="Seconds."),
+    slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
+    slo_tbt_p99: float = typer.Option(DEFAULTS.slo_tbt_p99_s, "--slo-tbt-p99", help="Seconds."),
     preemption_budget: str = typer.Option(
-        "peak-only", "--preemption-budget",
+        DEFAULTS.preemption_budget, "--preemption-budget",
         help="peak-only (preemption confined to load peaks), any, or a max share of minutes (0.1)."),
     max_preemptions_per_minute: Optional[float] = typer.Option(None, "--max-preemptions-per-minute"),
-    precision: float = typer.Option(0.05, "--precision", help="Of the margin search (relative)."),
+    precision: float = typer.Option(DEFAULTS.precision, "--precision", help="Of the margin search (relative)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
@@ -69,7 +72,10 @@ def tune_cmd(
     from capacity.analyses.criteria import Budget
     from capacity.analyses.planner import Planner
     from capacity.analyses.tuning import tune
-    grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid")
+    from capacity.analyses.plan import default_grid
+    from replay.config import resolve
+    grid = (parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid
+            else default_grid(resolve(engine).spec.max_num_seqs))
     tokens = (parse_grid(max_num_batched_tokens_grid, "--max-num-batched-tokens-grid")
               if max_num_batched_tokens_grid else None)
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
@@ -96,13 +102,14 @@ def tune_cmd(
 @engine_flags
 def headroom_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
-    slo_ttft_p99: float = typer.Option(..., "--slo-ttft-p99", help="Seconds."),
-    slo_tbt_p99: float = typer.Option(..., "--slo-tbt-p99", help="Seconds."),
-    preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
+    slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
+    slo_tbt_p99: float = typer.Option(DEFAULTS.slo_tbt_p99_s, "--slo-tbt-p99", help="Seconds."),
+    preemption_budget: str = typer.Option(DEFAULTS.preemption_budget, "--preemption-budget",
                                           help="peak-only, any, or a max share of minutes (0.1)."),
-    precision: float = typer.Option(0.05, "--precision", help="Of the load search (relative)."),
+    precision: float = typer.Option(DEFAULTS.precision, "--precision", help="Of the load search (relative)."),
     surge: bool = typer.Option(True, "--surge/--no-surge", help="Also search a flash-crowd overlay."),
-    target_peak: Optional[float] = typer.Option(None, "--target-peak", help="Peak to plan for, x today's traffic."),
+    target_peak: float = typer.Option(1.0, "--target-peak", help="Peak to plan replicas for, x today's traffic."),
+    router: str = typer.Option(DEFAULTS.router, "--router", help="The replica search's router: lor | rr | prefix."),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
@@ -110,22 +117,27 @@ def headroom_cmd(
     as_json: bool = typer.Option(False, "--json"),
     engine=None,
 ) -> None:
-    """The largest multiple of today's traffic that still meets the SLOs and the preemption
-    budget (searched), and the replicas a target peak needs."""
-    from capacity.analyses.criteria import Budget
-    from capacity.analyses.headroom import headroom
+    """Capacity: the largest multiple of today's traffic the plan's recommended flags serve within
+    the SLOs and the preemption budget (searched), and the replicas a target peak needs (fleet
+    replay) — the same plan, so the same numbers, as `kvcap report` and `kvcap plan`."""
     from capacity.analyses.planner import Planner
+    from capacity.cli.plan import plan_from_cli
     trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("headroom: searching the rate scale…"):
-        h = headroom(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
-                     budget=Budget.parse(preemption_budget), precision=precision, surge=surge,
-                     target_peak_scale=target_peak)
+    with err.status("headroom: the capacity plan (recommended flags, capacity, replicas)…"):
+        plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
+                             slo_tbt_p99=slo_tbt_p99, preemption_budget=preemption_budget,
+                             precision=precision, router=router, target_peak=target_peak,
+                             surge=surge)
     store_runs(db, planner.runs)
+    h = plan.headroom
     if as_json:
-        emit_json(h.as_dict())
+        emit_json({**plan.contract(), **h.as_dict(),
+                   "headroom_rate_scale": plan.recommendation.headroom_rate_scale,
+                   "replicas_needed": plan.replicas.count if plan.replicas else None,
+                   "recommendation": plan.recommendation.as_dict()})
         return
-    t = Table(title="surge headroom (the searched loads)")
+    t = Table(title="capacity search (the searched loads, recommended flags)")
     for c in ("load", "offered req/s", "served req/s", "TTFT p99", "TBT p99", "preempt",
               "preemption", "ok"):
         t.add_column(c, overflow="fold")
@@ -134,7 +146,11 @@ def headroom_cmd(
                   f"{p.served_rps:,.2f}", _t(p.ttft_p99_s), _t(p.tbt_p99_s), f"{p.preemptions:,}",
                   p.verdict, "yes" if p.ok else p.breaks)
     Console(width=100).print(t)
-    Console().print(f"[bold]headroom:[/bold] {h.explanation}")
+    c = Console()
+    c.print(f"[bold]{plan.recommendation.headline}[/bold]")
+    if plan.recommendation.flags:
+        c.print("flags: " + " ".join(plan.recommendation.flags), soft_wrap=True, markup=False,
+                highlight=False)
 
 
 @guarded
@@ -163,6 +179,10 @@ def alerts_cmd(
         raise CliError(f"alerts: the replay of this trace is overloaded ({st.evidence}); an alert "
                        f"rule derived from it would fire all the time — no rule written")
     c = classify(tables, window_s=window_s)
+    if c.verdict == "structural":
+        raise CliError(f"alerts: preemption in this replay is structural ({c.evidence}); a rule "
+                       f"that separates peaks from structural preemption needs traffic that "
+                       f"fits — run `kvcap report` for what binds; no rule written")
     rule = alert_rule(tables, model_name=model_name)
     # whole or not at all, umask permissions, no temp file left on a full disk (traces.atomic)
     atomic.write_text(out, rule.yaml)
