@@ -165,10 +165,10 @@ def test_notebook_is_stripped_and_parameterized(path):
     assert first.cell_type == "markdown" and first.source.startswith("# ") and "Question" in first.source
 
 
-def test_notebook_headroom_is_the_cli_headroom(executed, tmp_path):
-    """Issue 14: the report, `kvcap headroom` and the notebooks give the same headroom. Notebook
-    04 (tune by margin, then the headroom of the pick) against `kvcap tune` + `kvcap headroom`
-    on the same trace, engine, SLOs and budget."""
+def test_notebook_capacity_is_the_cli_capacity(executed, tmp_path):
+    """Issue 31: one capacity and one replica count everywhere. Notebook 04 (the plan, then its
+    tuning and capacity) against `kvcap headroom` on the same trace, engine, SLOs, budget and
+    grid."""
     import re
     import subprocess
 
@@ -177,22 +177,18 @@ def test_notebook_headroom_is_the_cli_headroom(executed, tmp_path):
     nb, _ = executed["04-max-num-seqs"]
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.get("outputs", []) if o.get("output_type") == "stream")
-    shown = re.search(r"headroom_rate_scale: (\S+)", text).group(1)
+    m = re.search(r"headroom_rate_scale: (\S+) capacity_rps: (\S+) replicas: (\S+)", text)
     path = tmp_path / "flash.parquet"
     write_trace(synthesize("flash-crowd", **SMALL_FLASH), path)
     kvcap = str(Path(sys.executable).with_name("kvcap"))
-    common = [str(path), "--num-gpu-blocks-override", "2500", "--slo-ttft-p99", "2",
-              "--slo-tbt-p99", "0.2", "--preemption-budget", "0.5", "--json"]
-
-    def run(*args):
-        res = subprocess.run([kvcap, *args], capture_output=True, text=True, cwd=ROOT)
-        assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout)
-    tuned = run("tune", *common, "--max-num-seqs-grid", "32,64")
-    head = run("headroom", *common, *tuned["flags"], "--no-surge")
-    assert str(head["headroom_rate_scale"]) == shown
-    if tuned["recommended_max_num_seqs"] is not None:
-        assert head["headroom_rate_scale"] == tuned["margin_rate_scale"]
+    res = subprocess.run([kvcap, "headroom", str(path), "--num-gpu-blocks-override", "2500",
+                          "--max-num-seqs-grid", "32,64", "--workers", "1", "--json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    head = json.loads(res.stdout)
+    assert m.group(1) == str(head["headroom_rate_scale"])
+    assert m.group(2) == str(head["capacity_rps"])
+    assert m.group(3) == str(head["replicas"]["count"])
 
 
 def test_replay_notebook_drills_into_one_requests_stalls(executed):

@@ -34,7 +34,13 @@ def test_report_contract_keys(report):
         assert rec["flags"] and all(isinstance(f, str) for f in rec["flags"])
         assert {"ttft_p99_s", "tbt_p99_s", "preemptions"} <= set(rec["expected"])
     assert summary["recommendation"] == doc["recommendation"]
-    assert (out / "kvcap-preemption-rules.yml").exists()
+    for k in ("verdict", "binding_constraint", "capacity_rps", "replicas", "departures", "noise"):
+        assert summary[k] == doc[k], k
+    assert doc["verdict"] in ("misses", "fits")
+    assert doc["capacity_rps"] == pytest.approx(doc["headroom_rate_scale"] * doc["offered_rps"])
+    assert doc["replicas"]["count"] >= 1 and doc["replicas"]["router"] == "lor"
+    # An alert rule only for a plan that fits (its preemption is peak-only by definition).
+    assert (out / "kvcap-preemption-rules.yml").exists() == (doc["verdict"] == "fits")
 
 
 def test_printed_flags_replay_the_recommended_row_exactly(conv800, report):
@@ -49,18 +55,22 @@ def test_printed_flags_replay_the_recommended_row_exactly(conv800, report):
     for flag in rec["flags"]:
         assert flag in html
     # The tuning row of the recommended value is that replay too.
+    # The tuning row of the recommended value (when tuned) is that replay too.
     tn = doc["tuning"]
-    (row,) = [c for c in tn["candidates"] if c["max_num_seqs"] == tn["recommended_max_num_seqs"]]
-    assert (row["ttft_p99_s"], row["tbt_p99_s"], row["preemptions"]) == \
-        (exp["ttft_p99_s"], exp["tbt_p99_s"], exp["preemptions"])
-    assert row["margin_rate_scale"] == doc["headroom_rate_scale"]
+    for row in [c for c in tn["candidates"] if c["max_num_seqs"] == doc["recommended_max_num_seqs"]
+                and c["max_num_batched_tokens"] == tn["candidates"][0]["max_num_batched_tokens"]]:
+        assert (row["ttft_p99_s"], row["tbt_p99_s"], row["preemptions"]) == \
+            (exp["ttft_p99_s"], exp["tbt_p99_s"], exp["preemptions"])
 
 
-def test_report_and_headroom_command_give_the_same_headroom(conv800, report):
+def test_report_headroom_and_plan_give_one_capacity_and_replica_count(conv800, report):
+    """Same inputs, same plan: `headroom` and `plan` are views of the report's procedure."""
     _, doc = report
-    h = kvcap_json("headroom", conv800, *BASE, *doc["recommendation"]["flags"], *SLO,
+    h = kvcap_json("headroom", conv800, *BASE, *SLO, "--max-num-seqs-grid", "16,32,64",
                    "--workers", "2")
     assert h["headroom_rate_scale"] == doc["headroom_rate_scale"]
+    assert (h["capacity_rps"], h["replicas"]["count"], h["replicas_needed"]) == \
+        (doc["capacity_rps"], doc["replicas"]["count"], doc["replicas"]["count"])
 
 
 def test_overloaded_trace_gets_overloaded_a_sustainable_load_and_no_flags(conv800, tmp_path):
@@ -70,11 +80,13 @@ def test_overloaded_trace_gets_overloaded_a_sustainable_load_and_no_flags(conv80
                      *SLO, "--max-num-seqs-grid", "32,64", "--workers", "2")
     rec = doc["recommendation"]
     assert doc["sustainable"] is False and rec["flags"] == [] and rec["expected"] is None
-    assert doc["headroom_rate_scale"] is None
+    assert doc["verdict"] == "overloaded"
+    # "Sustainable" (the queue drains) is never the capacity (SLOs and budget).
+    assert doc["capacity_rps"] is None or doc["capacity_rps"] <= doc["sustainable_rps"]
     k = rec["sustainable_rate_scale"]
     assert 0.4 <= k <= 0.6, k
     assert rec["headline"].startswith("overloaded: serves")
-    assert "sustainable load ≈" in rec["headline"]
+    assert "the queue drains up to ≈" in rec["headline"]
     assert doc["served_rps"] < 0.6 * doc["offered_rps"]
     assert not (tmp_path / "kvcap-preemption-rules.yml").exists()
     assert doc["recommended_swap_space_gib"] is None

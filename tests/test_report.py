@@ -54,9 +54,12 @@ def inputs():
 
 def recommendation(flags, sustainable=True) -> Recommendation:
     exp = Expected(run_id="r", ttft_p99_s=0.5, tbt_p99_s=0.05, preemptions=3, throughput_rps=2.0,
-                   goodput_rps=1.5, slo_share=0.75, meets_slo=True) if sustainable else None
-    return Recommendation(sustainable=sustainable, offered_rps=2.0, served_rps=2.0,
+                   goodput_rps=1.5, slo_share=0.75, meets_slo=True, within_budget=True,
+                   breaks="") if sustainable else None
+    return Recommendation(verdict="fits" if sustainable else "overloaded",
+                          sustainable=sustainable, offered_rps=2.0, served_rps=2.0,
                           sustainable_rate_scale=None, headroom_rate_scale=1.5 if sustainable else None,
+                          capacity_rps=3.0 if sustainable else None,
                           precision=0.05, flags=tuple(flags), expected=exp, config=None,
                           headline="headline", lines=("a note with `code` & <tags>",))
 

@@ -94,7 +94,8 @@ def plan_fleet(trace: pl.DataFrame, candidates: list[tuple[str, str, int, Engine
                slo_tbt_p99_s: float = DEFAULTS.slo_tbt_p99_s, budget: Budget = Budget(),
                prices: dict[str, float], max_replicas: int = DEFAULTS.max_replicas,
                precision: float = DEFAULTS.precision, target_peak_scale: float = 1.0,
-               on_fleet: Callable[[FleetResult], None] | None = None) -> FleetPlan:
+               on_fleet: Callable[[FleetResult], None] | None = None,
+               grid: list[int] | None = None) -> FleetPlan:
     """`candidates`: (gpu, model, tp, config or the reason it cannot be built). Each buildable
     candidate gets the whole capacity plan (capacity/analyses/plan.py): the replicas of its
     recommended flags, by fleet replay — the same number `kvcap report` gives for it."""
@@ -112,7 +113,7 @@ def plan_fleet(trace: pl.DataFrame, candidates: list[tuple[str, str, int, Engine
         plan = make_plan(trace, cfg, planner, slo_ttft_p99_s=slo_ttft_p99_s,
                          slo_tbt_p99_s=slo_tbt_p99_s, budget=budget, precision=precision,
                          router=router, max_replicas=max_replicas,
-                         target_peak_scale=target_peak_scale, on_fleet=on_fleet)
+                         target_peak_scale=target_peak_scale, on_fleet=on_fleet, grid=grid)
         reps = plan.replicas
         n = reps.count
         cost = None if n is None or price is None else n * tp * price

@@ -212,8 +212,8 @@ def _queue_costs(q: ModeResult, best: ModeResult) -> str:
 
 def _slo_miss(results: list[ModeResult]) -> str:
     if all(r.meets_slo is False for r in results):
-        return ("; every mode misses the SLOs at this load, so the mode is not the fix (the "
-                "plan's binding constraint says what is)")
+        return ("; every mode misses the SLOs with these batch limits at this load, so the mode "
+                "is not the fix (the plan's binding constraint says what is)")
     return ""
 
 

@@ -97,7 +97,8 @@ def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                             f"no fleet of up to {max_replicas} replicas ({router}) meets the SLOs "
                             f"and the budget{peak}"))
     below = scores.get(hi - 1)
-    why = (f"{hi} replica{'s' if hi > 1 else ''} ({router} router) meet the SLOs and the budget"
+    why = (f"{hi} replica{'s' if hi > 1 else ''} ({router} router) "
+           f"{'meet' if hi > 1 else 'meets'} the SLOs and the budget"
            f"{peak}" + (f"; {hi - 1} miss: {below.candidate.breaks}" if below else "")
            + (f"; the linear estimate says {linear}" if linear is not None and linear != hi else ""))
     return Replicas(count=hi, router=router, target_peak_scale=target_peak_scale,

@@ -75,8 +75,8 @@ def choose(cands: list[Candidate], margins: list[ScaleSearch | None]) -> tuple[C
     if not feasible:
         best = max(cands, key=lambda c: c.goodput_rps)
         return None, (f"no candidate meets the SLOs and the preemption budget at today's traffic; "
-                      f"the highest goodput is max_num_seqs={best.max_num_seqs} ({best.breaks}) — "
-                      f"the load needs more GPUs or rate limiting")
+                      f"the highest goodput is max_num_seqs={best.max_num_seqs} ({best.breaks}); "
+                      f"what binds, and its knob, is the plan's binding constraint")
     pick, pm = max(feasible, key=lambda cm: _key(*cm))
     words = [f"max_num_seqs={pick.max_num_seqs} meets the SLOs up to {pm.words()} today's "
              f"traffic (its margin), the largest margin of the feasible values (a tie goes to the "

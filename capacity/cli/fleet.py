@@ -156,6 +156,8 @@ def plan_cmd(
                                           help="peak-only, any, or a max share of minutes (0.1)."),
     precision: float = typer.Option(DEFAULTS.precision, "--precision", help="Of the load searches (relative)."),
     target_peak: float = typer.Option(1.0, "--target-peak", help="Plan for this multiple of the trace's rate."),
+    max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
+                                                    help="The plan's tuning grid (default: 1/8, 1/4, 1/2, 1 x the engine's)."),
     gpu_price: List[str] = typer.Option(None, "--gpu-price", help="GPU=USD per GPU-hour (repeatable), over the defaults."),
     prices: Optional[Path] = typer.Option(None, "--prices", help="YAML/JSON mapping gpu: USD per GPU-hour."),
     max_replicas: int = typer.Option(DEFAULTS.max_replicas, "--max-replicas"),
@@ -184,6 +186,8 @@ def plan_cmd(
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
     fleets: list = []
+    from capacity.cli.tune import parse_grid
+    grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
     if not target_peak > 0:
         raise CliError(f"--target-peak {target_peak}: a multiple of the trace's rate > 0, e.g. 2")
     try:
@@ -195,7 +199,7 @@ def plan_cmd(
         p = plan_fleet(trace, candidates, planner, router=router, slo_ttft_p99_s=slo_ttft_p99,
                        slo_tbt_p99_s=slo_tbt_p99, budget=budget, precision=precision,
                        prices=table, max_replicas=max_replicas, target_peak_scale=target_peak,
-                       on_fleet=fleets.append)
+                       on_fleet=fleets.append, grid=grid)
     # The fleets' replicas are stored as fleet runs; the planner's copies of them are not.
     store_runs(db, [r for r in planner.runs if not r.run["label"].startswith("fleet ")])
     for f in fleets:

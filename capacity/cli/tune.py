@@ -110,6 +110,8 @@ def headroom_cmd(
     surge: bool = typer.Option(True, "--surge/--no-surge", help="Also search a flash-crowd overlay."),
     target_peak: float = typer.Option(1.0, "--target-peak", help="Peak to plan replicas for, x today's traffic."),
     router: str = typer.Option(DEFAULTS.router, "--router", help="The replica search's router: lor | rr | prefix."),
+    max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
+                                                    help="The plan's tuning grid (default: 1/8, 1/4, 1/2, 1 x the engine's)."),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
@@ -128,7 +130,7 @@ def headroom_cmd(
         plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
                              slo_tbt_p99=slo_tbt_p99, preemption_budget=preemption_budget,
                              precision=precision, router=router, target_peak=target_peak,
-                             surge=surge)
+                             surge=surge, max_num_seqs_grid=max_num_seqs_grid)
     store_runs(db, planner.runs)
     h = plan.headroom
     if as_json:

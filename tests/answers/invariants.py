@@ -1,0 +1,427 @@
+"""The invariants: one function per claim, each (scenario, outcomes) -> (status, detail).
+
+status is "pass", "fail" or "n/a"; detail says why (for a failure: what contradicts what). The
+outcomes are runner.ScenarioRun's, by label: report, plan, headroom, replay-flags, replay-default,
+replay-margin, replay-offload-half, fleet-n, fleet-n-1, compare-modes, tune, size-offload,
+size-swap, alerts. docs/answers.md has one paragraph per invariant (INVARIANTS' docstrings).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from answers.corpus import Scenario, flag_value
+from answers.runner import Outcome
+
+PASS, FAIL, NA = "pass", "fail", "n/a"
+VERDICTS = ("overloaded", "misses", "fits")
+BINDINGS = (None, "long_prompt_prefill", "prefill_chunk", "kv_blocks", "compute")
+# Words a headline may open with for each verdict.
+OPENERS = {"fits": ("fits",), "misses": ("misses", "stable but misses", "stable, but misses",
+                                         "stable but", "stable, but"),
+           "overloaded": ("overloaded",)}
+CONTRACT_KEYS = ("verdict", "binding_constraint", "capacity_rps", "capacity_rate_scale", "replicas",
+                 "sustainable", "sustainable_rps", "offered_rps", "served_rps",
+                 "headroom_rate_scale", "recommendation", "noise", "departures", "slo", "budget",
+                 "recommended_kv_offloading_size_gib", "offload", "trace_has_prefix_hashes")
+REPLICA_KEYS = ("count", "router", "linear_estimate", "one_fewer", "meets")
+EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_budget", "run_id")
+# Commands that may refuse (exit 2, one line): (label, when).
+REFUSALS = {"size-swap": lambda s, r: s.scheduler == "v1" or _overloaded(r),
+            "size-offload": lambda s, r: s.scheduler == "v0" or _overloaded(r),
+            "alerts": lambda s, r: _overloaded(r)}
+
+O = dict[str, Outcome]
+
+
+def _report(o: O) -> dict:
+    rep = o.get("report")
+    return rep.out if rep is not None and rep.out is not None else {}
+
+
+def _overloaded(r: dict) -> bool:
+    return r.get("verdict") == "overloaded" or r.get("sustainable") is False
+
+
+def _close(a, b, rel: float = 1e-9) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-12)
+
+
+def _need_report(o: O):
+    rep = o.get("report")
+    if rep is None or not rep.ok:
+        return FAIL, f"no report JSON ({rep.error_line() if rep else 'not run'})"
+    return None
+
+
+def _today(line: str) -> str:
+    """The part of a line about today's load: what it says beyond the capacity (after "beyond",
+    "at ×k", "fails at") describes a heavier load, where structural preemption is expected."""
+    cut = re.search(r"beyond|at ×|at x\d|fails at", line)
+    return line[:cut.start()] if cut else line
+
+
+def _fmt(x) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+# ---------------------------------------------------------------------------------- invariants
+def contract(s: Scenario, o: O):
+    """The JSON contract's keys are there: `report --json` (and summary.json) carry verdict,
+    binding_constraint, capacity_rps, replicas {count, router, linear_estimate, one_fewer, meets},
+    noise, departures, recommendation.expected {ttft_p99_s, tbt_p99_s, preemptions, meets_slo,
+    within_budget, run_id}, …; `plan --json` and `headroom --json` carry capacity_rps and replicas,
+    headroom also replicas_needed and headroom_rate_scale."""
+    if (bad := _need_report(o)):
+        return bad
+    r, problems = _report(o), []
+    missing = [k for k in CONTRACT_KEYS if k not in r]
+    if missing:
+        problems.append(f"report lacks {', '.join(missing)}")
+    if isinstance(r.get("replicas"), dict):
+        if (m := [k for k in REPLICA_KEYS if k not in r["replicas"]]):
+            problems.append(f"report replicas lacks {', '.join(m)}")
+    exp = (r.get("recommendation") or {}).get("expected") or {}
+    if (m := [k for k in EXPECTED_KEYS if k not in exp]):
+        problems.append(f"recommendation.expected lacks {', '.join(m)}")
+    if "verdict" in r and r["verdict"] not in VERDICTS:
+        problems.append(f"verdict {r['verdict']!r} not one of {'/'.join(VERDICTS)}")
+    if "binding_constraint" in r and r["binding_constraint"] not in BINDINGS:
+        problems.append(f"binding_constraint {r['binding_constraint']!r} unknown")
+    if o["report"].extra.get("summary") is None:
+        problems.append("no summary.json")
+    for label, keys in (("plan", ("capacity_rps", "replicas")),
+                        ("headroom", ("capacity_rps", "replicas", "replicas_needed",
+                                      "headroom_rate_scale"))):
+        c = o.get(label)
+        if c is None or not c.ok:
+            problems.append(f"{label}: no JSON ({c.skipped or c.error_line() if c else 'not run'})")
+        elif (m := [k for k in keys if k not in c.out]):
+            problems.append(f"{label} lacks {', '.join(m)}")
+    return (FAIL, "; ".join(problems)) if problems else (PASS, "all contract keys present")
+
+
+def no_crash(s: Scenario, o: O):
+    """Every command exits 0 with one JSON object on stdout, or exits 2 with a one-line refusal
+    where that refusal is documented (size-swap on V1, size-offload on V0, host-tier sizing and
+    alert rules of an overloaded deployment); never a traceback, never a timeout."""
+    r, bad, notes = _report(o), [], []
+    for label, c in o.items():
+        if not c.ran:
+            notes.append(f"{label}: {c.skipped}")
+            continue
+        if c.timed_out:
+            bad.append(f"{label}: timed out after {c.wall_s:.0f} s")
+        elif c.traceback:
+            bad.append(f"{label}: traceback ({c.error_line()})")
+        elif c.rc == 0 and c.out is None:
+            bad.append(f"{label}: exit 0 but stdout is not one JSON object")
+        elif c.rc == 2 and label in REFUSALS and REFUSALS[label](s, r) \
+                and len([ln for ln in c.stderr_tail.splitlines() if ln.strip()]) == 1:
+            notes.append(f"{label}: refused ({c.error_line()[:120]})")
+        elif c.rc != 0:
+            bad.append(f"{label}: exit {c.rc} ({c.error_line()[:200]})")
+    if bad:
+        return FAIL, "; ".join(bad + notes)
+    return PASS, "; ".join(notes) or f"{len(o)} commands exit 0"
+
+
+def headline_consistent(s: Scenario, o: O):
+    """verdict is overloaded | misses | fits; the headline opens with it and says "meet(s)"/"fits"
+    only for fits; fits <=> expected.meets_slo and expected.within_budget and sustainable; stdout
+    JSON == summary.json on the contract keys; no line says "already misses" under fits, and none
+    calls the preemption structural under fits with a peak-only budget."""
+    if (bad := _need_report(o)):
+        return bad
+    r, problems = _report(o), []
+    verdict = r.get("verdict")
+    rec = r.get("recommendation") or {}
+    headline = rec.get("headline") or ""
+    lines = [str(x) for x in (rec.get("lines") or [])]
+    exp = rec.get("expected") or {}
+    if verdict not in VERDICTS:
+        problems.append(f"verdict {verdict!r}")
+    else:
+        h = headline.strip().lower()
+        if not h.startswith(OPENERS[verdict]):
+            problems.append(f"headline opens {headline[:50]!r} for verdict {verdict}")
+        positive = [m.group(0) for m in re.finditer(r"(\w+\W+){0,2}\b(meets?|fits)\b", h)
+                    if not re.search(r"\b(not|never|no|fails to|n't)\b", m.group(0))]
+        if verdict != "fits" and positive:
+            problems.append(f"headline says {positive[0]!r} but verdict is {verdict}")
+        claims = {"expected.meets_slo": exp.get("meets_slo"),
+                  "expected.within_budget": exp.get("within_budget"),
+                  "sustainable": r.get("sustainable")}
+        fits = all(v is True for v in claims.values())
+        if (verdict == "fits") != fits:
+            problems.append(f"verdict {verdict} but " + ", ".join(f"{k}={v}" for k, v in claims.items()))
+        text = [headline, *lines]
+        if verdict == "fits" and any("already misses" in t for t in text):
+            problems.append("a line says 'already misses' under fits")
+        if verdict == "fits" and s.budget == "peak-only" and any(
+                re.search(r"(?<!not )(?<!never )\bstructural\b", _today(t)) for t in text):
+            problems.append("a line calls today's preemption structural under fits (peak-only budget)")
+    summary = o["report"].extra.get("summary")
+    if summary is None:
+        problems.append("no summary.json")
+    else:
+        diff = [k for k in CONTRACT_KEYS if json.dumps(r.get(k), sort_keys=True)
+                != json.dumps(summary.get(k), sort_keys=True)]
+        if diff:
+            problems.append(f"stdout JSON != summary.json on {', '.join(diff)}")
+    if problems:
+        return FAIL, "; ".join(problems)
+    return PASS, f"{verdict}: {headline[:90]}"
+
+
+def flags_replay(s: Scenario, o: O):
+    """`kvcap replay TRACE <engine flags> <recommended flags>` gives exactly the quoted
+    expected.ttft_p99_s, tbt_p99_s and preemptions (n/a when overloaded: no flags)."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    rec = r.get("recommendation") or {}
+    if _overloaded(r) and not rec.get("flags"):
+        return NA, "overloaded: no flags"
+    if not rec.get("flags"):
+        return FAIL, f"verdict {r.get('verdict')} but recommendation.flags is empty"
+    rep = o.get("replay-flags")
+    if rep is None or not rep.ok:
+        return FAIL, f"replay of the flags failed ({rep.error_line() if rep else 'not run'})"
+    exp, got = rec.get("expected") or {}, rep.out
+    got_pre = (got.get("preemptions_recompute") or 0) + (got.get("preemptions_swap") or 0)
+    pairs = (("ttft_p99_s", exp.get("ttft_p99_s"), got.get("ttft_p99_s")),
+             ("tbt_p99_s", exp.get("tbt_p99_s"), got.get("tbt_p99_s")),
+             ("preemptions", exp.get("preemptions"), got_pre))
+    diff = [f"{k} quoted {_fmt(a)} replayed {_fmt(b)}" for k, a, b in pairs if not _close(a, b)]
+    if diff:
+        return FAIL, "; ".join(diff)
+    return PASS, "TTFT/TBT p99 and preemptions reproduced"
+
+
+def margin_holds(s: Scenario, o: O):
+    """The recommended flags replayed at rate scale = headroom_rate_scale (the load capacity_rps
+    names) meet both SLOs and the preemption budget and keep up (criteria.evaluate: feasible)."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    if r.get("capacity_rps") is None:
+        return NA, "capacity_rps is null" if "capacity_rps" in r else "no capacity_rps"
+    rep = o.get("replay-margin")
+    if rep is None or not rep.ok:
+        return FAIL, f"replay at the margin failed ({rep.error_line() if rep else 'not run'})"
+    ev = rep.extra.get("evaluate")
+    scale = r.get("headroom_rate_scale")
+    if not ev:
+        return FAIL, f"cannot evaluate the margin replay ({rep.extra.get('derive_error')})"
+    if not ev["feasible"]:
+        return FAIL, f"at x{_fmt(scale)}: {ev['breaks']}"
+    return PASS, (f"at x{_fmt(scale)}: TTFT p99 {_fmt(ev['ttft_p99_s'])} s, TBT p99 "
+                  f"{_fmt(ev['tbt_p99_s'])} s, preemption {ev['preemption_verdict']}")
+
+
+def one_capacity(s: Scenario, o: O):
+    """report, plan and headroom give the same capacity_rps and replicas.count (headroom's
+    replicas_needed and headroom_rate_scale too), and capacity_rps = headroom_rate_scale x
+    offered_rps."""
+    if (bad := _need_report(o)):
+        return bad
+    r, problems, notes = _report(o), [], []
+    rep = r.get("replicas") if isinstance(r.get("replicas"), dict) else {}
+    base = {"capacity_rps": r.get("capacity_rps"), "replicas.count": rep.get("count")}
+    if "capacity_rps" not in r or "count" not in rep:
+        problems.append("report lacks capacity_rps / replicas.count")
+    for label in ("plan", "headroom"):
+        c = o.get(label)
+        if c is None or not c.ok:
+            notes.append(f"{label}: {c.skipped or c.error_line() if c else 'not run'}")
+            continue
+        reps = c.out.get("replicas") if isinstance(c.out.get("replicas"), dict) else {}
+        other = {"capacity_rps": c.out.get("capacity_rps", "missing"),
+                 "replicas.count": reps.get("count", "missing")}
+        if label == "headroom":
+            other["replicas_needed"] = c.out.get("replicas_needed", "missing")
+            other["headroom_rate_scale"] = c.out.get("headroom_rate_scale", "missing")
+        for k, v in other.items():
+            want = base.get(k, rep.get("count") if k == "replicas_needed" else r.get(k))
+            same = (v == want) if isinstance(v, str) or not isinstance(want, (int, float)) \
+                or isinstance(want, bool) else (isinstance(v, (int, float)) and _close(v, want, 1e-6))
+            if not same:
+                problems.append(f"{label} {k} {_fmt(v)} vs report {_fmt(want)}")
+    cap, scale, offered = r.get("capacity_rps"), r.get("headroom_rate_scale"), r.get("offered_rps")
+    if isinstance(cap, (int, float)) and isinstance(scale, (int, float)) \
+            and isinstance(offered, (int, float)) and not _close(cap, scale * offered, 1e-6):
+        problems.append(f"capacity_rps {_fmt(cap)} != headroom_rate_scale x offered_rps "
+                        f"{_fmt(scale * offered)}")
+    if "capacity_rate_scale" in r and not _close(r["capacity_rate_scale"], scale, 1e-9) \
+            and cap is not None:
+        problems.append(f"capacity_rate_scale {_fmt(r['capacity_rate_scale'])} != "
+                        f"headroom_rate_scale {_fmt(scale)}")
+    if problems:
+        return FAIL, "; ".join(problems + notes)
+    if notes and len(notes) == 2:
+        return NA, "; ".join(notes)
+    return PASS, (f"capacity {_fmt(base['capacity_rps'])} req/s, {base['replicas.count']} "
+                  f"replica(s)" + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def replicas_confirmed(s: Scenario, o: O):
+    """Fleet replay with N = replicas.count replicas (router replicas.router, the recommended
+    flags) meets the SLOs and the budget (`ok`), and N-1 does not (N-1 = 0 counts as failing)."""
+    if (bad := _need_report(o)):
+        return bad
+    rep = _report(o).get("replicas")
+    if not isinstance(rep, dict):
+        return FAIL, "report has no replicas object"
+    n = rep.get("count")
+    if n is None:
+        return NA, "replicas.count is null"
+    problems = []
+    fn = o.get("fleet-n")
+    if fn is None or not fn.ok:
+        problems.append(f"fleet N={n}: {fn.skipped or fn.error_line() if fn else 'not run'}")
+    elif fn.out.get("ok") is not True:
+        problems.append(f"N={n} fails: {fn.out.get('breaks') or fn.out.get('ok')}")
+    if n > 1:
+        f1 = o.get("fleet-n-1")
+        if f1 is None or not f1.ok:
+            problems.append(f"fleet N-1={n - 1}: {f1.skipped or f1.error_line() if f1 else 'not run'}")
+        elif f1.out.get("ok") is not False:
+            problems.append(f"N-1={n - 1} also meets (ok={f1.out.get('ok')})")
+    if problems:
+        return FAIL, "; ".join(problems)
+    return PASS, f"{n} meet, {n - 1} fail ({rep.get('router')})"
+
+
+def departures_above_noise(s: Scenario, o: O):
+    """Every departure from a vLLM default (`departures`) wins its stated objective by more than
+    the measured noise threshold: gain > threshold."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    if "departures" not in r:
+        return FAIL, "report has no departures"
+    deps = r["departures"] or []
+    bad_ = []
+    for d in deps:
+        g, t = d.get("gain"), d.get("threshold")
+        if not isinstance(g, (int, float)) or not isinstance(t, (int, float)) or not g > t:
+            bad_.append(f"{d.get('knob')} {d.get('default')}->{d.get('recommended')}: gain "
+                        f"{_fmt(g)} <= threshold {_fmt(t)} ({d.get('objective')})")
+    if bad_:
+        return FAIL, "; ".join(bad_)
+    return PASS, ", ".join(f"{d.get('knob')} (+{_fmt(d.get('gain'))} > {_fmt(d.get('threshold'))})"
+                           for d in deps) or "no departures"
+
+
+def no_prefix_off_without_hashes(s: Scenario, o: O):
+    """A trace without prefix hashes never gets `--no-enable-prefix-caching` in the recommended
+    flags (it cannot show a prefix-caching gain); the report's trace_has_prefix_hashes is true."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    truth = s.trace.has_prefix_hashes
+    said = r.get("trace_has_prefix_hashes")
+    if said is not None and said != truth:
+        return FAIL, f"trace_has_prefix_hashes {said} but the trace {'has' if truth else 'has no'} hashes"
+    if truth:
+        return NA, "the trace has prefix hashes"
+    flags = (r.get("recommendation") or {}).get("flags") or []
+    if "--no-enable-prefix-caching" in flags:
+        return FAIL, "recommends --no-enable-prefix-caching on a trace without prefix hashes"
+    return PASS, "prefix caching not turned off"
+
+
+# Objective words -> (metric of evaluate_run, higher is better)
+_OBJECTIVES = (("goodput", "goodput_rps", True), ("throughput", "throughput_rps", True),
+               ("ttft", "ttft_p99_s", False), ("tbt", "tbt_p99_s", False),
+               ("preempt", "preemptions", False), ("recomput", "recomputed_tokens", False),
+               ("prefill", "recomputed_tokens", False), ("slo", "slo_share", True))
+
+
+def offload_knee(s: Scenario, o: O):
+    """When recommended_kv_offloading_size_gib > 0, replaying the recommended flags with half that
+    size is worse on the objective the plan names (the --kv-offloading-size departure, else TTFT
+    p99) by more than its noise threshold."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    gib = r.get("recommended_kv_offloading_size_gib")
+    if not isinstance(gib, (int, float)) or gib <= 0:
+        return NA, "no host tier recommended" if s.scheduler == "v1" else "V0"
+    dep = next((d for d in r.get("departures") or [] if d.get("knob") == "--kv-offloading-size"), {})
+    objective = str(dep.get("objective") or (r.get("offload") or {}).get("objective") or "ttft_p99_s")
+    metric, higher = next(((m, h) for word, m, h in _OBJECTIVES if word in objective.lower()),
+                          ("ttft_p99_s", False))
+    threshold = dep.get("threshold")
+    if not isinstance(threshold, (int, float)):
+        threshold = ((r.get("noise") or {}).get("threshold") or {}).get(metric)
+    full, half = o.get("replay-flags"), o.get("replay-offload-half")
+    for c, what in ((full, "full size"), (half, "half size")):
+        if c is None or not c.ok or not c.extra.get("evaluate"):
+            return FAIL, f"replay at {what} failed ({c.error_line() or c.extra.get('derive_error') if c else 'not run'})"
+    a, b = full.extra["evaluate"].get(metric), half.extra["evaluate"].get(metric)
+    if a is None or b is None:
+        return FAIL, f"no {metric} in the replays"
+    worse = (a - b) / abs(a) if higher else (b - a) / max(abs(a), 1e-12)
+    if not isinstance(threshold, (int, float)):
+        return FAIL, f"no noise threshold for {metric}; half size is {worse:+.1%} worse"
+    if worse > threshold:
+        return PASS, f"{metric}: half size ({_fmt(gib / 2)} GiB) worse by {worse:.1%} > {threshold:.1%}"
+    return FAIL, (f"{metric}: {gib:g} GiB gives {_fmt(a)}, half ({_fmt(gib / 2)} GiB) {_fmt(b)}: "
+                  f"{worse:+.1%} worse, threshold {threshold:.1%} (not at the knee)")
+
+
+def binding_fix(s: Scenario, o: O):
+    """Diagnosis, where the scenario declares its regime. chunk-bound: unless the verdict is fits,
+    binding_constraint == prefill_chunk or the flags lower --max-num-batched-tokens.
+    long-prompt-bound: binding_constraint == long_prompt_prefill and replicas.count is null (more
+    replicas cannot fix the prefill of one prompt)."""
+    if s.regime not in ("chunk", "long-prompt"):
+        return NA, f"regime {s.regime}"
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    binding, verdict = r.get("binding_constraint", "missing"), r.get("verdict")
+    count = (r.get("replicas") or {}).get("count", "missing") if isinstance(r.get("replicas"), dict) \
+        else "missing"
+    if s.regime == "chunk":
+        if verdict == "fits":
+            return PASS, "fits"
+        flags = (r.get("recommendation") or {}).get("flags") or []
+        mbt = flag_value(flags, "--max-num-batched-tokens")
+        default = _default_mbt(o)
+        lowered = mbt is not None and default is not None and int(mbt) < default
+        if binding == "prefill_chunk" or lowered:
+            return PASS, f"binding {binding}; --max-num-batched-tokens {mbt} (default {default})"
+        return FAIL, (f"verdict {verdict}, binding {binding}, --max-num-batched-tokens {mbt} "
+                      f"(default {default})")
+    if binding == "long_prompt_prefill" and count is None:
+        return PASS, "long_prompt_prefill, no replica count"
+    return FAIL, f"binding {binding}, replicas.count {count} (verdict {verdict})"
+
+
+def _default_mbt(o: O) -> int | None:
+    c = o.get("replay-default")
+    v = (c.extra.get("config") or {}).get("max_num_batched_tokens") if c is not None else None
+    return int(v) if v is not None else None
+
+
+INVARIANTS = (contract, no_crash, headline_consistent, flags_replay, margin_holds, one_capacity,
+              replicas_confirmed, departures_above_noise, no_prefix_off_without_hashes, offload_knee,
+              binding_fix)
+NAMES = tuple(f.__name__ for f in INVARIANTS)
+
+
+def check(s: Scenario, o: O) -> dict[str, tuple[str, str]]:
+    out = {}
+    for f in INVARIANTS:
+        try:
+            out[f.__name__] = f(s, o)
+        except Exception as e:  # a malformed answer is a failure of the answer, not of the harness
+            out[f.__name__] = (FAIL, f"unexpected answer shape: {type(e).__name__}: {e}"[:300])
+    return out
+
