@@ -284,7 +284,8 @@ def test_flags_that_miss_the_slos_are_not_offered_as_advice(inputs):
     reproduce the replay) but does not tell the reader to append them."""
     from capacity.report.render import recommendations_section
     ok = recommendation(("--max-num-seqs", "256"))
-    miss = dataclasses.replace(ok, expected=dataclasses.replace(ok.expected, meets_slo=False))
+    miss = dataclasses.replace(ok, verdict="misses",
+                               expected=dataclasses.replace(ok.expected, meets_slo=False))
     ok_html = recommendations_section(ok, inputs["stab"]).body
     miss_html = recommendations_section(miss, inputs["stab"]).body
     assert "Append these flags" in ok_html and "MISSES the SLOs" not in ok_html

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.metrics import GIB, nearest_rank, request_latencies, summary
 from capacity.analyses.planner import Planner
 from capacity.analyses.sweep import Job
@@ -231,7 +232,8 @@ OBJECTIVES = (("max_tbt_p99_preempted_s", "the preempted requests' P99 stall"),
 
 
 def _threshold(noise, metric: str, host_tier: bool) -> float:
-    t = noise.threshold(metric) if noise is not None else 0.0
+    # Without a measured noise, the floor: no advice on a difference below it.
+    t = noise.threshold(metric) if noise is not None else DEFAULTS.noise_floor
     return max(t, HOST_TIER_GAIN) if host_tier else t
 
 

@@ -254,8 +254,9 @@ def _rps(x: float | None) -> str:
 
 def _capacity_words(rate: ScaleSearch, offered: float) -> str:
     if rate.scale is None:
-        return (f"capacity: none — even ×{rate.failed_at:g} of this traffic misses the SLOs or "
-                f"the budget")
+        return (f"capacity: none — one replica misses the SLOs or the budget even at "
+                f"×{rate.failed_at:g} of this traffic (bursts of simultaneous arrivals keep their "
+                f"shape at any rate; a fleet spreads them)")
     return f"capacity {_rps(rate.scale * offered)} per replica ({rate.words()})"
 
 

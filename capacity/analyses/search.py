@@ -99,8 +99,10 @@ class _Bracket:
             self.lo = scale
         if not ok and (self.hi is None or scale < self.hi):
             self.hi = scale
-        if self.guess is not None:
-            self.step = 1 + 4 * self.precision     # close to the guess: small steps
+        if self.guess is not None and ok:
+            # Close to a guess that passed: small steps. A guess that failed says nothing
+            # about how far below the edge is: keep halving.
+            self.step = 1 + 4 * self.precision
 
     def result(self) -> ScaleSearch:
         return ScaleSearch(scale=self.lo, failed_at=self.hi, precision=self.precision,

@@ -103,15 +103,19 @@ def compare_modes_cmd(
     """The preemption choices on one trace: V0 swap / V1 CPU offloading vs. recompute (prefix
     caching on/off) vs. queue-only."""
     from capacity.analyses.modes import compare_modes
+    from capacity.analyses.noise import measure_noise
     from capacity.analyses.planner import Planner
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(trace_name=name)
-    with err.status("compare-modes: replaying 4 variants…"):  # V0 swap / V1 offload + 3
+    with err.status("compare-modes: the noise (3 jittered replays), then 4 variants…"):
+        # The same significance rule as the plan: a mode replaces vLLM's default only when it
+        # wins by more than the metric's spread across jittered replays of the trace.
+        noise = measure_noise(trace, engine, planner)
         cmp = compare_modes(trace, engine, planner=planner, slo_ttft_p99_s=slo_ttft_p99,
-                            slo_tbt_p99_s=slo_tbt_p99)
+                            slo_tbt_p99_s=slo_tbt_p99, noise=noise)
     store_runs(db, planner.runs)
     if as_json:
-        emit_json(cmp.as_dict())
+        emit_json({**cmp.as_dict(), "noise": noise.as_dict()})
         return
     Console(width=130).print(modes_table(cmp))
     Console().print(f"[bold]recommendation:[/bold] {cmp.recommended} — {cmp.reason}")

@@ -27,10 +27,11 @@ CONTRACT_KEYS = ("verdict", "binding_constraint", "capacity_rps", "capacity_rate
                  "recommended_kv_offloading_size_gib", "offload", "trace_has_prefix_hashes")
 REPLICA_KEYS = ("count", "router", "linear_estimate", "one_fewer", "meets")
 EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_budget", "run_id")
-# Commands that may refuse (exit 2, one line): (label, when).
-REFUSALS = {"size-swap": lambda s, r: s.scheduler == "v1" or _overloaded(r),
-            "size-offload": lambda s, r: s.scheduler == "v0" or _overloaded(r),
-            "alerts": lambda s, r: _overloaded(r)}
+# Commands that may refuse (exit 2, one line), and when: V1 has no swap space, V0 no offloading
+# connector; "an overloaded or missing plan yields no alert rule and no host-tier size" (DESIGN §8).
+REFUSALS = {"size-swap": lambda s, r: s.scheduler == "v1" or _not_fits(r),
+            "size-offload": lambda s, r: s.scheduler == "v0" or _not_fits(r),
+            "alerts": lambda s, r: _not_fits(r)}
 
 O = dict[str, Outcome]
 
@@ -42,6 +43,10 @@ def _report(o: O) -> dict:
 
 def _overloaded(r: dict) -> bool:
     return r.get("verdict") == "overloaded" or r.get("sustainable") is False
+
+
+def _not_fits(r: dict) -> bool:
+    return _overloaded(r) or r.get("verdict") == "misses"
 
 
 def _close(a, b, rel: float = 1e-9) -> bool:
@@ -107,7 +112,7 @@ def contract(s: Scenario, o: O):
 def no_crash(s: Scenario, o: O):
     """Every command exits 0 with one JSON object on stdout, or exits 2 with a one-line refusal
     where that refusal is documented (size-swap on V1, size-offload on V0, host-tier sizing and
-    alert rules of an overloaded deployment); never a traceback, never a timeout."""
+    alert rules where the verdict is not fits: DESIGN §8); never a traceback, never a timeout."""
     r, bad, notes = _report(o), [], []
     for label, c in o.items():
         if not c.ran:
