@@ -16,9 +16,10 @@ connector) is always a point, so a tier that saves less than the tolerance recom
 size is within tolerance on both (TTFT p99 moves for reasons the tier does not cause), the smallest
 size within tolerance on prefill work is taken and the reason says so. A recommendation is always
 a replayed size, never an interpolation. The default sweep starts at 1/16 of the GPU KV pool,
-doubles up to the KV of every prompt, then bisects (geometrically, twice) between the knee and the
-size below it; the answer says where the gain comes from (`gain_source`: prompt reuse, preempted
-requests reloading, or nothing) and when the host-RAM cap binds instead of the knee.
+doubles up to the KV of every prompt, halves below the smallest size while that is the knee
+(up to 8 times), then bisects (geometrically, twice) between the knee and the size below it;
+the answer says where the gain comes from (`gain_source`: prompt reuse, preempted requests
+reloading, or nothing) and when the host-RAM cap binds instead of the knee.
 
 Host RAM: the tier pins what `resolve` computes (`kv_offloading_host_ram_bytes`). vLLM 0.33 does not
 check it against the host; kvcap applies V0's swap-space thresholds (warn above 40%, error above
@@ -52,6 +53,9 @@ TOLERANCE = 0.05
 POOL_MULTIPLES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16, 32)
 # Bisection steps between the knee and the swept size below it (geometric midpoints).
 KNEE_BISECTIONS = 2
+# Halvings below the smallest swept size while it is still the knee (a tier that only holds
+# what preempted requests reload can be a few GiB).
+KNEE_HALVINGS = 8
 
 # Host RAM per GPU of the vendor's reference 8-GPU server (DGX datasheets: DGX A100 1 TB, DGX H100 /
 # H200 2 TB, DGX B200 2 TB base), used when --host-ram-gib is not given. GPUs sold in servers of
@@ -367,6 +371,14 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
     pts = [point(0.0, base, cfgs[0], total)]
     pts += _points(trace, config, sizes[1:], planner, total)
     if default_sweep:
+        for _ in range(KNEE_HALVINGS):            # the knee is the smallest size: go below it
+            ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
+            if host_bounded_knee(ordered, tolerance).index != 1:
+                break
+            half = nice_gib(ordered[1].kv_offloading_size_gib / 2)
+            if not 0 < half < ordered[1].kv_offloading_size_gib:
+                break
+            pts += _points(trace, config, (half,), planner, total)
         for _ in range(KNEE_BISECTIONS):          # bisect between the knee and the size below
             ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
             k = host_bounded_knee(ordered, tolerance).index

@@ -496,8 +496,9 @@ def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,
                        "comparison's, not a sizing to provision"))
         if not offload.needed:
             return f"CPU offloading: not needed — {offload.knee.reason}"
-        return (f"CPU offloading: not used (mode {modes.recommended}: the tier's gain is within "
-                f"the noise)")
+        return (f"CPU offloading: not used — the mode comparison keeps {modes.recommended} "
+                f"(a tier of {offload.recommended_kv_offloading_size_gib:g} GiB, the sweep's "
+                f"knee: {offload.gain_words()})")
     if chosen.preemption_mode == "swap":
         return f"host tier: {sizing.words()}"
     return "host swap tier: " + ("not needed: no request is ever swapped out at this load"
