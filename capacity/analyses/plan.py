@@ -225,10 +225,37 @@ def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int
             int(ft["prompt_tokens"][0]))
 
 
-def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets) -> Binding:
+def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=None,
+              planner=None) -> Binding:
     point, tokens = floor
-    return diagnose(tuple(p for p in pts if not p.surge), point, floor_prompt_tokens=tokens,
-                    scale=rate.scale, failed_at=rate.failed_at, **t.slo)
+    b = diagnose(tuple(p for p in pts if not p.surge), point, floor_prompt_tokens=tokens,
+                 scale=rate.scale, failed_at=rate.failed_at, **t.slo)
+    if b.constraint == "long_prompt_prefill" and trace is not None:
+        b = dataclasses.replace(b, knob=b.knob + "; " + _tp_what_if(trace, config, planner, t))
+    return b
+
+
+def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets) -> str:
+    """The knob that addresses long-prompt TTFT, measured: the floor at 2x, 4x, 8x the tensor
+    parallelism (the same GPU and model), the smallest that meets the TTFT SLO."""
+    tried = []
+    for tp in (2, 4, 8):
+        tp *= config.tensor_parallel_size
+        try:
+            cfg = dataclasses.replace(config, tensor_parallel_size=tp, num_gpu_blocks_override=None
+                                      if config.num_gpu_blocks_override is None
+                                      else config.num_gpu_blocks_override)
+            resolve(cfg)
+        except ValueError:
+            break
+        p, _ = _floor(trace, cfg, planner, t)
+        tried.append(f"TP {tp}: {_s(p.ttft_p99_s)}")
+        if p.ttft_p99_s is not None and p.ttft_p99_s <= t.slo_ttft_p99_s:
+            return (f"measured: the p99-length prompt alone takes {', '.join(tried)} to its first "
+                    f"token: --tensor-parallel-size {tp} meets the TTFT SLO")
+    return ("measured: the p99-length prompt alone takes " + (", ".join(tried) or "—")
+            + "; no TP this GPU and model allow meets the TTFT SLO: an SLO per prompt-length "
+              "class, or a faster GPU")
 
 
 def _capacity(trace, config, planner: Planner, t: _Targets, *, guess: float | None = None,
@@ -237,7 +264,8 @@ def _capacity(trace, config, planner: Planner, t: _Targets, *, guess: float | No
     guesses = {"c": guess} if guess else None
     rate, pts = search_loads(trace, {"c": config}, planner, passes=ok, guesses=guesses,
                              label=label, **t.search)["c"]
-    return rate, pts, _diagnose(pts, _floor(trace, config, planner, t), rate, t)
+    return rate, pts, _diagnose(pts, _floor(trace, config, planner, t), rate, t, trace, config,
+                                planner)
 
 
 def _replicas(trace, config, planner, t: _Targets, rate: ScaleSearch, binding: Binding, *,
@@ -252,11 +280,14 @@ def _rps(x: float | None) -> str:
     return "—" if x is None else f"{x:,.2f} req/s"
 
 
-def _capacity_words(rate: ScaleSearch, offered: float) -> str:
+def _capacity_words(rate: ScaleSearch, offered: float, binding: Binding | None = None) -> str:
     if rate.scale is None:
+        why = ("the long prompts' own prefill misses the TTFT SLO at any load"
+               if binding is not None and binding.constraint == "long_prompt_prefill" else
+               "bursts of simultaneous arrivals keep their shape at any rate; a fleet spreads "
+               "them")
         return (f"capacity: none — one replica misses the SLOs or the budget even at "
-                f"×{rate.failed_at:g} of this traffic (bursts of simultaneous arrivals keep their "
-                f"shape at any rate; a fleet spreads them)")
+                f"×{rate.failed_at:g} of this traffic ({why})")
     return f"capacity {_rps(rate.scale * offered)} per replica ({rate.words()})"
 
 
@@ -272,7 +303,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
     load = (f"the queue drains up to ≈ {_rps(st.offered_rps * k)} (×{k:.2f}; sustainable, "
             f"not the SLOs)" if k else f"the queue grows even at ×{sus.failed_at:g} of this trace")
     head = (f"overloaded: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
-            f"{_capacity_words(rate, st.offered_rps)}; "
+            f"{_capacity_words(rate, st.offered_rps, binding)}; "
             + (f"{reps.count} replicas ({router}) meet the SLOs and the budget" if reps.count
                else reps.explanation))
     lines = [f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
@@ -283,7 +314,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
     hr = Headroom(rate=rate, surge=None, surge_window_s=None, points=pts,
                   target_peak_scale=target_peak_scale, replicas_needed=reps.count,
                   slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tbt_p99_s=t.slo_tbt_p99_s,
-                  explanation=_capacity_words(rate, st.offered_rps))
+                  explanation=_capacity_words(rate, st.offered_rps, binding))
     rec = Recommendation(verdict="overloaded", sustainable=False, offered_rps=st.offered_rps,
                          served_rps=st.served_rps, sustainable_rate_scale=k,
                          headroom_rate_scale=rate.scale,
@@ -435,7 +466,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                         within_budget=c.within_budget, breaks=c.breaks)
     hr = headroom(trace, cfg, planner, budget=budget, precision=precision, surge=surge, **t.slo)
     rate, pts = hr.rate, hr.points
-    binding = _diagnose(pts, _floor(trace, cfg, planner, t), rate, t)
+    binding = _diagnose(pts, _floor(trace, cfg, planner, t), rate, t, trace, cfg, planner)
     reps = _replicas(trace, cfg, planner, t, rate, binding, **rkw)
     hr = dataclasses.replace(hr, replicas_needed=reps.count, target_peak_scale=target_peak_scale)
     fits = c.feasible
@@ -457,7 +488,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         lines.append(f"max-num-batched-tokens: {mbt_words}")
     lines.append(f"binding constraint: {binding.constraint or 'none within the search'} — "
                  f"{binding.evidence}" + (f"; the knob: {binding.knob}" if binding.knob else ""))
-    lines.append(f"{_capacity_words(rate, offered)}: {hr.explanation}")
+    lines.append(f"{_capacity_words(rate, offered, binding)}: {hr.explanation}")
     lines.append(f"replicas: {reps.explanation}")
     lines.append(f"preemption is {verdict.verdict} with these flags: {verdict.evidence}")
     nums = (f"TTFT p99 {_s(c.ttft_p99_s)}, TBT p99 {_s(c.tbt_p99_s)}, {c.preemptions:,} "
@@ -466,12 +497,13 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                   if reps.count else "no replica count fixes it")
     if fits:
         head = (f"fits: the flags below meet the SLOs and the preemption budget at today's "
-                f"{offered:,.2f} req/s ({nums}); {_capacity_words(rate, offered)}; "
+                f"{offered:,.2f} req/s ({nums}); {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
     else:
         head = (f"misses: stable (serves {st.served_rps:,.2f} of {offered:,.2f} req/s), but "
                 f"with the flags below {c.breaks} ({nums}); binding: "
-                f"{binding.constraint or '—'}; {_capacity_words(rate, offered)}; {reps_words}")
+                f"{binding.constraint or '—'}; {_capacity_words(rate, offered, binding)}; "
+                f"{reps_words}")
     rec = Recommendation(verdict="fits" if fits else "misses", sustainable=True,
                          offered_rps=offered, served_rps=st.served_rps,
                          sustainable_rate_scale=None, headroom_rate_scale=rate.scale,
