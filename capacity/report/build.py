@@ -76,7 +76,12 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
     """`production`: the baseline replay vs. Prometheus (promvalidate.ProductionComparison), or None."""
     extra = []
     if plan.tuning is not None:
-        extra.append(sec.tuning_section(plan.tuning))
+        cfg = plan.recommendation.config
+        why = next((ln.removeprefix("max-num-seqs: ") for ln in plan.recommendation.lines
+                    if ln.startswith("max-num-seqs: ")), None)
+        extra.append(sec.tuning_section(
+            plan.tuning, chosen=resolve(cfg).spec.max_num_seqs if cfg is not None else None,
+            explanation=why))
     if plan.alert is not None:
         extra.append(sec.budget_section(plan.classification, plan.alert))
     if plan.headroom is not None:

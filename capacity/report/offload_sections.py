@@ -35,8 +35,12 @@ def offload_section(z: OffloadSizing | None, note: str = NOT_DERIVED) -> Section
     body = (text(f"vLLM 0.33's `--kv-offloading-size` is a write-through second prefix cache: "
                  f"its size sets how much prefill a request loads from the host instead of "
                  f"recomputing, not whether a preemption can happen. The trace was replayed on "
-                 f"{z.engine_words()} at each size below; the recommendation is the smallest "
-                 f"size within {pct(z.tolerance)} of the best on prefill work and TTFT p99.")
+                 f"{z.engine_words()} at each size below (from 1/16 of the GPU KV pool, then halved "
+                 f"and bisected towards the knee); the recommendation is the smallest "
+                 f"size within {pct(z.tolerance)} of the best on prefill work and TTFT p99"
+                 + (", among the sizes the host can pin: the host-RAM cap binds, not the knee."
+                    if z.knee.unconstrained_gib is not None else ".")
+                 + f" Where the gain comes from: {z.gain_words()}.")
             + text(f"Recommended: {z.words()}.")
             + text(f"Host RAM: {z.host_ram_source}"
                    + (f" = {gib(z.host_ram_total_gib)}" if z.host_ram_total_gib else "")

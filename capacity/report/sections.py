@@ -21,11 +21,15 @@ def _margin(m) -> str:
     return "—" if m is None or m.scale is None else f"×{m.scale:.2f}" + ("+" if m.capped else "")
 
 
-def tuning_section(tn: Tuning) -> Section:
+def tuning_section(tn: Tuning, chosen: int | None = None, explanation: str | None = None) -> Section:
+    """`chosen`/`explanation`: the plan's max-num-seqs and why (vLLM's default stays unless the
+    tuned value wins beyond the noise); default: the tuning's own pick."""
+    pick = tn.recommended if chosen is None else next(
+        (c for c in tn.candidates if c.max_num_seqs == chosen), None)
     rows = [[c.max_num_seqs, c.max_num_batched_tokens, _margin(m), f"{c.goodput_rps:,.2f}",
              pct(c.slo_share), seconds(c.ttft_p99_s), seconds(c.tbt_p99_s),
              f"{c.preemptions_per_min:,.2f}", pct(c.preempted_minutes_share),
-             "recommended" if c is tn.recommended else ("ok" if c.feasible else c.breaks)]
+             "recommended" if c is pick else ("ok" if c.feasible else c.breaks)]
             for c, m in sorted(zip(tn.candidates, tn.margins),
                                key=lambda cm: (cm[0].max_num_batched_tokens, cm[0].max_num_seqs))]
     b = tn.budget
@@ -37,11 +41,11 @@ def tuning_section(tn: Tuning) -> Section:
                  f"{seconds(tn.slo_tbt_p99_s)}; preemption budget: {budget or 'none'}. Margin: "
                  f"the largest multiple of today's rate at which the value still meets both "
                  f"(searched to {tn.precision:.0%}; + = at the top of the search).")
-            + text(tn.explanation + ".")
+            + text((explanation or tn.explanation) + ".")
             + table(rows, ["max-num-seqs", "batched tokens", "margin", "goodput req/s",
                            "within SLOs", "TTFT p99", "TBT p99", "preempt/min",
                            "minutes w/ preemption", "verdict"]))
-    rec = tn.recommended.max_num_seqs if tn.recommended else None
+    rec = pick.max_num_seqs if pick else None
     chart = ac.tuning_frontier(tn.table(), rec, slo_ttft_p99_s=tn.slo_ttft_p99_s,
                                slo_tbt_p99_s=tn.slo_tbt_p99_s)
     return Section(title="max-num-seqs tuning", body=body,

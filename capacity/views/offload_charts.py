@@ -67,8 +67,10 @@ def offload_curve(sizing):
         x=x, y=alt.Y("value:Q", title="seconds"), color=color,
         tooltip=["size_gib", "series", "value"])
     sub = (f"{sizing.engine_words()}; recommended "
-           f"{sizing.recommended_kv_offloading_size_gib:g} GiB: the smallest size within "
-           f"{sizing.tolerance:.0%} of the best")
+           f"{sizing.recommended_kv_offloading_size_gib:g} GiB: "
+           + (f"the host-RAM cap binds (the knee, {sizing.knee.unconstrained_gib:g} GiB, cannot "
+              f"be pinned)" if sizing.knee.unconstrained_gib is not None else
+              f"the smallest size within {sizing.tolerance:.0%} of the best"))
     return _style(alt.vconcat(
         alt.layer(tokens, guides).properties(width=WIDTH, height=HEIGHT, title=alt.Title(
             "CPU KV offloading size sweep", subtitle=sub)),
