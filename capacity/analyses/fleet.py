@@ -12,14 +12,15 @@ from dataclasses import asdict, dataclass
 import polars as pl
 
 from capacity.analyses.criteria import Budget, Candidate, evaluate
+from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.metrics import summary
 from capacity.analyses.planner import Planner
 from capacity.analyses.sweep import Job
 from replay.config import EngineConfig
 from replay.fleet import FleetResult, replay_fleet
 
-DEFAULT_SLO_TTFT_S = 5.0          # the report's defaults (capacity/cli/plan.py)
-DEFAULT_SLO_TBT_S = 0.2
+DEFAULT_SLO_TTFT_S = DEFAULTS.slo_ttft_p99_s     # the one set of defaults
+DEFAULT_SLO_TBT_S = DEFAULTS.slo_tbt_p99_s
 
 
 def run_fleet(trace: pl.DataFrame, config: EngineConfig, *, replicas: int, router: str,

@@ -43,12 +43,12 @@ def replica_rich_table(s) -> Table:
 def fleet_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (default: the built-in scenario)."),
     replicas: int = typer.Option(..., "--replicas", help="Identical engine replicas (>= 1)."),
-    router: str = typer.Option("lor", "--router",
+    router: str = typer.Option(DEFAULTS.router, "--router",
                                help="lor (least outstanding requests) | rr (round robin) | prefix "
                                     "(consistent hashing on the first prefix hash / tenant)."),
-    slo_ttft_p99: float = typer.Option(5.0, "--slo-ttft-p99", help="Seconds."),
-    slo_tbt_p99: float = typer.Option(0.2, "--slo-tbt-p99", help="Seconds."),
-    preemption_budget: str = typer.Option("peak-only", "--preemption-budget",
+    slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
+    slo_tbt_p99: float = typer.Option(DEFAULTS.slo_tbt_p99_s, "--slo-tbt-p99", help="Seconds."),
+    preemption_budget: str = typer.Option(DEFAULTS.preemption_budget, "--preemption-budget",
                                           help="peak-only, any, or a max share of minutes (0.1)."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (rr, prefix)."),
