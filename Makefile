@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: report test venv bench notebooks clean timing-doc
+.PHONY: report test venv bench notebooks clean timing-doc check-answers
 
 # setup.py builds the compiled replay cores (replay/v*/_core.c) into the source tree.
 $(STAMP): pyproject.toml setup.py replay/kvcore.h replay/v1/_core.c replay/v1/_offload.h \
@@ -24,6 +24,10 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The invariant corpus (issue 31): every command on every scenario, table -> docs/answers.md.
+check-answers: $(STAMP)
+	$(PY) tools/check_answers.py
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

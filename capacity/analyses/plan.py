@@ -501,7 +501,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                 f"{reps_words}")
     else:
         head = (f"misses: stable (serves {st.served_rps:,.2f} of {offered:,.2f} req/s), but "
-                f"with the flags below {c.breaks} ({nums}); binding: "
+                f"with the flags below {c.breaks} ({c.preemptions:,} preemptions); binding: "
                 f"{binding.constraint or '—'}; {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
     rec = Recommendation(verdict="fits" if fits else "misses", sustainable=True,

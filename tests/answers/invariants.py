@@ -78,8 +78,8 @@ def contract(s: Scenario, o: O):
     """The JSON contract's keys are there: `report --json` (and summary.json) carry verdict,
     binding_constraint, capacity_rps, replicas {count, router, linear_estimate, one_fewer, meets},
     noise, departures, recommendation.expected {ttft_p99_s, tbt_p99_s, preemptions, meets_slo,
-    within_budget, run_id}, …; `plan --json` and `headroom --json` carry capacity_rps and replicas,
-    headroom also replicas_needed and headroom_rate_scale."""
+    within_budget, run_id} (unless overloaded), …; `plan --json` and `headroom --json` carry
+    capacity_rps and replicas, headroom also replicas_needed and headroom_rate_scale."""
     if (bad := _need_report(o)):
         return bad
     r, problems = _report(o), []
@@ -90,7 +90,7 @@ def contract(s: Scenario, o: O):
         if (m := [k for k in REPLICA_KEYS if k not in r["replicas"]]):
             problems.append(f"report replicas lacks {', '.join(m)}")
     exp = (r.get("recommendation") or {}).get("expected") or {}
-    if (m := [k for k in EXPECTED_KEYS if k not in exp]):
+    if r.get("verdict") != "overloaded" and (m := [k for k in EXPECTED_KEYS if k not in exp]):
         problems.append(f"recommendation.expected lacks {', '.join(m)}")
     if "verdict" in r and r["verdict"] not in VERDICTS:
         problems.append(f"verdict {r['verdict']!r} not one of {'/'.join(VERDICTS)}")
@@ -323,8 +323,9 @@ def departures_above_noise(s: Scenario, o: O):
 
 
 def no_prefix_off_without_hashes(s: Scenario, o: O):
-    """A trace without prefix hashes never gets `--no-enable-prefix-caching` in the recommended
-    flags (it cannot show a prefix-caching gain); the report's trace_has_prefix_hashes is true."""
+    """A trace without prefix hashes never gets advice to turn prefix caching off: the recommended
+    flags carry `--no-enable-prefix-caching` only where that is the engine's own default (V0
+    0.10); the report's trace_has_prefix_hashes matches the trace."""
     if (bad := _need_report(o)):
         return bad
     r = _report(o)
@@ -335,9 +336,14 @@ def no_prefix_off_without_hashes(s: Scenario, o: O):
     if truth:
         return NA, "the trace has prefix hashes"
     flags = (r.get("recommendation") or {}).get("flags") or []
-    if "--no-enable-prefix-caching" in flags:
-        return FAIL, "recommends --no-enable-prefix-caching on a trace without prefix hashes"
-    return PASS, "prefix caching not turned off"
+    if "--no-enable-prefix-caching" not in flags:
+        return PASS, "prefix caching not turned off"
+    d = o.get("replay-default")
+    default_on = (d.extra.get("config") or {}).get("enable_prefix_caching") if d else None
+    if default_on is False:
+        return PASS, "--no-enable-prefix-caching restates the engine's default"
+    return FAIL, ("recommends --no-enable-prefix-caching on a trace without prefix hashes "
+                  f"(engine default: {'on' if default_on else 'unknown'})")
 
 
 # Objective words -> (metric of evaluate_run, higher is better)

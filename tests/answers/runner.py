@@ -39,6 +39,9 @@ def default_root() -> Path:
     return Path(os.environ.get("KVCAP_ANSWERS_CACHE", Path(tempfile.gettempdir()) / "kvcap-answers"))
 
 
+RUNNER_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=1)
 def code_hash() -> str:
     """Hash of the product code: a cached outcome is stale once it changes."""
@@ -161,7 +164,7 @@ class ScenarioRun:
         return self._trace
 
     def _key(self, argv: list[str]) -> str:
-        text = json.dumps([code_hash(), repr(self.s), argv])
+        text = json.dumps([code_hash(), RUNNER_HASH, repr(self.s), argv])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def run(self, label: str, command: str, args: list[str], *, engine=(), slo=(), extra_flags=(),
@@ -287,6 +290,12 @@ def evaluate_run(db: Path, run_id: str, s: Scenario) -> dict:
     req, run = tables["requests"], tables["runs"].row(0, named=True)
     config = {k: run.get(k) for k in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
                                       "num_cpu_blocks", "preemption_mode", "kv_offloading")}
+    try:  # the version defaults the run resolved to
+        from replay.config import EngineConfig, resolve
+        spec = resolve(EngineConfig(**json.loads(run["config_json"]))).spec
+        config["enable_prefix_caching"] = bool(spec.enable_prefix_caching)
+    except Exception as e:
+        config["resolve_error"] = f"{type(e).__name__}: {e}"[:200]
     ev = {k: getattr(c, k) for k in ("meets_slo", "within_budget", "sustainable", "feasible",
                                      "breaks", "ttft_p99_s", "tbt_p99_s", "preemptions",
                                      "goodput_rps", "throughput_rps", "slo_share",
