@@ -120,6 +120,11 @@ TP4 = ("--tensor-parallel-size", "4")
 PRIO = ("--scheduling-policy", "priority")
 
 
+def _prio(rate: float) -> TraceRecipe:
+    """Interactive Poisson traffic plus a batch job of 30 long requests every ~100 s."""
+    return _synth("priority-mix", rate, 300, batch_job_interval_s=100.0, batch_job_requests=30)
+
+
 def _blocks(n: int) -> tuple[str, ...]:
     return ("--num-gpu-blocks-override", str(n))
 
@@ -136,8 +141,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("diurnal-conv-v1-8b", _synth("diurnal", 8, 480, period_s=480.0)),
     S("code-v1-8b-healthy", _synth("poisson", 3, 300, lengths="azure-code")),
     S("code-v1-8b-marginal", _synth("poisson", 10, 240, lengths="azure-code"), regime="marginal"),
-    S("code-v1-8b-overloaded", _synth("gamma", 20, 180, lengths="azure-code", cv=3.0),
-      regime="overloaded"),
+    S("code-v1-8b-overloaded", _synth("poisson", 32, 180, lengths="azure-code"), regime="overloaded"),
     S("conv-v1-8b-tp4-healthy", _synth("poisson", 20, 180), TP4),
     # ---- KV-bound (small pools: preemption)
     S("conv-v1-8b-kv", _synth("poisson", 5, 300), _blocks(1000), regime="kv"),
@@ -154,11 +158,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("conv-v0-8b-overloaded", _synth("poisson", 36, 180), V0, regime="overloaded"),
     S("code-v0-8b-swap", _synth("poisson", 3, 300, lengths="azure-code"), SWAP),
     # ---- priorities (priority-mix: interactive + batch jobs)
-    S("prio-v1-8b-priority", _synth("priority-mix", 5, 300, batch_job_interval_s=100.0), PRIO),
-    S("prio-v1-8b-fcfs", _synth("priority-mix", 8, 300, batch_job_interval_s=100.0)),
-    S("prio-v1-8b-priority-kv", _synth("priority-mix", 4, 300, batch_job_interval_s=100.0),
-      PRIO + _blocks(1500), regime="kv"),
-    S("prio-v0-8b-priority", _synth("priority-mix", 5, 300, batch_job_interval_s=100.0), V0 + PRIO),
+    S("prio-v1-8b-priority", _prio(4), PRIO),
+    S("prio-v1-8b-fcfs", _prio(6)),
+    S("prio-v1-8b-priority-kv", _prio(4), PRIO + _blocks(3500), regime="kv"),
+    S("prio-v0-8b-priority", _prio(4), V0 + PRIO),
     # ---- Llama-3.1-70B, TP 4 (a full 8,192-token chunk takes ~0.3-0.7 s)
     S("conv-v1-70b-healthy", _synth("poisson", 2, 300), B70, slo_tbt_s=0.5),
     S("conv-v1-70b-chunk", _synth("poisson", 4, 300), B70, regime="chunk"),
@@ -166,7 +169,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("conv-v0-70b-chunk", _synth("poisson", 4, 300), V0 + B70, regime="chunk"),
     S("code-v1-70b-long-prompt", _synth("poisson", 0.5, 300, lengths="azure-code"), B70,
       slo_ttft_s=0.5, slo_tbt_s=1.0, regime="long-prompt"),
-    S("conv-v1-70b-kv", _synth("poisson", 2, 300), B70 + _blocks(400), slo_tbt_s=0.5, regime="kv"),
+    S("conv-v1-70b-kv", _synth("poisson", 2, 300), B70 + _blocks(1000), slo_tbt_s=0.5, regime="kv"),
     # ---- long-prompt-bound and chunk-bound on 8B
     S("code-v1-8b-long-prompt", _synth("poisson", 0.5, 300, lengths="azure-code"),
       slo_ttft_s=0.15, regime="long-prompt"),
@@ -185,8 +188,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("azcode-v1-8b-kv", _public(AZ_CODE, 1800, 300), _blocks(2000), regime="kv"),
     S("azcode-v0-8b-swap", _public(AZ_CODE, 1800, 300), SWAP + _blocks(2000), regime="kv"),
     S("moon-v1-8b-overloaded", _public(MOONCAKE, 600, 180), regime="overloaded"),
-    S("moon-v1-8b-long-prompt", _public(MOONCAKE, 600, 240, scale=0.1), slo_tbt_s=0.5,
-      regime="long-prompt"),
+    S("moon-v1-8b-long-prompt", _public(MOONCAKE, 600, 240, scale=0.1), slo_ttft_s=3.0,
+      slo_tbt_s=0.5, regime="long-prompt"),
     S("moon-v1-8b-tp4", _public(MOONCAKE, 600, 240, scale=0.1), TP4),
     S("moon-v1-8b-kv", _public(MOONCAKE, 600, 240, scale=0.3), _blocks(8000), slo_ttft_s=60.0,
       slo_tbt_s=0.5, regime="kv"),

@@ -31,7 +31,7 @@ EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_
 # connector; "an overloaded or missing plan yields no alert rule and no host-tier size" (DESIGN §8).
 REFUSALS = {"size-swap": lambda s, r: s.scheduler == "v1" or _not_fits(r),
             "size-offload": lambda s, r: s.scheduler == "v0" or _not_fits(r),
-            "alerts": lambda s, r: _not_fits(r)}
+            "alerts": lambda s, r: _not_fits(r) or r.get("preemption_verdict") == "structural"}
 
 O = dict[str, Outcome]
 
@@ -112,7 +112,8 @@ def contract(s: Scenario, o: O):
 def no_crash(s: Scenario, o: O):
     """Every command exits 0 with one JSON object on stdout, or exits 2 with a one-line refusal
     where that refusal is documented (size-swap on V1, size-offload on V0, host-tier sizing and
-    alert rules where the verdict is not fits: DESIGN §8); never a traceback, never a timeout."""
+    alert rules where the verdict is not fits: DESIGN §8; alert rules for structural preemption);
+    never a traceback, never a timeout."""
     r, bad, notes = _report(o), [], []
     for label, c in o.items():
         if not c.ran:
@@ -387,10 +388,11 @@ def offload_knee(s: Scenario, o: O):
 
 
 def binding_fix(s: Scenario, o: O):
-    """Diagnosis, where the scenario declares its regime. chunk-bound: unless the verdict is fits,
-    binding_constraint == prefill_chunk or the flags lower --max-num-batched-tokens.
-    long-prompt-bound: binding_constraint == long_prompt_prefill and replicas.count is null (more
-    replicas cannot fix the prefill of one prompt)."""
+    """Diagnosis, where the scenario declares its regime (and vLLM's default config shows it: TBT
+    p99 resp. TTFT p99 over the SLO). chunk-bound: binding_constraint == prefill_chunk or the flags
+    lower --max-num-batched-tokens (a fits verdict must come from the latter). long-prompt-bound:
+    binding_constraint == long_prompt_prefill and replicas.count is null (more replicas cannot fix
+    the prefill of one prompt)."""
     if s.regime not in ("chunk", "long-prompt"):
         return NA, f"regime {s.regime}"
     if (bad := _need_report(o)):
@@ -399,17 +401,21 @@ def binding_fix(s: Scenario, o: O):
     binding, verdict = r.get("binding_constraint", "missing"), r.get("verdict")
     count = (r.get("replicas") or {}).get("count", "missing") if isinstance(r.get("replicas"), dict) \
         else "missing"
+    d = o.get("replay-default")
+    ev = (d.extra.get("evaluate") or {}) if d is not None else {}
     if s.regime == "chunk":
-        if verdict == "fits":
-            return PASS, "fits"
+        if ev.get("tbt_p99_s") is not None and ev["tbt_p99_s"] <= s.slo_tbt_s:
+            return NA, f"not chunk-bound: vLLM's default gives TBT p99 {_fmt(ev['tbt_p99_s'])} s"
         flags = (r.get("recommendation") or {}).get("flags") or []
         mbt = flag_value(flags, "--max-num-batched-tokens")
         default = _default_mbt(o)
         lowered = mbt is not None and default is not None and int(mbt) < default
-        if binding == "prefill_chunk" or lowered:
-            return PASS, f"binding {binding}; --max-num-batched-tokens {mbt} (default {default})"
-        return FAIL, (f"verdict {verdict}, binding {binding}, --max-num-batched-tokens {mbt} "
-                      f"(default {default})")
+        said = f"verdict {verdict}, binding {binding}, --max-num-batched-tokens {mbt} (default {default})"
+        if lowered or (binding == "prefill_chunk" and verdict != "fits"):
+            return PASS, said
+        return FAIL, said
+    if ev.get("ttft_p99_s") is not None and ev["ttft_p99_s"] <= s.slo_ttft_s:
+        return NA, f"not long-prompt-bound: vLLM's default gives TTFT p99 {_fmt(ev['ttft_p99_s'])} s"
     if binding == "long_prompt_prefill" and count is None:
         return PASS, "long_prompt_prefill, no replica count"
     return FAIL, f"binding {binding}, replicas.count {count} (verdict {verdict})"

@@ -2,8 +2,9 @@
 
 `ScenarioRun(scenario, root).run_all()` writes the scenario's trace under root/traces and each
 command's outcome (argv, exit code, stdout JSON, stderr tail, wall time, derived numbers) to
-root/<scenario>/<label>.json. An outcome is reused while its argv, the scenario and the product code
-(a hash of capacity/, replay/, traces/) are unchanged, so re-checking invariants is cheap.
+root/<scenario>/<label>.json. An outcome is reused while its argv, the scenario, this file and the
+product code (a hash of capacity/, replay/, traces/) are unchanged, so re-checking invariants is
+cheap.
 
 Commands (all with the scenario's engine and SLO flags, --json, --workers 1): report (+ its
 summary.json), plan, headroom; replay of the recommended flags (at 1x, at the headroom rate scale,
