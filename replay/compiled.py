@@ -58,7 +58,8 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
 # The CPU KV offloading knobs (#16): the compiled V1 core models vLLM's OffloadingConnector
 # (replay/v1/_connector.h; its module constant `KV_OFFLOADING = 1`) and reads them all.
 OFFLOAD_FIELDS = ("kv_offloading", "offload_prompt_only", "offload_eviction_policy",
-                  "offload_blocks_per_chunk", "offload_transfer_steps",
+                  "offload_blocks_per_chunk", "offload_store_threshold",
+                  "offload_store_tracker_size", "offload_store_counting", "offload_transfer_steps",
                   "offload_host_link_bytes_per_s")
 
 

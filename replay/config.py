@@ -39,7 +39,8 @@ _FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark", "kv_offloa
 # Fields added with the offloading connector (#16): in the config JSON (and so in the run id)
 # only when set, so runs stored before them keep their ids.
 _LATER_FIELDS = {"kv_offloading_size": None, "kv_offloading_backend": "native",
-                 "kv_offloading_eviction_policy": "lru", "offload_prompt_only": True}
+                 "kv_offloading_eviction_policy": "lru", "offload_prompt_only": True,
+                 "kv_offloading_store_threshold": 0}
 # vLLM 0.33 `v1/kv_offload/cpu/spec.py`: every offload chunk is rounded up to the page size.
 OFFLOAD_PAGE_BYTES = 4096
 # kv_connector_extra_config "block_size" defaults to the GPU block size: one block per chunk.
@@ -90,6 +91,10 @@ class EngineConfig:
     kv_offloading_backend: str = "native"
     kv_offloading_eviction_policy: Literal["lru", "arc"] = "lru"
     offload_prompt_only: bool = True
+    # kv_connector_extra_config "store_threshold": a chunk is stored in the tier only from its
+    # N-th offer on (0.33 counts every offer, a preempted request's re-offer too); 0 or 1 store
+    # at once (vLLM's default 0).
+    kv_offloading_store_threshold: int = 0
     # Path of a cost-model profile (`kvcap calibrate`); carried for the executor, not read here.
     calibration: str | None = None
 
@@ -249,6 +254,7 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         offload_prompt_only=c.offload_prompt_only,
         offload_eviction_policy=c.kv_offloading_eviction_policy,
         offload_blocks_per_chunk=OFFLOAD_BLOCKS_PER_CHUNK,
+        offload_store_threshold=c.kv_offloading_store_threshold,
         offload_host_link_bytes_per_s=gpu.host_link_bandwidth_bytes_per_s)
     return ResolvedEngine(
         config=c, spec=spec, model=model, gpu=gpu, gpu_memory_utilization=util,
@@ -366,6 +372,7 @@ def _check_offloading(c: EngineConfig) -> None:
     _choice("kv_offloading_eviction_policy", c.kv_offloading_eviction_policy, ("lru", "arc"))
     if not isinstance(c.offload_prompt_only, bool):
         raise ValueError(f"offload_prompt_only: expected True or False, got {c.offload_prompt_only!r}")
+    _int("kv_offloading_store_threshold", c.kv_offloading_store_threshold, 0)
     if c.kv_offloading_size is None:
         return
     _number("kv_offloading_size", c.kv_offloading_size)

@@ -60,6 +60,16 @@ class SchedulerSpec:
     offload_eviction_policy: Literal["lru", "arc"] = "lru"
     # vLLM's kv_connector_extra_config "block_size" / GPU block size (1 by default).
     offload_blocks_per_chunk: int = 1
+    # kv_connector_extra_config "store_threshold": a chunk is stored from its N-th offer on
+    # (the CPU manager counts offers per offload key, `prepare_store`); 0 and 1 store at once
+    # (vLLM's default 0: no counting). "max_tracker_size": the counts are kept for at most that
+    # many keys, least recently offered dropped first. `offload_store_counting` is which offers
+    # count: "every_offer" (0.33: `counts[key] += 1` on each, so a preempted request's re-offer
+    # or a retried failed store counts again; oracle O1_threshold) or "once_per_request" (0.34:
+    # each key once per request; not modelled yet, refused).
+    offload_store_threshold: int = 0
+    offload_store_tracker_size: int = 64_000
+    offload_store_counting: Literal["every_offer", "once_per_request"] = "every_offer"
     # >= 1: the oracle's step emulation, a transfer completes that many steps after it is issued
     # (the O-scenarios use 1, O7_slow 2). 0: in time, when its bytes (kv_bytes_per_block per
     # block, per GPU: each rank copies its share over its own link) have crossed the host link at

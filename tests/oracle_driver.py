@@ -70,13 +70,13 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
     if off is not None:
         o = {**_OFFLOAD_DEFAULTS, **off}
         unknown = set(o) - set(_OFFLOAD_DEFAULTS) - {"num_cpu_blocks"}
-        if unknown or o["store_threshold"] > 1 or o["extra_config"]:
-            raise ValueError(f"kv_offloading: {sorted(unknown) or 'store_threshold/extra_config'}"
-                             " not modelled")
+        if unknown or o["extra_config"]:
+            raise ValueError(f"kv_offloading: {sorted(unknown) or 'extra_config'} not modelled")
         offload = dict(kv_offloading=True, num_cpu_blocks=int(o["num_cpu_blocks"]),
                        offload_prompt_only=bool(o["offload_prompt_only"]),
                        offload_eviction_policy=o["eviction_policy"],
                        offload_blocks_per_chunk=int(o["blocks_per_chunk"]),
+                       offload_store_threshold=int(o["store_threshold"]),
                        offload_transfer_steps=int(o["transfer_steps"]))
     spec = SchedulerSpec(
         block_size=sc["block_size"], num_gpu_blocks=sc["num_gpu_blocks"],

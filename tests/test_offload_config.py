@@ -42,6 +42,12 @@ def test_defaults_are_vllms_and_leave_old_run_ids_alone():
     arc = resolve(EngineConfig(kv_offloading_size=4, kv_offloading_eviction_policy="arc",
                                offload_prompt_only=False)).spec
     assert arc.offload_eviction_policy == "arc" and not arc.offload_prompt_only
+    # store_threshold: vLLM's default 0 (no counting), and 0.33's counting rule.
+    assert spec.offload_store_threshold == 0 and spec.offload_store_counting == "every_offer"
+    thr = EngineConfig(kv_offloading_size=4, kv_offloading_store_threshold=2)
+    assert resolve(thr).spec.offload_store_threshold == 2
+    assert '"kv_offloading_store_threshold":2' in thr.config_json()
+    assert "store_threshold" not in EngineConfig(kv_offloading_size=4).config_json()
 
 
 def test_num_cpu_blocks_override_sets_the_tier_in_chunks():
@@ -60,6 +66,7 @@ def test_num_cpu_blocks_override_sets_the_tier_in_chunks():
     (dict(kv_offloading_size=4, preemption_mode="none"), "preemption_mode"),
     (dict(kv_offloading_eviction_policy="lfu"), "kv_offloading_eviction_policy"),
     (dict(offload_prompt_only="yes"), "offload_prompt_only"),
+    (dict(kv_offloading_size=4, kv_offloading_store_threshold=-1), "kv_offloading_store_threshold"),
 ])
 def test_bad_values_are_one_line_naming_the_field(kw, field):
     with pytest.raises(ValueError) as e:
@@ -95,6 +102,8 @@ runner = CliRunner()
     (["--scheduler", "v0", "--kv-offloading-size", "4"], "kv_offloading_size"),
     (["--kv-offloading-size", "4", "--kv-offloading-eviction-policy", "mru"],
      "kv_offloading_eviction_policy"),
+    (["--kv-offloading-size", "4", "--kv-offloading-store-threshold", "-2"],
+     "kv_offloading_store_threshold"),
 ])
 def test_replay_flags_refuse_in_one_line(tmp_path, args, text):
     f = tmp_path / "t.csv"

@@ -103,6 +103,7 @@ def test_overloaded_trace_gets_overloaded_a_sustainable_load_and_no_flags(conv80
     EngineConfig(kv_offloading_size=24.0, tensor_parallel_size=2),
     EngineConfig(kv_offloading_size=8.0, kv_offloading_eviction_policy="arc",
                  offload_prompt_only=False, async_scheduling=False),
+    EngineConfig(kv_offloading_size=8.0, kv_offloading_store_threshold=2),
     EngineConfig(max_num_seqs=64, max_num_batched_tokens=4096, scheduling_policy="priority"),
 ])
 def test_flags_round_trip_to_the_same_engine(cfg):

@@ -64,14 +64,17 @@ def test_core_equals_reference(w, spec):
 @st.composite
 def offload_specs(draw):
     """core_specs with vLLM 0.33's CPU KV offloading on (recompute preemption, as the config
-    requires): both eviction policies, prompt-only on/off, transfers in steps (1, 2: the oracle's
-    emulation) or in time over a slow or a fast host link (0)."""
+    requires): both eviction policies, prompt-only on/off, a store threshold (with a tracker
+    small enough to drop counts) or none, transfers in steps (1, 2: the oracle's emulation) or
+    in time over a slow or a fast host link (0)."""
     spec = draw(core_specs())
     return tiny_spec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__},
                         "preemption_mode": "recompute", "kv_offloading": True,
                         "num_cpu_blocks": draw(st.sampled_from([1, 3, 8, 24])),
                         "offload_eviction_policy": draw(st.sampled_from(["lru", "arc"])),
                         "offload_prompt_only": draw(st.booleans()),
+                        "offload_store_threshold": draw(st.sampled_from([0, 0, 2, 3])),
+                        "offload_store_tracker_size": draw(st.sampled_from([64_000, 3, 8])),
                         "offload_transfer_steps": draw(st.sampled_from([0, 1, 2])),
                         "offload_host_link_bytes_per_s": draw(st.sampled_from([1e8, 1e10]))})
 
@@ -171,6 +174,7 @@ def abort_scenarios(draw):
         sc["kv_offloading"] = {"num_cpu_blocks": draw(st.integers(1, 12)),
                                "eviction_policy": draw(st.sampled_from(["lru", "arc"])),
                                "offload_prompt_only": draw(st.booleans()),
+                               "store_threshold": draw(st.sampled_from([0, 0, 2])),
                                "transfer_steps": draw(st.sampled_from([1, 2, 2]))}
     alphabet = [[1000 + a * 100 + j for j in range(bs)] for a in range(3)]
     n = draw(st.integers(1, 6))

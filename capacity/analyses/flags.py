@@ -11,8 +11,9 @@ tier is CPU KV offloading, `--kv-offloading-size GiB --kv-offloading-backend nat
 the TP group). V1 also states its loop, `--async-scheduling` (0.33's default) or
 `--no-async-scheduling`. The offloading connector's eviction policy and `offload_prompt_only` are
 set in vLLM through `--kv-transfer-config` (kv_connector_extra_config); kvcap leaves them out at
-vLLM's defaults (LRU, prompts only) and otherwise spells them as kvcap's own flags
-(`--kv-offloading-eviction-policy arc`, `--no-offload-prompt-only`), which `kvcap replay` reads.
+vLLM's defaults (LRU, prompts only, no store threshold) and otherwise spells them as kvcap's own
+flags (`--kv-offloading-eviction-policy arc`, `--no-offload-prompt-only`,
+`--kv-offloading-store-threshold N`), which `kvcap replay` reads.
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
             out += ["--kv-offloading-eviction-policy", config.kv_offloading_eviction_policy]
         if not config.offload_prompt_only:
             out.append("--no-offload-prompt-only")
+        if config.kv_offloading_store_threshold:
+            out += ["--kv-offloading-store-threshold", str(config.kv_offloading_store_threshold)]
     return tuple(out)
 
 
@@ -62,7 +65,8 @@ _VALUED = {"--max-num-seqs": ("max_num_seqs", int),
            "--preemption-mode": ("preemption_mode", str),
            "--swap-space": ("swap_space", float),
            "--kv-offloading-size": ("kv_offloading_size", float),
-           "--kv-offloading-eviction-policy": ("kv_offloading_eviction_policy", str)}
+           "--kv-offloading-eviction-policy": ("kv_offloading_eviction_policy", str),
+           "--kv-offloading-store-threshold": ("kv_offloading_store_threshold", int)}
 _SWITCHES = {"--enable-prefix-caching": ("enable_prefix_caching", True),
              "--no-enable-prefix-caching": ("enable_prefix_caching", False),
              "--enable-chunked-prefill": ("enable_chunked_prefill", True),

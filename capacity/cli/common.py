@@ -202,6 +202,8 @@ ENGINE_FLAGS: dict[str, tuple] = {
                                                         help="V1 offloading: lru | arc (kv_connector_extra_config eviction_policy).")),
     "offload_prompt_only": (bool, typer.Option(True, "--offload-prompt-only/--no-offload-prompt-only",
                                                help="V1 offloading: store prompt blocks only (vLLM's default).")),
+    "kv_offloading_store_threshold": (int, typer.Option(0, "--kv-offloading-store-threshold",
+                                                        help="V1 offloading: store a chunk from its N-th offer on (kv_connector_extra_config store_threshold; 0 = at once).")),
 }
 
 

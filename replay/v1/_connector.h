@@ -249,6 +249,13 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         hb[i - start] = key_hash(kb[i - start]);
         if (i < start + 16) tier_prefetch(t, hb[i - start]);
     }
+    /* store_threshold: the offer is counted, and only the chunks offered often enough stay in
+     * it (the others are neither stored, recorded nor protected). */
+    const uint8_t *keep = NULL;
+    if (t->cnt.thr) {
+        if (cnt_offer(t, kb, hb, end - start, o->keep, o->cnode) < 0) return -2;
+        keep = o->keep;
+    }
     /* One pass looks each chunk up and records the access (_record_request_cache_access, in
      * chunk order; an LRU re-rank moves no other chunk of this offer out of the lookups' way).
      * A miss's record is oc_record_f's for a chunk not in the tier, inlined: first seen, it is
@@ -256,6 +263,7 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     uint8_t miss_first = lru ? RA_SEEN | RA_OUT : RA_SEEN;
     for (int64_t i = start; i < end; i++) {
         if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
+        if (keep && !keep[i - start]) continue;
         int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && i >= fu;
         int32_t s = sb[i - start] = absent ? -1
                   : lru && i >= fu ? tier_get_own(t, (int32_t)row, i)
@@ -629,7 +637,7 @@ static void oc_free(Oc *o, int64_t n) {
                   o->unsubmitted.d, o->reported.d, o->free_jobs.d, o->step_loads.d, o->step_stores.d, o->live.d, o->lk_rows,
                   o->lk_tok, o->hit_rows, o->hit_g, o->hit_c, o->evicted.d, o->failed, o->flushed,
                   o->done_rows, o->done_store, o->scratch, o->ekeys, o->last_seq, o->kbuf, o->sbuf, o->hbuf,
-                  o->infl, o->infl_pos};
+                  o->keep, o->cnode, o->infl, o->infl_pos};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
 }
 

@@ -1055,13 +1055,17 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_choice(spec, "preemption_mode", MODE_NAMES, &mode) ||
         spec_choice(spec, "policy", POLICY_NAMES, &policy)) goto fail;
     /* CPU KV offloading (vLLM 0.33's OffloadingConnector, _connector.h). */
-    int off, prompt_only, evict;
-    int64_t bpc, tsteps;
+    int off, prompt_only, evict, counting;
+    int64_t bpc, tsteps, sthr, tracker;
     double link;
     if (spec_bool(spec, "kv_offloading", &off) ||
         spec_bool(spec, "offload_prompt_only", &prompt_only) ||
         spec_choice(spec, "offload_eviction_policy", EVICTION_NAMES, &evict) ||
         spec_int(spec, "offload_blocks_per_chunk", &bpc) ||
+        spec_int(spec, "offload_store_threshold", &sthr) ||
+        spec_int(spec, "offload_store_tracker_size", &tracker) ||
+        /* Which offers count: 0.33's every offer (0.34's once per request is not modelled). */
+        spec_choice(spec, "offload_store_counting", STORE_COUNTING_NAMES, &counting) ||
         spec_int(spec, "offload_transfer_steps", &tsteps) ||
         spec_float(spec, "offload_host_link_bytes_per_s", &link)) goto fail;
     int64_t block_bytes;          /* time mode: a transfer's bytes per block, per GPU */
@@ -1071,9 +1075,10 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
                         "CPU KV offloading)");
         goto fail;
     }
-    if (off && (mode != MODE_RECOMPUTE || bpc < 1 || tsteps < 0)) {
+    if (off && (mode != MODE_RECOMPUTE || bpc < 1 || tsteps < 0 || sthr < 0 || tracker < 1)) {
         PyErr_SetString(PyExc_ValueError, "core: CPU KV offloading runs with recompute "
-                        "preemption, offload_blocks_per_chunk >= 1, offload_transfer_steps >= 0");
+                        "preemption, offload_blocks_per_chunk >= 1, offload_transfer_steps >= 0, "
+                        "offload_store_threshold >= 0, offload_store_tracker_size >= 1");
         goto fail;
     }
     c->policy = policy;
@@ -1118,6 +1123,10 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         o->bpc = bpc; o->tpc = bpc * bs; o->tsteps = tsteps; o->link_bps = link;
         o->block_bytes = block_bytes;
         if (tier_init(&o->tier, ncpu, evict, n) < 0) { PyErr_NoMemory(); goto fail; }
+        if (sthr >= 2) {
+            if (cnt_init(&o->tier, sthr, tracker) < 0) { PyErr_NoMemory(); goto fail; }
+            CALLOC(o->keep, cdiv(L, o->tpc) + 8, uint8_t); CALLOC(o->cnode, cdiv(L, o->tpc) + 8, int32_t);
+        }
         CALLOC(o->ra, n, uint8_t *); CALLOC(o->ra_cap, n, int64_t); CALLOC(o->rank, n, int64_t);
         CALLOC(o->next_stored, n, int64_t); CALLOC(o->local_tok, n, int64_t);
         CALLOC(o->fin_blocks, n, int64_t); CALLOC(o->njobs, n, int32_t);

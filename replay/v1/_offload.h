@@ -2,7 +2,8 @@
  * replay/v1/_core.c, after its key -> slot map): the chunk pool with its ref counts
  * (v1/kv_offload/cpu/manager.py: -1 while a store is in flight, 0 ready and evictable, > 0 pinned
  * by loads), the LRU and ARC policies (cpu/policies/lru.py, arc.py) and the per-request cache
- * access record the policies rank by (manager.py `_RequestCacheAccess`). Oracle README section 7
+ * access record the policies rank by (manager.py `_RequestCacheAccess`), and the store threshold's
+ * offer counts (manager.py `counts`: 0.33 counts every offer). Oracle README section 7
  * (F6-F8, F15) says what they do; the Python reference is replay/v1/offload.py.
  *
  * A request only ever offers or loads its own chunks, at known positions (chunk i ends at token
@@ -16,6 +17,8 @@ enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8 /* ARC onl
 enum { POL_LRU = 0, POL_ARC = 1 };
 #define NOMAP UINT32_MAX         /* Chunk.mpos of a chunk not in the key map */
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
+/* SchedulerSpec.offload_store_counting: only 0.33's rule (every offer counts) is modelled. */
+static const char *const STORE_COUNTING_NAMES[] = {"every_offer", NULL};
 
 typedef struct {
     int64_t key;
@@ -60,6 +63,25 @@ typedef struct {
 
 typedef struct { int64_t key; int32_t prev, next; int8_t list; } Ghost;
 
+/* The store threshold's offer counts (manager.py `counts`, `_record_accesses`; threshold >= 2
+ * only): key -> offers, least recently offered first (a list through node 0, its sentinel), at
+ * most `max` keys. The nodes grow on demand up to max (the map is rebuilt as they grow). */
+typedef struct {
+    int64_t key;
+    int64_t count;
+    int32_t prev, next;
+    uint32_t mpos;               /* its entry in Counts.map */
+    uint32_t stamp;              /* counted again by the offer being recorded (== Counts.stamp) */
+} CntNode;
+typedef struct {
+    int64_t thr, max;            /* thr 0: no counting */
+    int64_t cap, len;            /* nodes 1..cap; keys tracked */
+    CntNode *nd;
+    map_t map;
+    int32_t *free_nodes; int64_t nfree, next_fresh;
+    uint32_t stamp;
+} Counts;
+
 typedef struct {
     int64_t n;                   /* capacity in chunks */
     int policy;
@@ -78,6 +100,7 @@ typedef struct {
     Ghost *gh;                   /* 3n + 2 nodes; sentinels 3n (B1) and 3n + 1 (B2) */
     map_t gmap;
     int32_t *gfree; int64_t ngfree;
+    Counts cnt;                  /* store_threshold */
 } Tier;
 
 /* ------------------------------------------------------------------ LRU groups */
@@ -237,6 +260,88 @@ static void tier_free(Tier *t) {
     for (int64_t g = 0; t->grp && g <= t->ng; g++) free(t->grp[g].at);
     free(t->ch); free(t->map.e); free(t->free_slots); free(t->grp); free(t->gh);
     free(t->gmap.e); free(t->gfree);
+    free(t->cnt.nd); free(t->cnt.map.e); free(t->cnt.free_nodes);
+}
+
+/* ------------------------------------------------------------------ the store threshold */
+/* Room for cap nodes (1..cap), the map rebuilt over them. */
+static int cnt_grow(Counts *k, int64_t cap) {
+    CntNode *nd = (CntNode *)realloc(k->nd, ((size_t)cap + 1) * sizeof(CntNode));
+    if (!nd) return -1;
+    k->nd = nd;
+    int32_t *fr = (int32_t *)realloc(k->free_nodes, (size_t)cap * sizeof(int32_t));
+    if (!fr) return -1;
+    k->free_nodes = fr;
+    k->cap = cap;
+    free(k->map.e);
+    k->map.e = NULL;
+    if (map_init(&k->map, 4 * cap + 2, (char *)nd + offsetof(CntNode, key), sizeof(CntNode),
+                 (char *)nd + offsetof(CntNode, mpos)) < 0) return -1;
+    for (int32_t x = nd[0].next; x != 0; x = nd[x].next) {
+        uint32_t h = key_hash(nd[x].key);
+        map_set(&k->map, map_find_h(&k->map, nd[x].key, h), h, x);
+    }
+    return 0;
+}
+/* Count offers for a store threshold thr >= 2, keeping at most max keys. */
+static int cnt_init(Tier *t, int64_t thr, int64_t max) {
+    Counts *k = &t->cnt;
+    k->thr = thr; k->max = max;
+    k->nd = (CntNode *)calloc(1, sizeof(CntNode));
+    if (!k->nd) return -1;
+    k->next_fresh = 1;
+    return cnt_grow(k, max < 1024 ? max : 1024);
+}
+static inline void cnt_unlink(Counts *k, int32_t x) {
+    k->nd[k->nd[x].prev].next = k->nd[x].next; k->nd[k->nd[x].next].prev = k->nd[x].prev;
+}
+static inline void cnt_append(Counts *k, int32_t x) {
+    int32_t p = k->nd[0].prev;
+    k->nd[p].next = x; k->nd[x].prev = p; k->nd[x].next = 0; k->nd[0].prev = x;
+}
+/* Record one offer of n keys (hashes hb) and set keep[i]: whether key i has now been offered
+ * thr times. As `_record_accesses`: first the keys already tracked count again, in order, each
+ * moving to the most recent end; then each new key is tracked at 1, a full tracker dropping its
+ * least recently offered key outside this offer (none left: the key is not tracked). node[] is
+ * scratch of n entries. -1: out of memory. */
+static int cnt_offer(Tier *t, const int64_t *kb, const uint32_t *hb, int64_t n, uint8_t *keep,
+                     int32_t *node) {
+    Counts *k = &t->cnt;
+    int64_t prot = 0;
+    k->stamp++;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t x = node[i] = k->map.e[map_find_h(&k->map, kb[i], hb[i])].val;
+        if (x < 0) continue;
+        cnt_unlink(k, x); cnt_append(k, x);
+        k->nd[x].count++;
+        if (k->nd[x].stamp != k->stamp) { k->nd[x].stamp = k->stamp; prot++; }
+    }
+    int64_t unprot = k->len - prot;
+    for (int64_t i = 0; i < n; i++) {
+        if (node[i] >= 0) continue;
+        if ((node[i] = k->map.e[map_find_h(&k->map, kb[i], hb[i])].val) >= 0)
+            continue;                     /* a repeat of a key this offer tracked */
+        if (k->len >= k->max) {
+            if (unprot == 0) continue;
+            int32_t y = k->nd[0].next;
+            cnt_unlink(k, y);
+            map_del_at(&k->map, k->nd[y].mpos);
+            k->free_nodes[k->nfree++] = y;
+            k->len--; unprot--;
+        }
+        if (!k->nfree && k->next_fresh > k->cap) {
+            int64_t nc = 2 * k->cap < k->max ? 2 * k->cap : k->max;
+            if (cnt_grow(k, nc) < 0) return -1;
+        }
+        int32_t x = k->nfree ? k->free_nodes[--k->nfree] : (int32_t)k->next_fresh++;
+        k->nd[x].key = kb[i]; k->nd[x].count = 1; k->nd[x].stamp = 0;
+        map_set(&k->map, map_find_h(&k->map, kb[i], hb[i]), hb[i], x);
+        cnt_append(k, x);
+        k->len++;
+        node[i] = x;
+    }
+    for (int64_t i = 0; i < n; i++) keep[i] = node[i] >= 0 && k->nd[node[i]].count >= k->thr;
+    return 0;
 }
 
 static inline int32_t tier_get_h(const Tier *t, int64_t key, uint32_t h) {
@@ -498,6 +603,7 @@ typedef struct {
     int64_t *ekeys;              /* evicted keys of one store (capacity) */
     int64_t *kbuf; int32_t *sbuf;        /* one offer's keys and tier slots (chunks / request) */
     uint32_t *hbuf;                      /* and their key hashes (key_hash) */
+    uint8_t *keep; int32_t *cnode;       /* store_threshold: offered often enough; scratch */
     int plan_out;                        /* the step's decisions are read back (core_schedule:
                                             StepPlan.offload_*), evicted keys included */
     int64_t store_blocks, load_blocks;         /* this step's (steps columns) */

@@ -2,7 +2,8 @@
 policies (`v1/kv_offload/cpu/manager.py`, `policies/lru.py`, `policies/arc.py`), rule for rule:
 which chunks the tier holds, whether their store has completed (a chunk whose store is in flight
 is "pending": not evictable, and a lookup that reaches it is deferred), which loads pin them, the
-all-or-nothing `prepare_store` (oracle README F15), what each request has seen of the tier (the
+all-or-nothing `prepare_store` (oracle README F15) and its `store_threshold` offer counts
+(`OfferCounts`: 0.33 counts every offer, O1_threshold), what each request has seen of the tier (the
 manager's per-request access record) and the order of eviction, `LruPolicy` (F6) or `ArcPolicy`
 (F8). A chunk is named by its offload key: with one GPU block per chunk, the block's prefix key,
 so a later request with the same prefix finds it; its position in a request is its chunk index.
@@ -193,13 +194,52 @@ class ArcPolicy:
         return [k for k, _ in picked]
 
 
+# ----------------------------------------------------------------------- the store threshold
+class OfferCounts:
+    """0.33's `store_threshold` tracker (`CPUOffloadingManager.counts`, `_record_accesses`): how
+    many times each offload key has been offered for storing, by any request. An offer first
+    counts again the keys already tracked, in order (each moves to the most recent end), then
+    tracks its new keys at 1; a new key that finds the tracker full drops the least recently
+    offered key outside this offer, or is not tracked when every tracked key is in the offer."""
+
+    def __init__(self, *, threshold: int, max_keys: int) -> None:
+        self.threshold = threshold
+        self.max_keys = max_keys
+        self.counts: OrderedDict[int, int] = OrderedDict()
+
+    def offer(self, keys: list[int]) -> list[bool]:
+        """Count one offer; for each key, whether it has now been offered `threshold` times."""
+        counts = self.counts
+        protected = set()
+        for k in keys:
+            if k in counts:
+                counts.move_to_end(k)
+                counts[k] += 1
+                protected.add(k)
+        unprotected = len(counts) - len(protected)
+        for k in keys:
+            if k in counts:
+                continue
+            if len(counts) >= self.max_keys:
+                if unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[k] = 1
+        return [counts.get(k, 0) >= self.threshold for k in keys]
+
+
 # ------------------------------------------------------------------------------------ the tier
 class CpuTier:
     """The CPU offloading manager: which chunks exist, whether their store has completed, which
     loads pin them, each request's access record, and the policy that orders them."""
 
-    def __init__(self, *, capacity: int, policy: str) -> None:
+    def __init__(self, *, capacity: int, policy: str, store_threshold: int = 0,
+                 tracker_size: int = 64_000) -> None:
         self.capacity = capacity
+        # Offers counted only from a threshold of 2 on (vLLM: `counts` is None below).
+        self.offers = (OfferCounts(threshold=store_threshold, max_keys=tracker_size)
+                       if store_threshold >= 2 else None)
         self.ready: dict[int, bool] = {}     # key -> store completed (False: pending)
         self.num_pending = 0
         self.pins: dict[int, int] = {}       # key -> loads in flight
@@ -230,7 +270,13 @@ class CpuTier:
         chunks of the offer count as reused; pending ones (another request's store in flight) are
         neither stored nor recorded. The request's access is recorded before the fit is known,
         so a failed store still ranks what it offered (and ARC adapts to its ghost hits).
+        With a store threshold the offer is counted first and only the chunks offered often
+        enough stay in it: the others are neither stored, recorded nor protected.
         Returns (keys stored, keys evicted), or None when the store is dropped."""
+        if self.offers is not None:
+            keep = self.offers.offer(keys)
+            keys = [k for k, ok in zip(keys, keep) if ok]
+            idxs = [i for i, ok in zip(idxs, keep) if ok]
         new = [k for k in keys if k not in self.ready]
         ready = [k for k in keys if self.ready.get(k)]
         if self.arc is not None:

@@ -70,7 +70,15 @@ class Connector:
         self.keys = keys
         self.bs = spec.block_size
         self.prompt_len = prompt_len
-        self.tier = CpuTier(capacity=spec.num_cpu_blocks, policy=spec.offload_eviction_policy)
+        if spec.offload_store_counting != "every_offer":
+            raise NotImplementedError(f"offload_store_counting {spec.offload_store_counting!r}: "
+                                      "only 0.33's 'every_offer' is modelled")
+        if spec.offload_store_threshold < 0 or spec.offload_store_tracker_size < 1:
+            raise ValueError("offload_store_threshold: must be >= 0, offload_store_tracker_size "
+                             ">= 1")
+        self.tier = CpuTier(capacity=spec.num_cpu_blocks, policy=spec.offload_eviction_policy,
+                            store_threshold=spec.offload_store_threshold,
+                            tracker_size=spec.offload_store_tracker_size)
         self.reqs: dict[int, _Request] = {}
         # Worker side: store jobs planned last step (copied from this step on), the two FIFOs.
         self._deferred: list[_Job] = []
