@@ -42,6 +42,16 @@ def test_priority_interference_batch_yields_and_queue_only_never_preempts():
     assert "interactive TTFT p99" in i.summary
 
 
+def test_priority_interference_of_a_cpu_offloading_recommendation_runs():
+    """Issue 31: the report exited 2 whenever its mode comparison picked CPU offloading — the
+    queue-only variant kept the tier ("preemption_mode: 'none' with kv_offloading_size")."""
+    trace = synthesize("priority-mix", **MIX)
+    i = interference(trace, EngineConfig(num_gpu_blocks_override=900, kv_offloading_size=4.0),
+                     planner=Planner(workers=1))
+    assert set(i.by_class["variant"]) == {"shared (preemption)", "shared (queue-only)",
+                                          "interactive alone"}
+
+
 def test_v0_swap_engine_is_analysed_with_recompute_and_says_so():
     trace = synthesize("priority-mix", **MIX)
     cfg = EngineConfig(scheduler="v0", preemption_mode="swap", num_gpu_blocks_override=900)
