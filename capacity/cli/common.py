@@ -68,6 +68,11 @@ def guarded(fn):
             typer.echo("kvcap: interrupted; nothing was written for the unfinished run", err=True)
             raise typer.Exit(130)
         except Exception as e:
+            from concurrent.futures.process import BrokenProcessPool
+            if isinstance(e, BrokenProcessPool):
+                # A worker died (the out-of-memory killer, a crash): capacity/analyses/sweep.py's
+                # WorkerDied names the replay and the likely cause in its one line.
+                fail(str(e).splitlines()[0] if str(e) else "a worker process died")
             # A DuckDB error from an analysis query on a damaged or foreign database (duckdb is not
             # imported here: most commands never load it).
             if type(e).__module__.split(".")[0] not in ("duckdb", "_duckdb"):
