@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
@@ -52,6 +53,7 @@ def size_swap_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """V0: measure peak concurrently swapped KV and recommend --swap-space (V1: size-offload)."""
@@ -73,7 +75,7 @@ def size_swap_cmd(
     except ValueError:
         raise CliError(f"--sweep: expected fractions of the peak like 0.25,0.5,1, got {sweep!r}") from None
     planner = Planner(trace_name=name)
-    with err.status("size-swap: replaying (baseline, demand, verify, what-if)…"):
+    with phase("size-swap: replaying (baseline, demand, verify, what-if)…", quiet=quiet):
         s = size_swap(trace, engine, headroom=headroom, what_if_fraction=what_if,
                       sweep_fractions=fractions, host_ram_gib=host_ram_gib, planner=planner)
     store_runs(db, planner.runs)
@@ -97,6 +99,7 @@ def compare_modes_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """The preemption choices on one trace: V0 swap / V1 CPU offloading vs. recompute (prefix
@@ -105,7 +108,7 @@ def compare_modes_cmd(
     from capacity.analyses.planner import Planner
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(trace_name=name)
-    with err.status("compare-modes: replaying 4 variants…"):  # V0 swap / V1 offload + 3
+    with phase("compare-modes: replaying 4 variants…", quiet=quiet):  # V0 swap / V1 offload + 3
         cmp = compare_modes(trace, engine, planner=planner, slo_ttft_p99_s=slo_ttft_p99,
                             slo_tbt_p99_s=slo_tbt_p99)
     store_runs(db, planner.runs)
@@ -161,6 +164,7 @@ def report_cmd(
     prometheus_offset_s: float = typer.Option(0.0, "--prometheus-offset-s",
                                               help="--evidence-db: replay t=0 this long after the first sample."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """The capacity report: stability, the recommendation, swap sizing, modes, tuning, alerts,
@@ -179,11 +183,11 @@ def report_cmd(
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("report: baseline, stability, sizing, modes, tuning, headroom…"):
+    with phase("report: baseline, stability, sizing, modes, tuning, headroom…", quiet=quiet):
         plan = make_plan(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99,
                          slo_tbt_p99_s=slo_tbt_p99, budget=Budget.parse(preemption_budget),
                          grid=grid, precision=precision, model_name=model_name)
-    with err.status("report: priority interference…"):
+    with phase("report: priority interference…", quiet=quiet):
         prio_trace, prio_note = trace, None
         if trace["priority"].n_unique() < 2:
             from traces.synth import synthesize
@@ -200,7 +204,7 @@ def report_cmd(
                                      engine=prometheus_engine, offset_s=prometheus_offset_s)
         except ValueError as e:
             raise CliError(f"--evidence-db: {e}") from None
-    with err.status("report: charts…"):
+    with phase("report: charts…", quiet=quiet):
         out.mkdir(parents=True, exist_ok=True)
         db = db or out / "kvcap.duckdb"
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,

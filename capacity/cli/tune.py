@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
@@ -108,6 +109,7 @@ def headroom_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db"),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """The largest multiple of today's traffic that still meets the SLOs and the preemption
@@ -117,7 +119,7 @@ def headroom_cmd(
     from capacity.analyses.planner import Planner
     trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("headroom: searching the rate scale…"):
+    with phase("headroom: searching the rate scale…", quiet=quiet):
         h = headroom(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
                      budget=Budget.parse(preemption_budget), precision=precision, surge=surge,
                      target_peak_scale=target_peak)
@@ -147,6 +149,7 @@ def alerts_cmd(
     trace_format: Optional[str] = typer.Option(None, "--format"),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """Classify the preemption of normal traffic and write Prometheus alerting rules."""
@@ -154,7 +157,7 @@ def alerts_cmd(
     from replay.run import replay
     from traces import atomic
     trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
-    with err.status("alerts: replaying normal traffic…"):
+    with phase("alerts: replaying normal traffic…", quiet=quiet):
         res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
     tables = res.tables()
     from capacity.analyses.stability import stability
