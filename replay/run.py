@@ -103,6 +103,9 @@ def make_scheduler(name: str, spec, state, keys):
 
 
 Choice = Literal["auto", "compiled", "reference"]
+# Steps per chunk a summary replay's core hands over: larger than a store writer's (nothing
+# waits on them), ~13 MB of columns, so the per-chunk work is a few hundred calls a day.
+SUMMARY_EVERY_STEPS = 1 << 17
 
 
 class StepSink(Protocol):
@@ -139,7 +142,8 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
                             kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
                             progress_every_steps=progress_every_steps,
                             record_batches=record_batches, spill_dir=spill_dir, sink=sink,
-                            keep_steps=keep_steps)
+                            keep_steps=keep_steps,
+                            sink_every_steps=None if keep_steps else SUMMARY_EVERY_STEPS)
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)

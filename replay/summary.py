@@ -142,17 +142,21 @@ class _TopWeight:
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
+        self.full = False              # the kept samples hold `keep` of the weight
         self.v = np.zeros(0)
         self.w = np.zeros(0, np.int64)
 
     def add(self, v: np.ndarray, w: np.ndarray) -> None:
-        pos = w > 0                    # a zero weight is never a quantile (searchsorted "left")
-        v, w = np.concatenate([self.v, v[pos]]), np.concatenate([self.w, w[pos]])
+        take = w > 0                   # a zero weight is never a quantile (searchsorted "left")
+        if self.full:                  # below the smallest kept: never among the largest
+            take &= v >= self.v[-1]
+        v, w = np.concatenate([self.v, v[take]]), np.concatenate([self.w, w[take]])
         if int(w.sum()) > self.keep:
             order = np.argsort(v)[::-1]
             cw = np.cumsum(w[order])
             order = order[:int(np.searchsorted(cw, self.keep, "left")) + 1]
-            v, w = v[order], w[order]
+            v, w = v[order], w[order]          # largest first: v[-1] is the smallest kept
+            self.full = True
         self.v, self.w = v, w
 
     def quantile(self, q: float, total: int) -> float | None:

@@ -67,6 +67,29 @@ def test_summary_replay_gives_the_full_tables_numbers(conv, name):
         assert lean["steps"][col].sum() == full["steps"][col].sum()
 
 
+MOONCAKE = CONV.parent / "conversation_trace.jsonl"
+PREFIX_CONFIGS = {
+    "v1 prefix cache, preempting": EngineConfig(num_gpu_blocks_override=1500, max_num_seqs=64),
+    "v1 cpu offloading": EngineConfig(kv_offloading_size=8.0, num_gpu_blocks_override=3000),
+    "v0 prefix cache": EngineConfig(scheduler="v0", enable_prefix_caching=True,
+                                    num_gpu_blocks_override=1500),
+}
+
+
+@pytest.mark.parametrize("name", list(PREFIX_CONFIGS))
+def test_summary_replay_with_prefix_hashes(name):
+    trace = load_trace(MOONCAKE).head(600)
+    full = replay(trace, PREFIX_CONFIGS[name]).tables()
+    lean = replay(trace, PREFIX_CONFIGS[name], summary=SummarySpec()).tables()
+    _same_summary(summary(full, **SLO), summary(lean, **SLO))
+    assert evaluate(full, budget=Budget(), **SLO) == evaluate(lean, budget=Budget(), **SLO)
+    for col in ("offload_store_blocks", "offload_load_blocks", "cpu_blocks_used"):
+        assert lean["steps"][col].sum() == full["steps"][col].sum()
+    assert summary(lean, **SLO)["gpu_hit_tokens"] > 0
+    if "offloading" in name:
+        assert lean["steps"]["offload_store_blocks"].sum() > 0
+
+
 def test_the_cases_cover_preemption_and_swap(conv):
     s = {n: summary(replay(conv, c, summary=SummarySpec(tbt_quantiles=(0.99,))).tables(),
                     tbt_p50=False) for n, c in CONFIGS.items()}
