@@ -25,6 +25,11 @@ Two ways to ask for replays:
     score = score_reducer(slo_ttft_s=1.0, slo_tbt_s=0.1, budget=Budget())
     for cand, st in planner.map_shared(jobs, score):    # (Candidate, Stability) per job
         print(cand.run_id, cand.feasible, st.sustainable)
+    # any module-level function of the tables, one reducer per job:
+    points = planner.map_shared(jobs, [reducer(load_point, spec=SCORE_SPEC, rate_scale=s,
+                                               surge=False, slo_ttft_p99_s=1.0,
+                                               slo_tbt_p99_s=0.1, budget=Budget())
+                                       for s in scales])
 
 Progress: every replay the planner starts and finishes is told to the `Progress` set by
 `reporting(...)` (the CLI's bar, capacity/cli/progress.py), if any.
@@ -69,6 +74,12 @@ def reporting(progress: Progress | None) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------ reducers
+# What evaluate / stability / classify need: the TBT P99 (kept in memory) and 60-s windows. The
+# default SummarySpec also keeps the TBT median (metrics.summary's tbt_p50_s), which needs every
+# sample (spilled to a temporary file: ~10% slower on a day of traffic).
+SCORE_SPEC = SummarySpec(tbt_quantiles=(0.99,))
+
+
 @dataclass(frozen=True, slots=True)
 class Reducer:
     """fn(tables, **kwargs), with the summary its replay must keep. `fn` is module-level."""
@@ -125,7 +136,7 @@ def score(tables: dict, *, slo_ttft_s: float, slo_tbt_s: float, budget, config=N
 def score_reducer(*, slo_ttft_s: float, slo_tbt_s: float, budget, config=None) -> Reducer:
     """Reduces a replay to (Candidate, Stability); `config` (a resolved engine) names the
     candidate as in `evaluate`. Keeps the TBT P99 only (no spill of every sample)."""
-    return reducer(score, spec=SummarySpec(tbt_quantiles=(0.99,)), slo_ttft_s=slo_ttft_s,
+    return reducer(score, spec=SCORE_SPEC, slo_ttft_s=slo_ttft_s,
                    slo_tbt_s=slo_tbt_s, budget=budget, config=config)
 
 
