@@ -183,3 +183,24 @@ def test_summary_replay_refuses_what_it_cannot_keep(conv):
     with pytest.raises(KeyError):
         classify(lean, window_s=30.0)                       # nor this window
     assert isinstance(lean["requests"], pl.DataFrame)
+
+
+def test_map_shared_names_each_candidate_after_its_own_config(conv):
+    from replay.config import resolve
+    base = CONFIGS["v1 roomy"]
+    cfgs = [dataclasses.replace(base, max_num_seqs=s) for s in (512, 1024)]
+    jobs = [Job(trace=conv, config=c, label=f"tune {c.max_num_seqs}") for c in cfgs]
+    reds = [score_reducer(budget=Budget(), config=resolve(c), **SLO) for c in cfgs]
+    got = [c for c, _ in Planner(workers=1).map_shared(jobs, reds)]
+    full = replay(conv, cfgs[0]).tables()            # 1024 reuses 512's replay (never filled)
+    assert got == [evaluate(full, budget=Budget(), config=resolve(c), **SLO) for c in cfgs]
+    assert [c.max_num_seqs for c in got] == [512, 1024]
+
+
+def test_reference_implementation_summary_replay(conv):
+    trace, config = conv.head(150), CONFIGS["v0 swap"]
+    full = replay(trace, config, implementation="reference").tables()
+    lean = replay(trace, config, implementation="reference", summary=SummarySpec()).tables()
+    assert lean["runs"]["implementation"][0] == "reference"
+    _same_summary(summary(full, **SLO), summary(lean, **SLO))
+    assert evaluate(full, budget=Budget(), **SLO) == evaluate(lean, budget=Budget(), **SLO)

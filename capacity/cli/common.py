@@ -72,7 +72,9 @@ def guarded(fn):
             if isinstance(e, BrokenProcessPool):
                 # A worker died (the out-of-memory killer, a crash): capacity/analyses/sweep.py's
                 # WorkerDied names the replay and the likely cause in its one line.
-                fail(str(e).splitlines()[0] if str(e) else "a worker process died")
+                fail(str(e) if type(e).__name__ == "WorkerDied" else
+                     "a worker process died (most likely killed for memory, else it crashed): "
+                     "lower --workers, or rerun with --workers 1 to see the error")
             # A DuckDB error from an analysis query on a damaged or foreign database (duckdb is not
             # imported here: most commands never load it).
             if type(e).__module__.split(".")[0] not in ("duckdb", "_duckdb"):

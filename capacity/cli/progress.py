@@ -17,8 +17,22 @@ import time
 from typing import Iterator
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                           TimeElapsedColumn)
+from rich.table import Column
+from rich.text import Text
+
+
+class _Eta(ProgressColumn):
+    """Time left at the average pace so far (replays of one search take alike; rich's own
+    estimate waits for a steady speed, which a total that grows never gives)."""
+
+    def render(self, task) -> Text:
+        if not task.completed or task.total is None or task.elapsed is None:
+            return Text("ETA -:--", style="cyan")
+        left = max(task.total - task.completed, 0) * task.elapsed / task.completed
+        m, s = divmod(int(round(left)), 60)
+        return Text(f"ETA {m}:{s:02d}", style="cyan")
 
 
 class _Bar:
@@ -64,9 +78,12 @@ def phase(name: str, *, quiet: bool = False, console: Console | None = None) -> 
         return
     console = console or Console(stderr=True)
     if console.is_terminal or console.is_jupyter:
-        cols = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("replays"), TimeElapsedColumn(), TextColumn("ETA"),
-                TimeRemainingColumn(), TextColumn("[dim]{task.fields[detail]}"))
+        cols = (TextColumn("[bold]{task.description}",
+                           table_column=Column(max_width=36, no_wrap=True, overflow="ellipsis")),
+                BarColumn(bar_width=20), MofNCompleteColumn(), TextColumn("replays"),
+                TimeElapsedColumn(), _Eta(),
+                TextColumn("[dim]{task.fields[detail]}",
+                           table_column=Column(max_width=22, no_wrap=True, overflow="ellipsis")))
         with Progress(*cols, console=console, transient=True) as prog:
             task = prog.add_task(name, total=None, detail="")
             with reporting(_Bar(prog, task)):
