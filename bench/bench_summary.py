@@ -61,20 +61,21 @@ def main() -> None:
     ap.add_argument("trace", nargs="?", default=str(CONV))
     ap.add_argument("--scales", default="0.5,0.75,1,1.25")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--modes", default="tables,summary", help="tables, summary or both")
     a = ap.parse_args()
-    res = {m: run(m, a.trace, a.workers, a.scales) for m in ("tables", "summary")}
+    res = {m: run(m, a.trace, a.workers, a.scales) for m in a.modes.split(",")}
     print("| probes scored from | wall s | peak RSS, parent (MiB) | peak RSS, largest worker (MiB) |")
     print("|---|---:|---:|---:|")
     for m, (wall, me, kids, _) in res.items():
         print(f"| {'full tables (Planner.run)' if m == 'tables' else 'summaries (Planner.map)'} | "
               f"{wall:.1f} | {me / 1024:,.0f} | {kids / 1024:,.0f} |")
-    same = [dataclass_eq(x, y) for x, y in zip(res["tables"][3], res["summary"][3])]
+    same = (all(x == y for x, y in zip(res["tables"][3], res["summary"][3]))
+            if len(res) == 2 else "not compared")
     print(f"\n{Path(a.trace).name}, scales {a.scales}, {a.workers} workers: points identical: "
-          f"{all(same)}")
-
-
-def dataclass_eq(a, b) -> bool:
-    return a == b
+          f"{same}")
+    for p in next(iter(res.values()))[3]:
+        print(f"x{p.rate_scale:g}: ok={p.ok} sustainable={p.sustainable} TTFT p99 "
+              f"{p.ttft_p99_s} TBT p99 {p.tbt_p99_s} verdict {p.verdict}")
 
 
 if __name__ == "__main__":
