@@ -151,7 +151,7 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
         progress_every_steps: int = 20_000, check: bool = False,
         record_batches: bool = False, spill_dir: str | None = None,
         spill_every_steps: int | None = None, sink: Sink | None = None,
-        sink_every_steps: int | None = None) -> RawRun:
+        sink_every_steps: int | None = None, keep_steps: bool = True) -> RawRun:
     """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
     first). `check=True` verifies the block-accounting invariants at the end (tests);
     `record_batches` keeps every step's batch (RawRun.batches).
@@ -163,7 +163,11 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     the end, and `sink(steps, tbt)` gets each chunk while the core runs on without the GIL
     (`kvcap replay`'s store writer appends it meanwhile); the run keeps the chunks
     (`RawRun.spilled`: in memory, moved to files once past `spill_every_steps` with
-    `spill_dir`)."""
+    `spill_dir`). `keep_steps=False` (with a sink: a summary replay, replay/summary.py): the
+    chunks go to the sink only and the run keeps none (its `steps` and TBT columns are empty,
+    `num_steps` counts them)."""
+    if not keep_steps and sink is None:
+        raise ValueError("keep_steps=False needs a sink for the step columns")
     n = state.n
     if n and np.any(np.diff(state.arrival_s) < 0):
         raise ValueError("requests must be sorted by arrival_s")
@@ -175,7 +179,7 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     if record_batches:
         ext.record_batches(core, True)
     drain = _Drain(sink, spill_dir, spill_every_steps or SPILL_EVERY_STEPS,
-                   sink_every_steps or SINK_EVERY_STEPS)
+                   sink_every_steps or SINK_EVERY_STEPS, keep=keep_steps)
     chunk = progress_every_steps if on_progress is not None else 1 << 40
     if drain.every is not None:
         chunk = min(chunk, drain.every)
@@ -197,6 +201,8 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
         out.update({k: b"".join(v) for k, v in drain.pieces.items()})
     raw = _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block,
                drain.held)
+    if not keep_steps:
+        raw.num_steps = drain.n
     if record_batches:
         count = _col(out, "b_count", np.int32)
         raw.batches = {"step": np.repeat(np.arange(len(count), dtype=np.int64), count),
@@ -230,8 +236,10 @@ class _Drain:
     entry per eventful step)."""
 
     def __init__(self, sink: Sink | None, spill_dir: str | None, spill_every_steps: int,
-                 sink_every_steps: int) -> None:
+                 sink_every_steps: int, *, keep: bool = True) -> None:
         self.sink, self.spill_dir, self.spill_every_steps = sink, spill_dir, spill_every_steps
+        self.keep = keep
+        self.n = 0                                      # steps drained
         every = [k for k, on in ((spill_every_steps, spill_dir is not None),
                                  (sink_every_steps, sink is not None)) if on]
         self.every = min(every) if every else None      # steps between two drains
@@ -242,8 +250,18 @@ class _Drain:
         """Move the columns a core handed back (`results`: everything since the last call)."""
         steps = _steps(out)
         tbt = {"tbt_s": _col(out, "tbt_v", np.float64), "weight": _col(out, "tbt_w", np.int64)}
+        self.n += len(steps["start_s"])
         if self.sink is not None:
             self.sink(steps, tbt)
+        if self.keep:
+            self._hold(steps, tbt)
+        for k in list(out):
+            if k.startswith(("ev_", "sl_", "b_")):
+                self.pieces.setdefault(k, []).append(out.pop(k))
+        for k in (*STEP_COLUMNS, "tbt_v", "tbt_w"):
+            out[k] = b""
+
+    def _hold(self, steps: dict[str, np.ndarray], tbt: dict[str, np.ndarray]) -> None:
         if self.held is None:
             self.held = {"steps": ColumnChunks(STEP_COLUMNS), "tbt": ColumnChunks(TBT_COLUMNS)}
         self.held["steps"].append(steps)
@@ -252,11 +270,6 @@ class _Drain:
                 and self.held["steps"].n >= self.spill_every_steps):
             self.held = {name: _to_files(chunks, self.spill_dir)
                          for name, chunks in self.held.items()}
-        for k in list(out):
-            if k.startswith(("ev_", "sl_", "b_")):
-                self.pieces.setdefault(k, []).append(out.pop(k))
-        for k in (*STEP_COLUMNS, "tbt_v", "tbt_w"):
-            out[k] = b""
 
 
 def _to_files(chunks: ColumnChunks, folder: str) -> ColumnSpill:

@@ -16,6 +16,7 @@ import polars as pl
 
 from replay.raw import BATCH_KINDS, ColumnChunks, ColumnSpill, RawRun
 from replay.state import Status
+from replay.summary import StepSummary, TbtSummary
 
 _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",
                 int(Status.ABORTED): "aborted"}
@@ -82,10 +83,11 @@ class _SpilledColumn:
 class RunResult:
     run: dict
     requests: pl.DataFrame
-    steps: pl.DataFrame | SpilledTable
+    # A summary replay (replay/summary.py) keeps StepSummary / TbtSummary instead.
+    steps: pl.DataFrame | SpilledTable | StepSummary
     events: pl.DataFrame
     stalls: pl.DataFrame
-    tbt: pl.DataFrame | SpilledTable
+    tbt: pl.DataFrame | SpilledTable | TbtSummary
     # Only when the replay recorded batches (`kvcap replay --record-batches`).
     batches: pl.DataFrame | None = None
 
@@ -156,8 +158,9 @@ def build_tables(raw: RawRun, trace: pl.DataFrame, run_id: str) -> dict[str, pl.
     if raw.spilled:
         steps = SpilledTable(raw.spilled["steps"], run_id, numbered=True)
     else:
-        steps = pl.DataFrame({"run_id": _run_ids(run_id, raw.num_steps),
-                              "step": np.arange(1, raw.num_steps + 1, dtype=np.int64), **s})
+        n = len(s["start_s"])           # 0 for a summary replay (run.py replaces the table)
+        steps = pl.DataFrame({"run_id": _run_ids(run_id, n),
+                              "step": np.arange(1, n + 1, dtype=np.int64), **s})
     ev = raw.events
     events = pl.DataFrame({
         "run_id": _run_ids(run_id, len(ev["t_s"])),

@@ -25,6 +25,7 @@ from replay.prefix import TraceBlockKeys, UniqueBlockKeys, row_offsets
 from replay.raw import RawRun
 from replay.results import RunResult, build_tables
 from replay.spec import SchedulerSpec
+from replay.summary import StepStats, SummarySpec, max_tbt_weight
 from replay.state import RequestState
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, has_prefix_hashes, hash_block_tokens
 
@@ -62,6 +63,13 @@ def request_state(trace: pl.DataFrame) -> RequestState:
                         priority=trace["priority"].to_numpy())
 
 
+# The last trace's prefix keys in this process, by content: a search replays one trace at many
+# rate scales (only arrival_s changes), and building the keys of a day of Mooncake-like traffic
+# (1.65 s for 293k requests, 7M hashes) costs 12% of its replay; hashing what they are built
+# from, 0.14 s. The keys are read-only (the cores take them without write access).
+_KEYS: dict[str, TraceBlockKeys] = {}
+
+
 def block_keys(trace: pl.DataFrame, block_size: int):
     """The trace's prefix keys: each hash stands for the trace's `hash_block_tokens` tokens."""
     if not has_prefix_hashes(trace):
@@ -71,10 +79,19 @@ def block_keys(trace: pl.DataFrame, block_size: int):
     if hashes.null_count():
         raise ValueError("prefix_hashes: a row's list of hashes holds a null")
     lens = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
-    return TraceBlockKeys.from_flat(block_size=block_size,
-                                    prompt_len=trace["prompt_tokens"].to_numpy(),
-                                    hashes=hashes.to_numpy(), offsets=row_offsets(lens),
-                                    hash_block_tokens=hash_block_tokens(trace))
+    flat, prompt, hbt = hashes.to_numpy(), trace["prompt_tokens"].to_numpy(), hash_block_tokens(trace)
+    h = hashlib.sha256(f"{block_size}|{hbt}|{flat.dtype}|{prompt.dtype}".encode())
+    for a in (flat, lens, prompt):
+        h.update(np.ascontiguousarray(a).tobytes())
+    key = h.hexdigest()
+    if key not in _KEYS:
+        keys = TraceBlockKeys.from_flat(block_size=block_size, prompt_len=prompt, hashes=flat,
+                                        offsets=row_offsets(lens), hash_block_tokens=hbt)
+        for a in (keys.offsets, keys.chain_ids, keys.shared_blocks):
+            a.setflags(write=False)
+        _KEYS.clear()
+        _KEYS[key] = keys
+    return _KEYS[key]
 
 
 def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
@@ -102,6 +119,9 @@ def make_scheduler(name: str, spec, state, keys):
 
 
 Choice = Literal["auto", "compiled", "reference"]
+# Steps per chunk a summary replay's core hands over: larger than a store writer's (nothing
+# waits on them), ~13 MB of columns, so the per-chunk work is a few hundred calls a day.
+SUMMARY_EVERY_STEPS = 1 << 17
 
 
 class StepSink(Protocol):
@@ -118,14 +138,17 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
                kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
                on_progress: Callable[[float, int], None] | None = None,
                progress_every_steps: int = 20_000, record_batches: bool = False,
-               spill_dir: str | None = None, sink: compiled.Sink | None = None) -> RawRun:
+               spill_dir: str | None = None, sink: compiled.Sink | None = None,
+               keep_steps: bool = True) -> RawRun:
     """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
     it cannot run), "reference" (the Python scheduler and loop; `scheduler` if already built,
     e.g. for the torch stub) or "auto" (compiled where it can run, else the reference with a
     one-line notice on stderr saying why). `RawRun.implementation` says which ran.
     `spill_dir`: a long compiled run keeps its step and TBT columns in files there
     (`compiled.run`; the reference keeps them in memory). `sink`: a compiled run hands them to
-    it chunk by chunk as well (`compiled.run`; the reference does not call it)."""
+    it chunk by chunk as well (`compiled.run`; the reference does not call it).
+    `keep_steps=False` (a summary replay): the step and TBT columns go to `sink` only, chunk by
+    chunk from the compiled core, whole from the reference, and the run keeps none."""
     why = None if implementation == "reference" else \
         compiled.unavailable(engine, executor, keys, state, spec)
     if implementation == "compiled" and why:
@@ -134,28 +157,40 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
         return compiled.run(engine, state, spec, executor, keys,
                             kv_bytes_per_block=kv_bytes_per_block, on_progress=on_progress,
                             progress_every_steps=progress_every_steps,
-                            record_batches=record_batches, spill_dir=spill_dir, sink=sink)
+                            record_batches=record_batches, spill_dir=spill_dir, sink=sink,
+                            keep_steps=keep_steps,
+                            sink_every_steps=None if keep_steps else SUMMARY_EVERY_STEPS)
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
     from replay import loop      # the reference loop (a compiled replay does not load it)
     sched = scheduler if scheduler is not None else make_scheduler(engine, spec, state, keys)
-    return loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
-                    on_progress=on_progress, progress_every_steps=progress_every_steps,
-                    record_batches=record_batches)
+    raw = loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
+                   on_progress=on_progress, progress_every_steps=progress_every_steps,
+                   record_batches=record_batches)
+    if not keep_steps:
+        sink(raw.steps, {"tbt_s": raw.tbt_values, "weight": raw.tbt_weights})
+        raw.steps = {k: v[:0] for k, v in raw.steps.items()}
+        raw.tbt_values, raw.tbt_weights = raw.tbt_values[:0], raw.tbt_weights[:0]
+    return raw
 
 
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
            record_batches: bool = False, spill_dir: str | None = None,
-           step_sink: StepSink | None = None) -> RunResult:
+           step_sink: StepSink | None = None, summary: SummarySpec | None = None) -> RunResult:
     """Replay `trace` (canonical, sorted by arrival_s) under `config`; `record_batches` adds
     the `batches` table (every step's batch: off by default, it is one row per token step).
     With `spill_dir`, a long run's `steps` and `tbt` tables stay in files under that folder
     until the store writes them (`results.SpilledTable`; `kvcap replay` does this beside its DB).
     With `step_sink`, a compiled run hands its step and TBT columns to it as it goes (`kvcap
-    replay`'s store writer) and its `steps` and `tbt` tables are those chunks."""
+    replay`'s store writer) and its `steps` and `tbt` tables are those chunks.
+    With `summary`, the run keeps summaries of its step and TBT columns instead of the columns
+    (replay/summary.py: `steps` is a `StepSummary`, `tbt` a `TbtSummary`): what a search asks
+    of a replay, exactly, in memory bounded by the requests and not by the steps."""
+    if summary is not None and (step_sink is not None or spill_dir is not None or record_batches):
+        raise ValueError("a summary replay keeps no steps to spill, stream or record batches of")
     config = config or EngineConfig()
     wall0 = time.perf_counter()
     eng = resolve(config)
@@ -181,6 +216,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
         # Offload transfers take the host link the executor prices (a calibrated one included).
         spec = dataclasses.replace(spec, offload_host_link_bytes_per_s=float(link))
     sha = run_id = None
+    stats = None if summary is None else StepStats(summary,
+                                                   max_weight=max_tbt_weight(state.output_len))
     if step_sink is not None:
         sha = trace_sha256(trace)
         run_id = run_id_for(trace, config, executor=executor, stub_options=stub_options, sha=sha)
@@ -189,10 +226,16 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
                      kv_bytes_per_block=eng.kv_bytes_per_block,
                      implementation=implementation, scheduler=scheduler, on_progress=on_progress,
                      record_batches=record_batches, spill_dir=spill_dir,
-                     sink=step_sink.append if step_sink is not None else None)
-    return result_of(raw, trace, config, eng, executor=executor, label=label,
-                     trace_name=trace_name, wall0=wall0, stub_options=stub_options,
-                     run_id=run_id, sha=sha)
+                     sink=(stats.append if stats is not None
+                           else step_sink.append if step_sink is not None else None),
+                     keep_steps=stats is None)
+    res = result_of(raw, trace, config, eng, executor=executor, label=label,
+                    trace_name=trace_name, wall0=wall0, stub_options=stub_options,
+                    run_id=run_id, sha=sha)
+    if stats is None:
+        return res
+    steps, tbt = stats.finish()
+    return dataclasses.replace(res, steps=steps, tbt=tbt)
 
 
 def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, executor: str,

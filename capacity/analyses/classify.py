@@ -25,6 +25,7 @@ import polars as pl
 import yaml
 
 from capacity.analyses.metrics import nearest_rank
+from replay.summary import StepSummary
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,18 +48,20 @@ def windows(tables: dict[str, pl.DataFrame], window_s: float) -> pl.DataFrame:
     """Per window: arrivals, preemptions, and P99 of the TBT samples ending in it (approximated
     per window from the steps: decode steps' durations weighted by their decode tokens)."""
     req, ev, steps = tables["requests"], tables["events"], tables["steps"]
-    end = float(max(req["arrival_s"].max() or 0.0,
-                    (steps["start_s"] + steps["duration_s"]).max() if steps.height else 0.0))
+    if isinstance(steps, StepSummary):      # a summary replay kept exactly these as it ran
+        step_end, p99 = steps.end_s, steps.window_tbt_p99[window_s]
+    else:
+        step_end = (steps["start_s"] + steps["duration_s"]).max() if steps.height else None
+        tbt = (steps.filter(pl.col("num_decode_tokens") > 0)
+               .group_by(w=(pl.col("start_s") // window_s).cast(pl.Int64))
+               .agg(pl.col("duration_s"), pl.col("num_decode_tokens")))
+        p99 = {w: nearest_rank(d, 0.99, k) for w, d, k in tbt.iter_rows()}
+    end = float(max(req["arrival_s"].max() or 0.0, step_end if step_end is not None else 0.0))
     n = max(1, math.ceil(end / window_s))
     base = pl.DataFrame({"w": np.arange(n, dtype=np.int64)})
     arr = req.group_by(w=(pl.col("arrival_s") // window_s).cast(pl.Int64)).agg(arrivals=pl.len())
     pre = (ev.filter(pl.col("kind").str.starts_with("preempt_"))
            .group_by(w=(pl.col("t_s") // window_s).cast(pl.Int64)).agg(preemptions=pl.len()))
-    tbt = (steps.filter(pl.col("num_decode_tokens") > 0)
-           .group_by(w=(pl.col("start_s") // window_s).cast(pl.Int64))
-           .agg(pl.col("duration_s"), pl.col("num_decode_tokens")))
-    p99 = {w: nearest_rank(d, 0.99, k)
-           for w, d, k in tbt.iter_rows()}
     out = (base.join(arr, on="w", how="left").join(pre, on="w", how="left")
            .fill_null(0).with_columns(tbt_p99_s=pl.col("w").replace_strict(p99, default=None,
                                                                            return_dtype=pl.Float64)))

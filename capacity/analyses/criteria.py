@@ -83,7 +83,7 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
     if config is not None:
         run.update(max_num_seqs=config.spec.max_num_seqs,
                    max_num_batched_tokens=config.spec.max_num_batched_tokens)
-    s = summary(tables, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s)
+    s = summary(tables, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, tbt_p50=False)
     sim = s["sim_seconds"] or 0.0
     per_min = preemptions_per_minute(tables["events"], sim)
     total = per_min["recompute"] + per_min["swap"]

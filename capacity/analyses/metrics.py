@@ -11,82 +11,11 @@ import math
 import numpy as np
 import polars as pl
 
+# One implementation for tables and streamed replays (replay/summary.py).
+from replay.quantiles import nearest_rank, nearest_rank_chunked, nearest_ranks  # noqa: F401
+from replay.summary import TbtSummary
+
 GIB = 2 ** 30
-
-
-def nearest_rank(values, q: float, weights=None) -> float | None:
-    """Nearest-rank q-quantile (0 < q <= 1); None when there are no samples."""
-    return nearest_ranks(values, (q,), weights)[0]
-
-
-def nearest_ranks(values, qs, weights=None) -> list[float | None]:
-    """`nearest_rank` for each q of `qs`, sorting weighted samples once (a replay's `tbt` table
-    has one sample per step: the sort is most of the summary)."""
-    v = np.asarray(values, dtype=np.float64)
-    if weights is None:
-        v = v[~np.isnan(v)]
-        if len(v) == 0:
-            return [None for _ in qs]
-        ks = [max(1, math.ceil(q * len(v))) for q in qs]
-        part = np.partition(v, sorted({k - 1 for k in ks}))
-        return [float(part[k - 1]) for k in ks]
-    w = np.asarray(weights, dtype=np.int64)
-    if len(v) == 0 or w.sum() == 0:
-        return [None for _ in qs]
-    # Any order that sorts v gives the same answer (equal values are interchangeable), so the
-    # faster unstable sort.
-    order = np.argsort(v)
-    cw = np.cumsum(w[order])
-    ks = np.array([max(1, math.ceil(q * int(cw[-1]))) for q in qs], dtype=np.int64)
-    return [float(x) for x in v[order[np.searchsorted(cw, ks, "left")]]]
-
-
-def nearest_rank_chunked(chunks, q: float, *, limit: int = 1 << 22, bins: int = 1 << 16
-                         ) -> float | None:
-    """`nearest_rank(values, q, weights)` over weighted samples too many to sort at once (a
-    spilled `tbt` table): `chunks()` yields (values, weights) array pairs and is read a few times.
-    Each pass narrows the value range holding the ceil(q*W)-th weight with a histogram until at
-    most `limit` samples are left, which are sorted: exact, memory O(limit + bins)."""
-    total, n, lo, hi = 0, 0, math.inf, -math.inf
-    for v, w in chunks():
-        if len(v):
-            total, n = total + int(w.sum()), n + len(v)
-            lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
-    if total == 0:
-        return None
-    k = max(1, math.ceil(q * total))
-    below = 0                               # weight of the samples under lo
-
-    def inside(v, w):
-        m = (v >= lo) & (v <= hi)
-        return v[m], w[m]
-
-    while n > limit and lo < hi:
-        scale = bins / (hi - lo)
-        idx = lambda v: np.minimum(((v - lo) * scale).astype(np.int64), bins - 1)  # noqa: E731
-        hw = np.zeros(bins, np.int64)
-        for v, w in chunks():
-            v, w = inside(v, w)
-            hw += np.rint(np.bincount(idx(v), w, bins)).astype(np.int64)
-        cum = below + np.cumsum(hw)
-        b = int(np.searchsorted(cum, k, "left"))
-        below = int(cum[b - 1]) if b else below
-        # idx is monotone: the samples of bin b are exactly those in [their min, their max].
-        nlo, nhi, n = math.inf, -math.inf, 0
-        for v, w in chunks():
-            v = inside(v, w)[0]
-            v = v[idx(v) == b]
-            if len(v):
-                n, nlo, nhi = n + len(v), min(nlo, float(v.min())), max(nhi, float(v.max()))
-        lo, hi = nlo, nhi
-    if lo == hi:
-        return float(lo)
-    parts = [inside(v, w) for v, w in chunks()]
-    v = np.concatenate([p[0] for p in parts])
-    w = np.concatenate([p[1] for p in parts])
-    order = np.argsort(v, kind="stable")
-    cw = below + np.cumsum(w[order])
-    return float(v[order][np.searchsorted(cw, k, "left")])
 
 
 def tbt_percentile(tbt, q: float) -> float | None:
@@ -101,6 +30,8 @@ WHOLE_TBT_SAMPLES = 1 << 22
 
 def tbt_percentiles(tbt, qs) -> list[float | None]:
     """`tbt_percentile` for each q of `qs` (one sort of an in-memory table)."""
+    if isinstance(tbt, TbtSummary):          # a summary replay: kept exactly as it streamed
+        return tbt.quantiles(qs)
     if isinstance(tbt, pl.DataFrame) or tbt.height <= WHOLE_TBT_SAMPLES:
         return nearest_ranks(tbt["tbt_s"].to_numpy(), qs, tbt["weight"].to_numpy())
     return [nearest_rank_chunked(
@@ -145,8 +76,10 @@ def _sum(df: pl.DataFrame, name: str) -> int:
 
 
 def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
-            slo_tbt_s: float | None = None) -> dict:
-    """The replay summary (DESIGN §7 keys and more)."""
+            slo_tbt_s: float | None = None, tbt_p50: bool = True) -> dict:
+    """The replay summary (DESIGN §7 keys and more), from full tables or a summary replay's
+    (replay/summary.py: its steps and TBT as streamed stats). `tbt_p50=False` leaves out
+    "tbt_p50_s" (a summary replay keeps the median only when asked: it needs every sample)."""
     run = tables["runs"].row(0, named=True)
     req = request_latencies(tables["requests"])
     steps, events, tbt = tables["steps"], tables["events"], tables["tbt"]
@@ -163,7 +96,8 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
     out_tokens = int(fin.select(produced_tokens(fin).sum()).item() or 0)
     ttft = fin["ttft_s"].to_numpy()
     ttft_p50, ttft_p99 = nearest_ranks(ttft, (0.5, 0.99))
-    tbt_p50, tbt_p99 = tbt_percentiles(tbt, (0.5, 0.99))
+    tbt_p50, tbt_p99 = (tbt_percentiles(tbt, (0.5, 0.99)) if tbt_p50
+                        else (None, tbt_percentiles(tbt, (0.99,))[0]))
     res = {
         "run_id": run["run_id"], "status": run["status"],
         # Which engine loop was replayed: "async" / "sync" (V1), "sync" (V0).
@@ -179,7 +113,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         "throughput_rps": fin.height / sim if sim > 0 else 0.0,
         "output_tokens_per_s": out_tokens / sim if sim > 0 else 0.0,
         "ttft_p50_s": ttft_p50, "ttft_p99_s": ttft_p99,
-        "tbt_p50_s": tbt_p50, "tbt_p99_s": tbt_p99,
+        **({"tbt_p50_s": tbt_p50} if tbt_p50 else {}), "tbt_p99_s": tbt_p99,
         "tpot_p50_s": nearest_rank(fin["tpot_s"].to_numpy(), 0.5),
         "e2e_p50_s": nearest_rank(fin["e2e_s"].to_numpy(), 0.5),
         "preemptions_recompute": count["preempt_recompute"],

@@ -6,21 +6,31 @@ copy safely) once per process and reused by every later sweep (spawning costs ~1
 Jobs that would replay the same trace under the same resolved engine are run once (a report asks
 for its baseline again as a mode variant, a tuning candidate and a headroom point).
 With one worker, or one job, everything runs in-process.
+A search asks for summaries instead (`reduce_jobs`): the worker replays without keeping per-step
+tables (replay/summary.py) and returns only what the caller's reducers make of the run.
+A worker that dies (the out-of-memory killer, a crash) breaks the pool: the pool is dropped and
+`WorkerDied` says, in one line, which replay it was running and how large it had grown.
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
 import os
+import resource
+import shutil
+import signal
+import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import polars as pl
 
 from replay.config import EngineConfig
 from replay.results import RunResult
+from replay.summary import SummarySpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,7 +43,63 @@ class Job:
 
 def _run(job: Job) -> RunResult:
     from replay.run import replay
-    return replay(job.trace, job.config, label=job.label, trace_name=job.trace_name)
+    _mark(job.label)
+    return replay(job.trace, job.config, label=job.label, trace_name=job.trace_name,
+                  on_progress=_still_running)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reduced:
+    """What a worker sends back for a searched replay: no tables."""
+    run: dict                   # the run's `runs` row (run_id, label, status, config_json, ...)
+    values: tuple               # reducer(tables) for each reducer asked, in order
+    peak_running: int           # max num_running over the steps (Planner's max_num_seqs reuse)
+
+
+def _reduce(job: Job, reducers: tuple, spec: SummarySpec) -> Reduced:
+    """Replay `job` keeping summaries only (replay/summary.py) and apply each reducer to its
+    tables, here in the worker."""
+    from replay.run import replay
+    _mark(job.label)
+    res = replay(job.trace, job.config, label=job.label, trace_name=job.trace_name,
+                 summary=spec, on_progress=_still_running)
+    tables = res.tables()
+    return Reduced(run=res.run, values=tuple(r(tables) for r in reducers),
+                   peak_running=int(res.steps["num_running"].max() or 0))
+
+
+class WorkerDied(BrokenProcessPool):
+    """A worker process ended without an answer; the message is one line for the user."""
+
+
+# In a worker: the folder where it notes the replay it runs and its peak RSS (file = its pid),
+# read by the parent when the worker dies. None in the parent process.
+_STATUS_DIR: str | None = None
+_KILL_ENV = "KVCAP_TEST_KILL_LABEL"     # tests: a worker given a replay so labelled kills itself
+
+
+def _mark(label: str) -> None:
+    if _STATUS_DIR is None:
+        return
+    _note(label)
+    if (hook := os.environ.get(_KILL_ENV)) and hook in label:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_LABEL = [""]
+
+
+def _note(label: str) -> None:
+    _LABEL[0] = label
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open(os.path.join(_STATUS_DIR, str(os.getpid())), "w") as f:
+        f.write(f"{kib}\n{label}")
+
+
+def _still_running(_t: float, _cursor: int) -> None:
+    """The replay's progress callback in a worker: keeps its peak RSS note current."""
+    if _STATUS_DIR is not None:
+        _note(_LABEL[0])
 
 
 def default_workers() -> int:
@@ -41,7 +107,15 @@ def default_workers() -> int:
 
 
 _POOL: dict[int, ProcessPoolExecutor] = {}
+_PROCS: dict[int, dict] = {}        # workers -> {pid: Process} of that pool, as last seen
+_STATUS: dict[int, str] = {}        # workers -> the pool's status folder
 _PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
+
+
+def _init_worker(parent_pid: int, status_dir: str) -> None:
+    global _STATUS_DIR
+    _STATUS_DIR = status_dir
+    _die_with_parent(parent_pid)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -64,17 +138,83 @@ def _die_with_parent(parent_pid: int) -> None:
 def _pool(workers: int) -> ProcessPoolExecutor:
     pool = _POOL.get(workers)
     if pool is None:
+        status = _STATUS.setdefault(workers, tempfile.mkdtemp(prefix="kvcap-workers-"))
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                   initializer=_die_with_parent, initargs=(os.getpid(),))
+                                   initializer=_init_worker, initargs=(os.getpid(), status))
         _POOL[workers] = pool
+        _PROCS[workers] = {}
     return pool
+
+
+def _discard(workers: int) -> None:
+    pool = _POOL.pop(workers, None)
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+    _PROCS.pop(workers, None)
 
 
 @atexit.register
 def _shutdown() -> None:
-    for pool in _POOL.values():
-        pool.shutdown(wait=False, cancel_futures=True)
-    _POOL.clear()
+    for workers in list(_POOL):
+        _discard(workers)
+    for folder in _STATUS.values():
+        shutil.rmtree(folder, ignore_errors=True)
+    _STATUS.clear()
+
+
+def execute(fn: Callable, calls: Sequence[tuple[Any, tuple]], *, workers: int | None,
+            on_result: Callable[[Any, Any], None]) -> None:
+    """fn(*args) for each (key, args) of `calls`, in-process with one worker or one call, else
+    on the pool; on_result(key, value) as each is done (in completion order). A worker that dies
+    drops the pool and raises `WorkerDied` naming the replay it ran."""
+    workers = min(workers or default_workers(), max(len(calls), 1))
+    if workers <= 1:
+        for key, args in calls:
+            on_result(key, fn(*args))
+        return
+    pool = _pool(workers)
+    try:
+        futures = {}
+        for key, args in calls:
+            futures[pool.submit(fn, *args)] = key
+            _PROCS[workers].update(getattr(pool, "_processes", None) or {})
+        for fut in as_completed(futures):
+            on_result(futures[fut], fut.result())
+    except BrokenProcessPool:
+        died = _worker_died(workers)
+        _discard(workers)
+        raise died from None
+
+
+def _worker_died(workers: int) -> WorkerDied:
+    """Which worker of the broken pool died, running what, and the likely cause."""
+    procs = list(_PROCS.get(workers, {}).values())
+    dead = [p for p in procs if p.exitcode not in (None, -signal.SIGTERM)]
+    if not dead:                    # not reaped yet: the others are being terminated meanwhile
+        for p in procs:
+            p.join(3.0)
+        dead = [p for p in procs if p.exitcode not in (None, -signal.SIGTERM)] or procs[:1]
+    label, kib = "", 0
+    code = dead[0].exitcode if dead else None
+    if dead:
+        try:
+            with open(os.path.join(_STATUS[workers], str(dead[0].pid))) as f:
+                rss, _, label = f.read().partition("\n")
+            kib = int(rss)
+        except (OSError, ValueError):
+            pass
+    kib = max(kib, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if not label else 0)
+    what = f"replaying {label!r}" if label else "replaying"
+    gib = f"{kib / 2**20:.1f} GiB" if kib else "an unknown size"
+    if code == -signal.SIGKILL:
+        return WorkerDied(
+            f"a worker process was killed (SIGKILL) while {what}, after growing to {gib} "
+            f"resident: most likely out of memory; lower --workers (now {workers}) or give the "
+            f"machine more memory")
+    how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0
+           else f"exit code {code}" if code is not None else "no exit code")
+    return WorkerDied(f"a worker process died ({how}) while {what} ({gib} resident); "
+                      f"rerun with --workers 1 to see the error in this process")
 
 
 def job_key(job: Job) -> str:
@@ -90,9 +230,10 @@ def job_key(job: Job) -> str:
 
 def run_jobs(jobs: Sequence[Job], *, workers: int | None = None,
              on_done: Callable[[int, RunResult], None] | None = None,
-             memo: dict[str, RunResult] | None = None) -> list[RunResult]:
+             memo: dict[str, RunResult] | None = None, progress=None) -> list[RunResult]:
     """Replay every job; results in input order. `memo` (key -> result) reuses earlier replays
-    and records new ones."""
+    and records new ones. `progress` (capacity/analyses/planner.py `Progress`) hears of each
+    replay to make and each made."""
     memo = {} if memo is None else memo
     keys = [job_key(j) for j in jobs]
     todo: dict[str, int] = {}
@@ -108,17 +249,16 @@ def run_jobs(jobs: Sequence[Job], *, workers: int | None = None,
     for k in dict.fromkeys(keys):
         if k not in todo:
             done(k)                      # reused from an earlier replay
-    workers = min(workers or default_workers(), max(len(todo), 1))
-    if workers <= 1:
-        for k, i in todo.items():
-            memo[k] = _run(jobs[i])
-            done(k)
-    elif todo:
-        pool = _pool(workers)
-        futures = {pool.submit(_run, jobs[i]): k for k, i in todo.items()}
-        for fut in as_completed(futures):
-            memo[futures[fut]] = fut.result()
-            done(futures[fut])
+    def finished(k: str, res: RunResult) -> None:
+        memo[k] = res
+        if progress is not None:
+            progress.replayed(res.run["label"])
+        done(k)
+
+    if progress is not None and todo:
+        progress.planned(len(todo))
+    execute(_run, [(k, (jobs[i],)) for k, i in todo.items()], workers=workers,
+            on_result=finished)
     return [memo[k] for k in keys]
 
 

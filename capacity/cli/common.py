@@ -68,6 +68,13 @@ def guarded(fn):
             typer.echo("kvcap: interrupted; nothing was written for the unfinished run", err=True)
             raise typer.Exit(130)
         except Exception as e:
+            from concurrent.futures.process import BrokenProcessPool
+            if isinstance(e, BrokenProcessPool):
+                # A worker died (the out-of-memory killer, a crash): capacity/analyses/sweep.py's
+                # WorkerDied names the replay and the likely cause in its one line.
+                fail(str(e) if type(e).__name__ == "WorkerDied" else
+                     "a worker process died (most likely killed for memory, else it crashed): "
+                     "lower --workers, or rerun with --workers 1 to see the error")
             # A DuckDB error from an analysis query on a damaged or foreign database (duckdb is not
             # imported here: most commands never load it).
             if type(e).__module__.split(".")[0] not in ("duckdb", "_duckdb"):

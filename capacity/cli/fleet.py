@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capacity.analyses.defaults import DEFAULTS
+from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, emit_json, engine_flags, guarded,
                                  seconds_text, trace_input)
 
@@ -56,6 +57,7 @@ def fleet_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Store each replica as a run + `fleets`."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """Replay the trace on --replicas identical engines behind a router that decides on arrival;
@@ -68,7 +70,7 @@ def fleet_cmd(
         raise CliError(f"--replicas {replicas}: must be a whole number from 1 to 4096")
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
-    with err.status(f"fleet: replaying {replicas} replicas ({router})…"):
+    with phase(f"fleet: replaying {replicas} replicas ({router})…", quiet=quiet):
         fleet = run_fleet(trace, engine, replicas=replicas, router=router, planner=planner)
     s = score(fleet, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
               budget=Budget.parse(preemption_budget))
@@ -167,6 +169,7 @@ def plan_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Store every replay (fleets included)."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     candidates=None,
 ) -> None:
     """The fewest replicas per candidate GPU/model/TP that meet the SLOs and the preemption
@@ -194,8 +197,8 @@ def plan_cmd(
         budget = Budget.parse(preemption_budget)
     except ValueError as e:
         raise CliError(f"--preemption-budget: {e}") from None
-    with err.status(f"plan: {len(candidates)} candidate(s), the capacity plan of each, then "
-                    "fleet replays…"):
+    with phase(f"plan: {len(candidates)} candidate(s), the capacity plan of each, then fleet "
+               "replays…", quiet=quiet):
         p = plan_fleet(trace, candidates, planner, router=router, slo_ttft_p99_s=slo_ttft_p99,
                        slo_tbt_p99_s=slo_tbt_p99, budget=budget, precision=precision,
                        prices=table, max_replicas=max_replicas, target_peak_scale=target_peak,

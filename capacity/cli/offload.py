@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
@@ -75,6 +76,7 @@ def size_offload_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """V1: sweep --kv-offloading-size and recommend the smallest size within --tolerance of the best."""
@@ -88,7 +90,7 @@ def size_offload_cmd(
         swept = (*swept, engine.kv_offloading_size)   # the size given is a point of the sweep
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("size-offload: replaying the sweep…"):
+    with phase("size-offload: replaying the sweep…", quiet=quiet):
         z = size_offload(trace, engine, sizes=swept or None, tolerance=tolerance,
                          host_ram_gib=host_ram_gib, planner=planner)
     store_runs(db, planner.runs)

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
@@ -53,6 +54,7 @@ def size_swap_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """V0: measure peak concurrently swapped KV and recommend --swap-space (V1: size-offload)."""
@@ -74,7 +76,7 @@ def size_swap_cmd(
     except ValueError:
         raise CliError(f"--sweep: expected fractions of the peak like 0.25,0.5,1, got {sweep!r}") from None
     planner = Planner(trace_name=name)
-    with err.status("size-swap: replaying (baseline, demand, verify, what-if)…"):
+    with phase("size-swap: replaying (baseline, demand, verify, what-if)…", quiet=quiet):
         s = size_swap(trace, engine, headroom=headroom, what_if_fraction=what_if,
                       sweep_fractions=fractions, host_ram_gib=host_ram_gib, planner=planner)
     store_runs(db, planner.runs)
@@ -98,6 +100,7 @@ def compare_modes_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Also store every replay here."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """The preemption choices on one trace: V0 swap / V1 CPU offloading vs. recompute (prefix
@@ -107,7 +110,7 @@ def compare_modes_cmd(
     from capacity.analyses.planner import Planner
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(trace_name=name)
-    with err.status("compare-modes: the noise (3 jittered replays), then 4 variants…"):
+    with phase("compare-modes: the noise (3 jittered replays), then 4 variants…", quiet=quiet):
         # The same significance rule as the plan: a mode replaces vLLM's default only when it
         # wins by more than the metric's spread across jittered replays of the trace.
         noise = measure_noise(trace, engine, planner)
@@ -171,6 +174,7 @@ def report_cmd(
     prometheus_offset_s: float = typer.Option(0.0, "--prometheus-offset-s",
                                               help="--evidence-db: replay t=0 this long after the first sample."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """The capacity plan as a report: verdict, binding constraint, flags, capacity, replicas,
@@ -187,7 +191,8 @@ def report_cmd(
         raise CliError("--db and --no-db: give one of them")
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("report: baseline, noise, host tier, modes, tuning, capacity, replicas…"):
+    with phase("report: baseline, noise, host tier, modes, tuning, capacity, replicas…",
+               quiet=quiet):
         plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
                              slo_tbt_p99=slo_tbt_p99, preemption_budget=preemption_budget,
                              precision=precision, router=router, target_peak=target_peak,
@@ -195,7 +200,7 @@ def report_cmd(
     prio = prio_note = None
     if trace["priority"].n_unique() >= 2 and plan.recommendation.config is not None:
         # Only about this trace: its own priority classes, under the recommended flags.
-        with err.status("report: priority interference…"):
+        with phase("report: priority interference…", quiet=quiet):
             from capacity.analyses.priority import interference
             prio = interference(trace, plan.recommendation.config, planner=planner)
     production = None
@@ -206,7 +211,7 @@ def report_cmd(
                                      engine=prometheus_engine, offset_s=prometheus_offset_s)
         except ValueError as e:
             raise CliError(f"--evidence-db: {e}") from None
-    with err.status("report: charts…"):
+    with phase("report: charts…", quiet=quiet):
         out.mkdir(parents=True, exist_ok=True)
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
                                      priority_note=prio_note, production=production)

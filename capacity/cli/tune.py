@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
@@ -117,6 +118,7 @@ def headroom_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db"),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """Capacity: the largest multiple of today's traffic the plan's recommended flags serve within
@@ -126,7 +128,8 @@ def headroom_cmd(
     from capacity.cli.plan import plan_from_cli
     trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name)
-    with err.status("headroom: the capacity plan (recommended flags, capacity, replicas)…"):
+    with phase("headroom: the capacity plan (recommended flags, capacity, replicas)…",
+               quiet=quiet):
         plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
                              slo_tbt_p99=slo_tbt_p99, preemption_budget=preemption_budget,
                              precision=precision, router=router, target_peak=target_peak,
@@ -165,6 +168,7 @@ def alerts_cmd(
     trace_format: Optional[str] = typer.Option(None, "--format"),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """Classify the preemption of normal traffic and write Prometheus alerting rules."""
@@ -172,7 +176,7 @@ def alerts_cmd(
     from replay.run import replay
     from traces import atomic
     trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
-    with err.status("alerts: replaying normal traffic…"):
+    with phase("alerts: replaying normal traffic…", quiet=quiet):
         res = replay(trace, engine, label="alerts normal traffic", trace_name=name)
     tables = res.tables()
     from capacity.analyses.stability import stability
