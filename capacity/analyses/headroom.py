@@ -92,11 +92,11 @@ def search_loads(trace: pl.DataFrame, configs: dict[Hashable, EngineConfig], pla
         jobs = [Job(trace=_load(trace, s, surge), config=configs[k],
                     label=f"{label} {'flash crowd ' if surge else ''}x{s:g}",
                     trace_name=planner.trace_name) for k, s in todo]
-        runs = planner.run_shared(jobs)
+        # Each probe is reduced to its LoadPoint where it was replayed: no tables kept.
+        reducers = [_point_reducer(s, surge is not None, slo_ttft_p99_s, slo_tbt_p99_s, budget)
+                    for _, s in todo]
         out = []
-        for (k, s), r in zip(todo, runs):
-            p = load_point(r.tables(), rate_scale=s, surge=surge is not None,
-                           slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
+        for (k, s), p in zip(todo, planner.map_shared(jobs, reducers)):
             points[k].append(p)
             out.append(passes(p))
         return out
@@ -111,9 +111,17 @@ def probe(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *, rate_s
           label: str = "load") -> LoadPoint:
     """One load point: the trace at `rate_scale` under `config` (the same replay a search's
     probe at that scale is, so it is shared through the planner's memo)."""
-    r = planner.replay(_load(trace, rate_scale, None), config, f"{label} x{rate_scale:g}")
-    return load_point(r.tables(), rate_scale=rate_scale, surge=False,
-                      slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
+    job = Job(trace=_load(trace, rate_scale, None), config=config,
+              label=f"{label} x{rate_scale:g}", trace_name=planner.trace_name)
+    return planner.map([job], _point_reducer(rate_scale, False, slo_ttft_p99_s, slo_tbt_p99_s,
+                                             budget))[0]
+
+
+def _point_reducer(rate_scale: float, surge: bool, slo_ttft_p99_s: float, slo_tbt_p99_s: float,
+                   budget: Budget):
+    from capacity.analyses.planner import SCORE_SPEC, reducer
+    return reducer(load_point, spec=SCORE_SPEC, rate_scale=rate_scale, surge=surge,
+                   slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
 
 
 def ok(p: LoadPoint) -> bool:

@@ -149,6 +149,19 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
         swap_full_fallbacks=s["swap_full_fallbacks"], meets_slo=meets)
 
 
+def mode_and_loop(tables: dict, **kw) -> tuple[ModeResult, bool]:
+    """`mode_result` and whether the run was the async loop: what a summary replay sends back."""
+    return mode_result(tables=tables, **kw), bool(
+        tables["runs"].row(0, named=True).get("async_scheduling"))
+
+
+def mode_reducer(variant: str, host_link_bytes_per_s: float, slo_ttft_p99_s=None,
+                 slo_tbt_p99_s=None):
+    from capacity.analyses.planner import reducer
+    return reducer(mode_and_loop, variant=variant, host_link_bytes_per_s=host_link_bytes_per_s,
+                   slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s)
+
+
 def _sum(df: pl.DataFrame, name: str) -> int:
     return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
 
@@ -343,16 +356,16 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
              if include_host_tier or n not in ("swap", OFFLOAD)]
     cfgs = {name: variant_config(config, name, swap_space_gib, kv_offloading_size_gib)
             for name in names}
-    runs = planner.run([Job(trace=trace, config=c, label=f"compare-modes {name}",
-                            trace_name=planner.trace_name) for name, c in cfgs.items()])
-    results = [mode_result(name, r.tables(), gpu.host_link_bandwidth_bytes_per_s,
-                           slo_ttft_p99_s, slo_tbt_p99_s) for name, r in zip(cfgs, runs)]
+    out = planner.map([Job(trace=trace, config=c, label=f"compare-modes {name}",
+                           trace_name=planner.trace_name) for name, c in cfgs.items()],
+                      [mode_reducer(name, gpu.host_link_bandwidth_bytes_per_s, slo_ttft_p99_s,
+                                    slo_tbt_p99_s) for name in cfgs])
+    results = [r for r, _ in out]
     default = ("recompute+prefix-cache" if resolve(config).spec.enable_prefix_caching
                else "recompute")
     rec, reason, note, dep = recommend(results, default, noise=noise,
                                        prefix_data=has_prefix_hashes(trace))
-    run0 = runs[0].tables()["runs"].row(0, named=True)
     return ModeComparison(results=tuple(results), recommended=rec, reason=reason,
                           config=cfgs[rec], queue_only_note=note, scheduler=config.scheduler,
-                          scheduler_loop="async" if run0.get("async_scheduling") else "sync",
+                          scheduler_loop="async" if out[0][1] else "sync",
                           default_variant=default, departure=dep)

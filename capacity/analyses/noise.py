@@ -72,12 +72,12 @@ def _spread(vals: list[float]) -> float:
 def measure_noise(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                   seeds: int = DEFAULTS.noise_seeds, floor: float = DEFAULTS.noise_floor,
                   precision: float = DEFAULTS.precision) -> Noise:
-    from capacity.analyses.modes import mode_result
+    from capacity.analyses.modes import mode_reducer
     host_link = resolve(config).gpu.host_link_bandwidth_bytes_per_s
     jobs = [Job(trace=trace, config=config, label="noise original", trace_name=planner.trace_name)]
     jobs += [Job(trace=jitter_arrivals(trace, seed=s), config=config, label=f"noise seed {s}",
                  trace_name=planner.trace_name) for s in range(1, seeds + 1)]
-    results = [mode_result("noise", r.tables(), host_link) for r in planner.run(jobs)]
+    results = [r for r, _ in planner.map(jobs, mode_reducer("noise", host_link))]
     values = {m: tuple(getattr(r, m) for r in results) for m in METRICS}
     return Noise(seeds=seeds, floor=floor, precision=precision,
                  spread={m: _spread(list(v)) for m, v in values.items()}, values=values,

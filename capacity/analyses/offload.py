@@ -399,7 +399,15 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
 
 
 def _points(trace, config, sizes, planner: Planner, total) -> list[OffloadPoint]:
+    """Each size's point, reduced where it was replayed (no tables kept)."""
+    from capacity.analyses.planner import reducer
     cfgs = [offload_config(config, s) for s in sizes]
-    runs = planner.run([Job(trace=trace, config=c, label=f"size-offload {s:g}",
-                            trace_name=planner.trace_name) for s, c in zip(sizes, cfgs)])
-    return [point(s, r.tables(), c, total) for s, c, r in zip(sizes, cfgs, runs)]
+    return planner.map([Job(trace=trace, config=c, label=f"size-offload {s:g}",
+                            trace_name=planner.trace_name) for s, c in zip(sizes, cfgs)],
+                       [reducer(_point_of, size_gib=s, config=c, total_gib=total)
+                        for s, c in zip(sizes, cfgs)])
+
+
+def _point_of(tables: dict, *, size_gib: float, config: EngineConfig,
+              total_gib: float | None) -> OffloadPoint:
+    return point(size_gib, tables, config, total_gib)

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.analyses.criteria import Budget, Candidate, evaluate
+from capacity.analyses.criteria import Budget, Candidate, evaluate  # noqa: F401 (re-exported)
 from capacity.analyses.headroom import ok, search_loads
 from capacity.analyses.planner import Planner
 from capacity.analyses.search import PRECISION, ScaleSearch
-from capacity.analyses.sweep import Job, default_workers
-from replay.results import RunResult
+from capacity.analyses.sweep import Job
 from replay.config import EngineConfig, resolve
 
 __all__ = ["Budget", "Candidate", "Tuning", "evaluate", "choose", "tune"]
@@ -99,36 +98,23 @@ def _same_but_seqs(a, b) -> bool:
     return dataclasses.replace(ra, max_num_seqs=0) == dataclasses.replace(rb, max_num_seqs=0)
 
 
-def _sweep_smallest_first(trace, configs, planner: Planner, on_done):
-    """Replay the candidates smallest max_num_seqs first, `workers` at a time. A run whose
-    running set never reached its max_num_seqs was never limited by it, so every larger value
-    (same engine otherwise) replays identically: those reuse it instead of replaying."""
-    n = max(1, planner.workers or default_workers())
-    done: dict[int, RunResult] = {}
-    reported: set[int] = set()
-    order = sorted(range(len(configs)), key=lambda i: (configs[i].max_num_batched_tokens or 0,
-                                                       configs[i].max_num_seqs))
-    pending = list(order)
-    while pending:
-        batch, pending = pending[:n], pending[n:]
-        runs = planner.run([Job(trace=trace, config=configs[i], trace_name=planner.trace_name,
-                                label=f"tune max_num_seqs={configs[i].max_num_seqs} "
-                                      f"max_num_batched_tokens={configs[i].max_num_batched_tokens}")
-                            for i in batch], workers=n)
-        for i, r in zip(batch, runs):
-            done[i] = r
-            peak = int(r.steps["num_running"].max() or 0) if r.steps.height else 0
-            if peak < resolve(configs[i]).spec.max_num_seqs:
-                for j in [j for j in pending if _same_but_seqs(configs[j], configs[i])
-                          and configs[j].max_num_seqs > configs[i].max_num_seqs]:
-                    done[j] = r
-                    pending.remove(j)
-                    planner.remember(Job(trace=trace, config=configs[j], label=""), r)
-        if on_done:
-            for i in [i for i in done if i not in reported]:
-                reported.add(i)
-                on_done(i, done[i])
-    return [done[i] for i in range(len(configs))]
+def _sweep_smallest_first(trace, configs, planner: Planner, on_done, *, slo_ttft_p99_s: float,
+                          slo_tbt_p99_s: float, budget: Budget) -> list[Candidate]:
+    """Score every candidate where it was replayed (no tables kept), smallest max_num_seqs first:
+    a run whose running set never reached its max_num_seqs was never limited by it, so every
+    larger value (same engine otherwise) replays identically and reuses it (the planner's
+    `map_shared`)."""
+    from capacity.analyses.planner import score_reducer
+    jobs = [Job(trace=trace, config=c, trace_name=planner.trace_name,
+                label=f"tune max_num_seqs={c.max_num_seqs} "
+                      f"max_num_batched_tokens={c.max_num_batched_tokens}") for c in configs]
+    scored = planner.map_shared(jobs, [score_reducer(slo_ttft_s=slo_ttft_p99_s,
+                                                     slo_tbt_s=slo_tbt_p99_s, budget=budget,
+                                                     config=resolve(c)) for c in configs])
+    if on_done:
+        for i in range(len(configs)):
+            on_done(i, None)
+    return [cand for cand, _ in scored]
 
 
 def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[int],
@@ -142,9 +128,8 @@ def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[i
     tokens = max_num_batched_tokens_grid or [config.max_num_batched_tokens]
     configs = [dataclasses.replace(config, max_num_seqs=seqs, max_num_batched_tokens=mbt)
                for mbt in tokens for seqs in sorted(set(max_num_seqs_grid))]
-    runs = _sweep_smallest_first(trace, configs, planner, on_done)
-    cands = [evaluate(r.tables(), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget,
-                      config=resolve(cfg)) for cfg, r in zip(configs, runs)]
+    cands = _sweep_smallest_first(trace, configs, planner, on_done, slo_ttft_p99_s=slo_ttft_p99_s,
+                                  slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
     feasible = {i: cfg for i, (cfg, c) in enumerate(zip(configs, cands)) if c.feasible}
     found = search_loads(trace, feasible, planner, passes=ok, slo_ttft_p99_s=slo_ttft_p99_s,
                          slo_tbt_p99_s=slo_tbt_p99_s, budget=budget, precision=precision,

@@ -202,7 +202,8 @@ def plan_cmd(
         p = plan_fleet(trace, candidates, planner, router=router, slo_ttft_p99_s=slo_ttft_p99,
                        slo_tbt_p99_s=slo_tbt_p99, budget=budget, precision=precision,
                        prices=table, max_replicas=max_replicas, target_peak_scale=target_peak,
-                       on_fleet=fleets.append, grid=grid)
+                       # fleets are kept (with their tables) only to be stored
+                       on_fleet=fleets.append if db is not None else None, grid=grid)
     # The fleets' replicas are stored as fleet runs; the planner's copies of them are not.
     store_runs(db, [r for r in planner.runs if not r.run["label"].startswith("fleet ")])
     for f in fleets:
