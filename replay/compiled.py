@@ -149,12 +149,13 @@ def keys_args(keys, state: RequestState, block_size: int) -> tuple:
 def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostModel, keys, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
         progress_every_steps: int = 20_000, check: bool = False,
-        record_batches: bool = False, spill_dir: str | None = None,
+        record_batches: bool | tuple[int, int] = False, spill_dir: str | None = None,
         spill_every_steps: int | None = None, sink: Sink | None = None,
         sink_every_steps: int | None = None, keep_steps: bool = True) -> RawRun:
     """Replay every request of `state` in the compiled core of `engine` (check `unavailable`
     first). `check=True` verifies the block-accounting invariants at the end (tests);
-    `record_batches` keeps every step's batch (RawRun.batches).
+    `record_batches` keeps every step's batch (RawRun.batches); (first, last): only the batches of
+    those steps (1-based, inclusive, as the `steps` table numbers them).
     With `spill_dir`, a run longer than `spill_every_steps` steps moves its step and TBT columns
     out of the core into files under that folder every `spill_every_steps` steps
     (`RawRun.spilled`): memory bounded by the requests, not by the steps (batch records, when
@@ -177,7 +178,10 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     core, _ = new_core(engine, state, spec, executor, keys,
                        (first_sched, first_tok, finish, max_tbt))
     if record_batches:
-        ext.record_batches(core, True)
+        # (first, last) table steps (1-based, inclusive): record those steps' batches only.
+        lo, hi = ((record_batches[0] - 1, record_batches[1] - 1)
+                  if isinstance(record_batches, tuple) else (0, 2 ** 63 - 1))
+        ext.record_batches(core, True, lo, hi)
     drain = _Drain(sink, spill_dir, spill_every_steps or SPILL_EVERY_STEPS,
                    sink_every_steps or SINK_EVERY_STEPS, keep=keep_steps)
     chunk = progress_every_steps if on_progress is not None else 1 << 40

@@ -612,6 +612,7 @@ typedef struct {
     int64_t *evicted;                     /* per row: blocks of a swap victim not yet resumed */
     int64_t evicted_count, evicted_total;
     int record_batches;                   /* keep every step's batch (Tables.b_*) */
+    int64_t batch_lo, batch_hi;           /* ... of the steps with index in [lo, hi] only */
 } Loop;
 
 static int loop_init(Loop *lp, const Req *q) {
@@ -780,7 +781,13 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
     row->evicted_requests = (int32_t)lp->evicted_count;
     row->evicted_blocks = lp->evicted_total;
     if (tables_step(o, row)) return -1;
-    if (lp->record_batches && loop_batches(o, pl)) return -1;
+    if (lp->record_batches) {
+        /* Outside the asked step range a step records an empty batch (its count only), so the
+         * counts still number the steps. */
+        if (lp->step >= lp->batch_lo && lp->step <= lp->batch_hi) {
+            if (loop_batches(o, pl)) return -1;
+        } else if (pushi32(&o->b_count, 0)) return -1;
+    }
     if (same && tables_tbt(o, end - t, same)) return -1;
     for (int64_t j = 0; j < pl->nrows; j++) {
         if (!pl->sampled[j]) continue;

@@ -29,9 +29,11 @@ class Executor(Protocol):
 
 def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
         kv_bytes_per_block: int, on_progress: Callable[[float, int], None] | None = None,
-        progress_every_steps: int = 20_000, record_batches: bool = False) -> RawRun:
+        progress_every_steps: int = 20_000,
+        record_batches: bool | tuple[int, int] = False) -> RawRun:
     """Replay every request of `state` (rows sorted by arrival) through `scheduler`;
-    `record_batches` keeps every step's batch (RawRun.batches)."""
+    `record_batches` keeps every step's batch (RawRun.batches); (first, last): only those steps'
+    (1-based, inclusive, as the `steps` table numbers them)."""
     n = state.n
     arrival = state.arrival_s
     if n and np.any(np.diff(arrival) < 0):
@@ -145,7 +147,8 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
             if computed + new >= prompt_len[r] + out:
                 num_sampled += 1
         queues = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
-        if record_batches:
+        if record_batches and (record_batches is True
+                               or record_batches[0] <= step + 1 <= record_batches[1]):
             kind = (plan.kind if plan.kind is not None else
                     np.where(plan.is_prefill, _PREFILL, _DECODE).astype(np.int8))
             batch_parts.append((np.full(len(rows), step, np.int64), rows,

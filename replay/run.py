@@ -137,7 +137,8 @@ class StepSink(Protocol):
 def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, executor, *,
                kv_bytes_per_block: int, implementation: Choice = "auto", scheduler=None,
                on_progress: Callable[[float, int], None] | None = None,
-               progress_every_steps: int = 20_000, record_batches: bool = False,
+               progress_every_steps: int = 20_000,
+               record_batches: bool | tuple[int, int] = False,
                spill_dir: str | None = None, sink: compiled.Sink | None = None,
                keep_steps: bool = True) -> RawRun:
     """Replay `state` on one implementation of `engine`: "compiled" (the C core; an error where
@@ -178,10 +179,11 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
 def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor: str = "model",
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
-           record_batches: bool = False, spill_dir: str | None = None,
+           record_batches: bool | tuple[int, int] = False, spill_dir: str | None = None,
            step_sink: StepSink | None = None, summary: SummarySpec | None = None) -> RunResult:
     """Replay `trace` (canonical, sorted by arrival_s) under `config`; `record_batches` adds
-    the `batches` table (every step's batch: off by default, it is one row per token step).
+    the `batches` table (every step's batch: off by default, it is one row per token step; a
+    (first, last) pair of steps records those steps' batches only).
     With `spill_dir`, a long run's `steps` and `tbt` tables stay in files under that folder
     until the store writes them (`results.SpilledTable`; `kvcap replay` does this beside its DB).
     With `step_sink`, a compiled run hands its step and TBT columns to it as it goes (`kvcap

@@ -140,3 +140,27 @@ def test_events_seq_orders_victims_as_real_vllm_chose_them() -> None:
         expect = {w["step"]: [p[0] for p in w["preempted"]] for w in want if w.get("preempted")}
         assert expect and max(map(len, expect.values())) >= (2 if name == "S5" else 1)
         assert got == expect, name
+
+
+@pytest.mark.parametrize("engine", ["v1", "v0"])
+def test_a_step_window_records_exactly_those_steps_batches(engine: str) -> None:
+    """The report's drill-down replays with `record_batches=(first, last)`: the same rows as the
+    full recording restricted to those steps, on both implementations, and no others."""
+    import polars as pl
+
+    from capacity.analyses.stalls import drill_steps, stall_batches
+    from replay.config import EngineConfig
+    from replay.run import replay
+    from traces.synth import synthesize
+    trace = synthesize("flash-crowd", duration_s=120, rate_rps=4.0, surge_start_s=40, ramp_s=10,
+                       hold_s=30, decay_s=20)
+    cfg = EngineConfig(scheduler=engine, num_gpu_blocks_override=600)
+    full = replay(trace, cfg, record_batches=True).tables()
+    window = drill_steps(full)
+    assert window is not None and window[1] - window[0] < full["steps"].height / 10
+    cut = full["batches"].filter(pl.col("step").is_between(*window)).drop("run_id")
+    for impl in ("compiled", "reference"):
+        part = replay(trace, cfg, record_batches=window, implementation=impl).tables()
+        assert part["batches"].drop("run_id").equals(cut), (engine, impl)
+    drill_full, drill_part = stall_batches(full), stall_batches(part)
+    assert drill_part.per_step.equals(drill_full.per_step)

@@ -43,7 +43,7 @@ from capacity.analyses.replicas import Replicas, min_replicas
 from capacity.analyses.search import ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
 from capacity.analyses.stability import Stability, stability
-from capacity.analyses.stalls import StallBatches, stall_batches
+from capacity.analyses.stalls import StallBatches, drill_steps, stall_batches
 from capacity.analyses.tuning import Tuning, tune
 from replay.config import EngineConfig, resolve
 from replay.results import RunResult
@@ -471,10 +471,11 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     hr = dataclasses.replace(hr, replicas_needed=reps.count, target_peak_scale=target_peak_scale)
     fits = c.feasible
     drill = None
-    if run.stalls.height:
-        # The same replay once more, keeping its batches (identical otherwise; the planner's
-        # replays do not record them: one row per request per step).
-        drill = stall_batches(replay(trace, cfg, record_batches=True).tables())
+    window = drill_steps(tables)
+    if window is not None:
+        # The same replay once more, keeping the batches of the steps around the worst stalls
+        # only (identical otherwise; every batch is one row per request per step).
+        drill = stall_batches(replay(trace, cfg, record_batches=window).tables())
     verdict = classify(tables)
     rule = alert_rule(tables, model_name=model_name) if fits else None
     offered = st.offered_rps

@@ -130,17 +130,26 @@ def _verification_job(trace, config: EngineConfig, swap_gib: float, on_swap_full
     return Job(trace=trace, config=cfg, label=label)
 
 
-def _verification(job: Job, res, peak_gib: float) -> Verification:
-    s = summary(res.tables())
-    cfg = job.config
-    return Verification(swap_space_gib=cfg.swap_space, num_cpu_blocks=cfg.num_cpu_blocks_override,
-                        on_swap_full=cfg.on_swap_full, status=s["status"], abort_s=s["abort_s"],
+def verification_of(tables: dict, *, swap_space_gib: float, num_cpu_blocks: int | None,
+                    on_swap_full: str, peak_gib: float) -> Verification:
+    """A verification replay's outcome (a reducer: computed where it was replayed)."""
+    s = summary(tables)
+    return Verification(swap_space_gib=swap_space_gib, num_cpu_blocks=num_cpu_blocks,
+                        on_swap_full=on_swap_full, status=s["status"], abort_s=s["abort_s"],
                         swap_full_events=s["swap_full_events"],
                         swap_full_fallbacks=s["swap_full_fallbacks"],
                         preemptions_swap=s["preemptions_swap"],
-                        recomputed_tokens=int(res.requests["recomputed_tokens"].sum() or 0),
-                        run_id=res.run_id,
-                        fraction_of_peak=cfg.swap_space / peak_gib if peak_gib else None)
+                        recomputed_tokens=int(tables["requests"]["recomputed_tokens"].sum() or 0),
+                        run_id=s["run_id"],
+                        fraction_of_peak=swap_space_gib / peak_gib if peak_gib else None)
+
+
+def _verification_reducer(job: Job, peak_gib: float):
+    from capacity.analyses.planner import reducer
+    cfg = job.config
+    return reducer(verification_of, swap_space_gib=cfg.swap_space,
+                   num_cpu_blocks=cfg.num_cpu_blocks_override, on_swap_full=cfg.on_swap_full,
+                   peak_gib=peak_gib)
 
 
 def demand_job(trace: pl.DataFrame, config: EngineConfig) -> Job:
@@ -208,8 +217,7 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
                                    f"size-swap what-if {mode}") for mode in ("abort", "recompute")]
     jobs += [_verification_job(trace, config, peak_gib * f, "recompute", bpb,
                                f"size-swap sweep {f:g}") for f in sweep_fractions]
-    runs = planner.run(jobs)
-    checks = [_verification(j, r, peak_gib) for j, r in zip(jobs, runs)]
+    checks = planner.map(jobs, [_verification_reducer(j, peak_gib) for j in jobs])
     n_what_if = 0 if what_if_fraction is None else 2
     return SwapSizing(verify=checks[0], what_if=checks[1:1 + n_what_if],
                       sweep=checks[1 + n_what_if:], **sizing)

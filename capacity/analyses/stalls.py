@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from capacity.analyses.metrics import nearest_rank
@@ -75,6 +76,27 @@ class StallBatches:
     rows: pl.DataFrame          # stall, phase, step, start_s, seq, request_id, tokens, kind, this
     per_step: pl.DataFrame      # one row per step: batch size, tokens, this request, victims
     summary: str
+
+
+def drill_steps(tables: dict[str, pl.DataFrame], *, steps_around: int = 1,
+                max_stalls: int = 3) -> tuple[int, int] | None:
+    """The steps (first, last; 1-based) `stall_batches` shows for the worst-stalled request of
+    a replay without batches: replaying with `record_batches=drill_steps(...)` records only
+    those (a day of traffic's every batch is one row per request per step). None: no stall."""
+    stalls = tables["stalls"]
+    if stalls.height == 0:
+        return None
+    rid = int(stalls.sort("stall_s", descending=True, maintain_order=True)["request_id"][0])
+    ev = tables["events"]
+    pre = (ev.filter((pl.col("request_id") == rid) & pl.col("kind").str.starts_with("preempt_"))
+           .sort("step", "seq").head(max_stalls))
+    if pre.height == 0:
+        return None
+    first = max(1, int(pre["step"].min()) - steps_around)
+    last_t = float(stalls.filter(pl.col("request_id") == rid)["resumed_s"].max())
+    start = tables["steps"]["start_s"].to_numpy()
+    last = int(np.searchsorted(start, last_t, side="right")) + steps_around + 1
+    return first, max(first, last)
 
 
 def stall_batches(tables: dict[str, pl.DataFrame], request_id: int | None = None, *,

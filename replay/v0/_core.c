@@ -1459,15 +1459,19 @@ static PyObject *core_snapshot(PyObject *self, PyObject *args) {
                          "free_cpu", (long long)pool_num_free(&c->cpu));
 }
 
-/* record_batches(core, on): keep every step's batch (results' b_* columns); off by default, so a
- * replay that does not ask pays nothing. */
+/* record_batches(core, on[, lo, hi]): keep every step's batch (results' b_* columns), or only
+ * those of the steps with index in [lo, hi] (0-based); off by default, so a replay that does not
+ * ask pays nothing. */
 static PyObject *core_record_batches(PyObject *self, PyObject *args) {
     PyObject *cap;
     int on;
-    if (!PyArg_ParseTuple(args, "Op", &cap, &on)) return NULL;
+    long long lo = 0, hi = INT64_MAX;
+    if (!PyArg_ParseTuple(args, "Op|LL", &cap, &on, &lo, &hi)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core0");
     if (!c) return NULL;
     c->lp.record_batches = on;
+    c->lp.batch_lo = lo;
+    c->lp.batch_hi = hi;
     Py_RETURN_NONE;
 }
 
@@ -1481,7 +1485,7 @@ static PyMethodDef methods[] = {
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
-    {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on)"},
+    {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on[, lo, hi])"},
     {NULL, NULL, 0, NULL},
 };
 

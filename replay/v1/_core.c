@@ -1364,15 +1364,19 @@ static PyObject *core_next_done(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(d);
 }
 
-/* record_batches(core, on): keep every step's batch (results' b_* columns); off by default, so a
- * replay that does not ask pays nothing. */
+/* record_batches(core, on[, lo, hi]): keep every step's batch (results' b_* columns), or only
+ * those of the steps with index in [lo, hi] (0-based); off by default, so a replay that does not
+ * ask pays nothing. */
 static PyObject *core_record_batches(PyObject *self, PyObject *args) {
     PyObject *cap;
     int on;
-    if (!PyArg_ParseTuple(args, "Op", &cap, &on)) return NULL;
+    long long lo = 0, hi = INT64_MAX;
+    if (!PyArg_ParseTuple(args, "Op|LL", &cap, &on, &lo, &hi)) return NULL;
     Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
     if (!c) return NULL;
     c->lp.record_batches = on;
+    c->lp.batch_lo = lo;
+    c->lp.batch_hi = hi;
     Py_RETURN_NONE;
 }
 
@@ -1381,7 +1385,7 @@ static PyMethodDef methods[] = {
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
-    {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on)"},
+    {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on[, lo, hi])"},
     {"add", core_add, METH_VARARGS, "add(core, row): a request arrives"},
     {"abort", core_abort, METH_VARARGS, "abort(core, row): a client abort"},
     {"schedule", core_schedule, METH_VARARGS, "schedule(core) -> the step's plan (dict)"},
