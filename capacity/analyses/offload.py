@@ -16,7 +16,8 @@ connector) is always a point, so a tier that saves less than the tolerance recom
 size is within tolerance on both (TTFT p99 moves for reasons the tier does not cause), the smallest
 size within tolerance on prefill work is taken and the reason says so. A recommendation is always
 a replayed size, never an interpolation. The default sweep starts at 1/16 of the GPU KV pool,
-doubles up to the KV of every prompt, halves below the smallest size while that is the knee
+doubles up to the KV of every prompt (stopping at a plateau: three sizes in a row that replay
+alike, counting no tier), halves below the smallest size while that is the knee
 (up to 8 times), then bisects (geometrically, twice) between the knee and the size below it;
 the answer says where the gain comes from (`gain_source`: prompt reuse, preempted requests
 reloading, or nothing) and when the host-RAM cap binds instead of the knee.
@@ -369,7 +370,10 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
                          f"(--rate-scale) or add capacity first")
     total, source = host_ram_total(config, host_ram_gib)
     pts = [point(0.0, base, cfgs[0], total)]
-    pts += _points(trace, config, sizes[1:], planner, total)
+    if default_sweep:
+        pts += _plateau_sweep(trace, config, sizes[1:], planner, total, pts[0])
+    else:
+        pts += _points(trace, config, sizes[1:], planner, total)
     if default_sweep:
         for _ in range(KNEE_HALVINGS):            # the knee is the smallest size: go below it
             ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
@@ -396,6 +400,27 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
         scheduler_loop="async" if run0.get("async_scheduling") else "sync",
         tolerance=tolerance, points=tuple(pts), knee=host_bounded_knee(pts, tolerance),
         host_ram_total_gib=total, host_ram_source=source)
+
+
+def _same(a: OffloadPoint, b: OffloadPoint) -> bool:
+    return (a.prefill_tokens, a.ttft_p99_s, a.tbt_p99_s, a.preemptions, a.cpu_hit_tokens) == \
+        (b.prefill_tokens, b.ttft_p99_s, b.tbt_p99_s, b.preemptions, b.cpu_hit_tokens)
+
+
+def _plateau_sweep(trace, config, sizes, planner: Planner, total,
+                   base: OffloadPoint) -> list[OffloadPoint]:
+    """The default sweep, smallest sizes first, a round of `workers` sizes at a time; it stops
+    once two consecutive sizes replay alike (a plateau: a larger tier holds what is never asked
+    for again), so a tier that changes nothing costs two replays, not ten."""
+    from capacity.analyses.sweep import default_workers
+    n = max(2, planner.workers or default_workers())
+    out: list[OffloadPoint] = []
+    for i in range(0, len(sizes), n):
+        out += _points(trace, config, sizes[i:i + n], planner, total)
+        seq = [base, *out]
+        if len(seq) >= 3 and _same(seq[-1], seq[-2]) and _same(seq[-2], seq[-3]):
+            break
+    return out
 
 
 def _points(trace, config, sizes, planner: Planner, total) -> list[OffloadPoint]:
