@@ -352,8 +352,10 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
     from traces.schema import has_prefix_hashes
     planner = planner or Planner()
     gpu = resolve(config).gpu
+    # V0 cannot swap under priority scheduling (real vLLM crashes: reference G/D4).
+    no_swap = config.scheduler == "v0" and resolve(config).spec.policy == "priority"
     names = [n for n, _ in variants(config.scheduler)
-             if include_host_tier or n not in ("swap", OFFLOAD)]
+             if (include_host_tier or n not in ("swap", OFFLOAD)) and not (no_swap and n == "swap")]
     cfgs = {name: variant_config(config, name, swap_space_gib, kv_offloading_size_gib)
             for name in names}
     out = planner.map([Job(trace=trace, config=c, label=f"compare-modes {name}",

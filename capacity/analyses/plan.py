@@ -304,7 +304,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
             f"not the SLOs)" if k else f"the queue grows even at ×{sus.failed_at:g} of this trace")
     head = (f"overloaded: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
             f"{_capacity_words(rate, st.offered_rps, binding)}; "
-            + (f"{reps.count} replicas ({router}) meet the SLOs and the budget" if reps.count
+            + (f"needs {reps.count} replicas ({router} router) to fit" if reps.count
                else reps.explanation))
     lines = [f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
              f"{binding.knob or '—'}",
@@ -341,10 +341,13 @@ def _host_tier_and_modes(trace, config, base, planner, t: _Targets, noise: Noise
                                                       if offload else None),
                               include_host_tier=offload is not None and offload.needed)
     else:
-        sizing = size_swap(trace, config, planner=planner, baseline=base.tables())
+        try:
+            sizing = size_swap(trace, config, planner=planner, baseline=base.tables())
+        except ValueError:
+            sizing = None         # V0 cannot swap under priority scheduling (reference G/D4)
         modes = compare_modes(trace, config, planner=planner, **t.slo, noise=noise,
-                              swap_space_gib=sizing.recommended_swap_space_gib if sizing.needed
-                              else None)
+                              swap_space_gib=sizing.recommended_swap_space_gib
+                              if sizing is not None and sizing.needed else None)
     return sizing, offload, modes
 
 
@@ -494,7 +497,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     lines.append(f"preemption is {verdict.verdict} with these flags: {verdict.evidence}")
     nums = (f"TTFT p99 {_s(c.ttft_p99_s)}, TBT p99 {_s(c.tbt_p99_s)}, {c.preemptions:,} "
             f"preemptions")
-    reps_words = (f"{reps.count} replica{'s' if reps.count != 1 else ''} ({router})"
+    reps_words = (f"needs {reps.count} replica{'s' if reps.count != 1 else ''} ({router} router)"
                   if reps.count else "no replica count fixes it")
     if fits:
         head = (f"fits: the flags below meet the SLOs and the preemption budget at today's "
@@ -532,6 +535,9 @@ def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,
         return (f"CPU offloading: not used — the mode comparison keeps {modes.recommended} "
                 f"(a tier of {offload.recommended_kv_offloading_size_gib:g} GiB, the sweep's "
                 f"knee: {offload.gain_words()})")
+    if sizing is None:
+        return ("host swap tier: not sized — V0 cannot swap under priority scheduling (real vLLM "
+                "crashes: the victim is swapped out but re-queued as waiting)")
     if chosen.preemption_mode == "swap":
         return f"host tier: {sizing.words()}"
     return "host swap tier: " + ("not needed: no request is ever swapped out at this load"

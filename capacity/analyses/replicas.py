@@ -94,7 +94,7 @@ def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         return Replicas(count=None, router=router, target_peak_scale=target_peak_scale,
                         linear_estimate=linear, meets=None, one_fewer=scores.get(lo),
                         probes=probes, explanation=(
-                            f"no fleet of up to {max_replicas} replicas ({router}) meets the SLOs "
+                            f"no fleet of up to {max_replicas} replicas ({router}) fits the SLOs "
                             f"and the budget{peak}"))
     below = scores.get(hi - 1)
     why = (f"{hi} replica{'s' if hi > 1 else ''} ({router} router) "
