@@ -362,14 +362,19 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
         if not (math.isfinite(s) and s >= 0):
             raise ValueError(f"--sizes: {s!r} must be GiB >= 0")
     cfgs = [offload_config(config, s) for s in sizes]
-    base = baseline or planner.replay(trace, cfgs[0], "size-offload 0").tables()
-    st = stability(base)
+    total, source = host_ram_total(config, host_ram_gib)
+    if baseline is not None:
+        st, p0, loop = _base_of(baseline, config=cfgs[0], total_gib=total)
+    else:                         # reduced where it is replayed, as every other point
+        from capacity.analyses.planner import reducer
+        st, p0, loop = planner.map([Job(trace=trace, config=cfgs[0], label="size-offload 0",
+                                        trace_name=planner.trace_name)],
+                                   reducer(_base_of, config=cfgs[0], total_gib=total))[0]
     if not st.sustainable:
         raise ValueError(f"size-offload: the engine is overloaded at this load ({st.evidence}); "
                          f"a tier sized here would be sized for the backlog — lower the rate "
                          f"(--rate-scale) or add capacity first")
-    total, source = host_ram_total(config, host_ram_gib)
-    pts = [point(0.0, base, cfgs[0], total)]
+    pts = [p0]
     if default_sweep:
         pts += _plateau_sweep(trace, config, sizes[1:], planner, total, pts[0])
     else:
@@ -394,12 +399,19 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
                 break
             pts += _points(trace, config, (mid,), planner, total)
     pts.sort(key=lambda p: p.kv_offloading_size_gib)
-    run0 = base["runs"].row(0, named=True)
+
     return OffloadSizing(
         scheduler=config.scheduler, tensor_parallel_size=config.tensor_parallel_size,
-        scheduler_loop="async" if run0.get("async_scheduling") else "sync",
+        scheduler_loop=loop,
         tolerance=tolerance, points=tuple(pts), knee=host_bounded_knee(pts, tolerance),
         host_ram_total_gib=total, host_ram_source=source)
+
+
+def _base_of(tables: dict, *, config: EngineConfig, total_gib: float | None):
+    """The size-0 point: (stability, point, scheduler loop)."""
+    run = tables["runs"].row(0, named=True)
+    return (stability(tables), point(0.0, tables, config, total_gib),
+            "async" if run.get("async_scheduling") else "sync")
 
 
 def _same(a: OffloadPoint, b: OffloadPoint) -> bool:

@@ -177,8 +177,12 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
     if headroom < 0:
         raise ValueError(f"headroom: must be >= 0, got {headroom}")
     planner = planner or Planner()
-    base = baseline or planner.replay(trace, config, "size-swap baseline").tables()
-    st = stability(base)
+    if baseline is not None:
+        st = stability(baseline)
+    else:                 # only its stability is asked: reduced where it is replayed
+        from capacity.analyses.planner import reducer
+        st = planner.map([Job(trace=trace, config=config, label="size-swap baseline",
+                              trace_name=planner.trace_name)], reducer(stability))[0]
     if not st.sustainable:
         raise ValueError(f"size-swap: the engine is overloaded at this load ({st.evidence}); "
                          f"a swap size measured here would only measure the backlog — lower the "
