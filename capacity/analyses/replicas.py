@@ -1,8 +1,8 @@
 """The fewest replicas whose fleet replay meets the SLOs and the budget (docs/planning.md).
 
 Start at the linear estimate ceil(target / capacity) (one replica's capacity as a multiple of the
-trace's rate). If that fleet passes, step down one replica at a time until one fails; if it fails,
-step up 1, 2, 4, ... replicas until one passes, then bisect. The answer N passed its own fleet
+trace's rate). If that fleet passes, step down 1, 2, 4, ... replicas until one fails; if it fails,
+step up 1, 2, 4, ... replicas until one passes; then bisect. The answer N passed its own fleet
 replay and N - 1 failed its own (0 replicas serve nothing: fails). The search stops there: no
 probe above a passing N, none below a failing N - 1. It assumes more replicas never hurt, as the
 load search assumes more load never helps; every probe is kept.
@@ -71,12 +71,15 @@ def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     n = max(1, min(linear or 2, max_replicas))
     hi = lo = None                        # smallest passing, largest failing
     if passes(n):
-        hi, lo = n, 0
-        while hi - 1 > lo:                # step down until one fails
-            if passes(hi - 1):
-                hi -= 1
-            else:
-                lo = hi - 1
+        hi, lo, step = n, 0, 1
+        while hi - step >= 1:             # gallop down: n - 1, then 2, 4, ... fewer
+            if not passes(hi - step):
+                lo = hi - step
+                break
+            hi, step = hi - step, step * 2
+        while hi - lo > 1:                # lo fails (0 serves nothing), hi passes
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
     else:
         lo, step = n, 1
         while hi is None and lo < max_replicas:

@@ -38,15 +38,16 @@ def result_dict(plan: Plan, name: str, trace) -> dict:
             "stability": plan.stability.as_dict(),
             "sustainable_load": plan.sustainable_load.as_dict() if plan.sustainable_load else None,
             "recommended_mode": plan.modes.recommended if plan.modes else None,
-            # A host-tier size only for a fitting plan (DESIGN §8).
-            "recommended_swap_space_gib": (plan.sizing.recommended_swap_space_gib
-                                           if fits and plan.sizing and plan.sizing.needed
-                                           else None),
-            # V1: the knee of the CPU offloading sweep (0: no connector); None on V0, or when
-            # the plan does not fit.
+            # A host-tier size only for a fitting plan (DESIGN §8), and the one its flags set
+            # (the sweep's knee is in `offload` / `sizing`, used or not).
+            "recommended_swap_space_gib": (
+                rec.config.swap_space if fits and rec.config.preemption_mode == "swap" else
+                0.0 if fits and rec.config.scheduler == "v0" else None),
+            # V1: the flags' --kv-offloading-size (0: no connector); None on V0, or when the
+            # plan does not fit.
             "recommended_kv_offloading_size_gib": (
-                plan.offload.recommended_kv_offloading_size_gib if fits and plan.offload
-                else None),
+                float(rec.config.kv_offloading_size or 0.0)
+                if fits and rec.config.scheduler == "v1" else None),
             "offload": plan.offload.as_dict() if plan.offload else None,
             "migration": plan.migration.as_dict() if plan.migration else None,
             # The plan's value (vLLM's default unless tuning won beyond the noise).

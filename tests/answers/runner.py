@@ -2,9 +2,9 @@
 
 `ScenarioRun(scenario, root).run_all()` writes the scenario's trace under root/traces and each
 command's outcome (argv, exit code, stdout JSON, stderr tail, wall time, derived numbers) to
-root/<scenario>/<label>.json. An outcome is reused while its argv, the scenario, this file and the
-product code (a hash of capacity/, replay/, traces/) are unchanged, so re-checking invariants is
-cheap.
+root/<scenario>/<label>.json. An outcome is reused while its argv, the scenario, HARNESS_VERSION and
+the product code (a hash of capacity/, replay/, traces/) are unchanged, so re-checking invariants
+is cheap.
 
 Commands (all with the scenario's engine and SLO flags, --json, --workers 1): report (+ its
 summary.json), plan, headroom; replay of the recommended flags (at 1x, at the headroom rate scale,
@@ -40,7 +40,7 @@ def default_root() -> Path:
     return Path(os.environ.get("KVCAP_ANSWERS_CACHE", Path(tempfile.gettempdir()) / "kvcap-answers"))
 
 
-RUNNER_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+HARNESS_VERSION = 3    # bump when what an outcome records changes (invalidates the cache)
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,6 +66,7 @@ class Outcome:
     wall_s: float = 0.0
     timed_out: bool = False
     skipped: str = ""                 # why it was not run
+    traceback: bool = False           # stderr holds a Python traceback (plain or rich)
     extra: dict = field(default_factory=dict)   # derived: summary.json, evaluate(), metrics
     key: str = ""
 
@@ -76,10 +77,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.rc == 0 and self.out is not None
-
-    @property
-    def traceback(self) -> bool:
-        return "Traceback (most recent call last)" in self.stderr_tail
 
     def error_line(self) -> str:
         lines = [ln for ln in self.stderr_tail.strip().splitlines() if ln.strip()]
@@ -146,12 +143,13 @@ def filter_flags(command: str, argv, *, required: bool) -> tuple[list[str], list
 # ---------------------------------------------------------------------------- one scenario
 class ScenarioRun:
     def __init__(self, scenario: Scenario, root: Path | None = None, *, fresh: bool = False,
-                 timeout_s: float = TIMEOUT_S, log=None):
+                 cached_only: bool = False, timeout_s: float = TIMEOUT_S, log=None):
         self.s = scenario
         self.root = Path(root or default_root())
         self.dir = self.root / scenario.name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fresh = fresh
+        self.cached_only = cached_only      # re-check: take every cached outcome as it is, run nothing
         self.timeout_s = timeout_s
         self.log = log or (lambda msg: None)
         self.outcomes: dict[str, Outcome] = {}
@@ -165,7 +163,7 @@ class ScenarioRun:
         return self._trace
 
     def _key(self, argv: list[str]) -> str:
-        text = json.dumps([code_hash(), RUNNER_HASH, repr(self.s), argv])
+        text = json.dumps([code_hash(), HARNESS_VERSION, repr(self.s), argv])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def run(self, label: str, command: str, args: list[str], *, engine=(), slo=(), extra_flags=(),
@@ -181,11 +179,15 @@ class ScenarioRun:
         if not self.fresh and path.exists():
             try:
                 cached = Outcome(**json.loads(path.read_text()))
-                if cached.key == key:
+                if cached.key == key or self.cached_only:
                     self.outcomes[label] = cached
                     return cached
             except (TypeError, ValueError):
                 pass
+        if self.cached_only:
+            o = Outcome(label, argv, skipped="not in the cache", key=key)
+            self.outcomes[label] = o
+            return o
         if missing:
             o = Outcome(label, argv, skipped=f"not supported: {command} does not take "
                                              f"{', '.join(missing)}", key=key)
@@ -223,7 +225,7 @@ class ScenarioRun:
             pass
         return Outcome(label, argv, rc=rc, out=out, stdout_tail=stdout[-2000:] if out is None else "",
                        stderr_tail=stderr[-3000:], wall_s=round(wall, 2), timed_out=timed_out,
-                       key=key)
+                       traceback="Traceback (most recent call last)" in stderr, key=key)
 
     # -- the commands
     def run_all(self) -> dict[str, Outcome]:
@@ -248,9 +250,9 @@ class ScenarioRun:
         if r.get("capacity_rps") is not None and isinstance(scale, (int, float)) and scale > 0:
             self.replay("replay-margin", flags, ("--rate-scale", f"{scale!r}"))
         gib = r.get("recommended_kv_offloading_size_gib")
-        if isinstance(gib, (int, float)) and gib > 0:
-            self.replay("replay-offload-half",
-                        merge_flags(flags, ("--kv-offloading-size", f"{gib / 2:g}")))
+        if isinstance(gib, (int, float)) and gib > 0:    # the size itself, then half of it
+            for label, size in (("replay-offload-full", gib), ("replay-offload-half", gib / 2)):
+                self.replay(label, merge_flags(flags, ("--kv-offloading-size", f"{size:g}")))
         replicas = r.get("replicas") if isinstance(r.get("replicas"), dict) else {}
         n, router = replicas.get("count"), replicas.get("router") or "lor"
         if isinstance(n, int) and n >= 1:
@@ -302,4 +304,5 @@ def evaluate_run(db: Path, run_id: str, s: Scenario) -> dict:
                                      "goodput_rps", "throughput_rps", "slo_share",
                                      "preemption_verdict")}
     ev["recomputed_tokens"] = int(req["recomputed_tokens"].sum() or 0)
+    ev["prefill_tokens"] = int(tables["steps"]["num_prefill_tokens"].sum() or 0)
     return {"config": config, "evaluate": ev}
