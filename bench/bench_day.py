@@ -27,7 +27,8 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+# KVCAP_ROOT: measure another checkout with this script.
+ROOT = Path(os.environ.get("KVCAP_ROOT") or Path(__file__).resolve().parents[1])
 SHARED = Path(os.environ.get("KVCAP_TRACES", ROOT.parent / "shared" / "traces"))
 # kvcap from this checkout (the installed `kvcap` script may import another one).
 MAIN = "import sys; from capacity.cli import console; sys.argv[0] = 'kvcap'; console()"

@@ -31,6 +31,7 @@ def small():
 
 def test_killed_worker_is_one_line_naming_the_replay(small, monkeypatch):
     monkeypatch.setenv(sweep._KILL_ENV, "doomed")
+    sweep._discard(2)               # workers spawned by earlier tests do not have the variable
     jobs = [Job(trace=small, config=EngineConfig(max_num_seqs=s), label=f"probe {s}")
             for s in (8, 16)] + [Job(trace=small, config=EngineConfig(), label="doomed probe")]
     with pytest.raises(WorkerDied) as e:
