@@ -129,3 +129,21 @@ def test_replica_search_stops_at_n_passing_and_n_minus_1_failing(monkeypatch):
         # It stops as soon as it knows both: the last probe is the one that completed the pair.
         assert probed[-1] in (need, need - 1) and not {need, need - 1} <= set(probed[:-1])
         assert len(probed) == len(set(probed)) <= 14, (cap, probed)   # ~2 log2(64)
+
+
+def test_keep_tables_gives_the_same_values_and_keeps_every_replay():
+    """`--db` planners replay searches in full to store them; the answers are the same."""
+    from capacity.analyses.criteria import Budget
+    from capacity.analyses.headroom import search_loads, ok
+    from capacity.analyses.planner import Planner
+    from replay.config import EngineConfig
+    from traces.synth import synthesize
+    trace = synthesize("poisson", duration_s=60, rate_rps=4.0)
+    cfg = EngineConfig(num_gpu_blocks_override=800)
+    kw = dict(passes=ok, slo_ttft_p99_s=2.0, slo_tbt_p99_s=0.2, budget=Budget(), precision=0.2)
+    lean, full = Planner(workers=1), Planner(workers=1, keep_tables=True)
+    a = search_loads(trace, {"c": cfg}, lean, **kw)["c"]
+    b = search_loads(trace, {"c": cfg}, full, **kw)["c"]
+    assert a == b
+    assert lean.runs == [] and len(lean.reduced) == len(a[0].probes)
+    assert len(full.runs) == len(b[0].probes) and full.reduced == []

@@ -154,9 +154,13 @@ def summary_reducer(*, slo_ttft_s: float | None = None, slo_tbt_s: float | None 
 
 # ------------------------------------------------------------------ the planner
 class Planner:
-    def __init__(self, *, workers: int | None = None, trace_name: str = "") -> None:
+    def __init__(self, *, workers: int | None = None, trace_name: str = "",
+                 keep_tables: bool = False) -> None:
+        """`keep_tables`: `map` replays in full too and keeps every replay's tables (for a
+        caller that stores them all, `--db`); the values are the same either way."""
         self.workers = workers
         self.trace_name = trace_name
+        self.keep_tables = keep_tables
         self._memo: dict[str, RunResult] = {}
         self._values: dict[tuple[str, str], Any] = {}    # (job key, reducer key) -> value
         self._reduced: dict[str, Reduced] = {}           # job key -> its latest summary replay
@@ -237,6 +241,13 @@ class Planner:
                 self._values[(jk, rk)] = r(self._memo[jk].tables())
             else:
                 need.setdefault(jk, (job, {}))[1][rk] = r
+        if self.keep_tables and need:
+            runs = self.run([job for job, _ in need.values()], workers=workers)
+            for (jk, (_, rs)), run in zip(need.items(), runs):
+                tables = run.tables()
+                for rk, r in rs.items():
+                    self._values[(jk, rk)] = r(tables)
+            return [self._values[(job_key(j), _key_of(r))] for j, r in pairs]
         progress = _PROGRESS.get()
         if progress is not None and need:
             progress.planned(len(need))

@@ -69,7 +69,7 @@ def fleet_cmd(
         from capacity.cli.common import CliError
         raise CliError(f"--replicas {replicas}: must be a whole number from 1 to 4096")
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
-    planner = Planner(workers=workers, trace_name=name)
+    planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
     with phase(f"fleet: replaying {replicas} replicas ({router})…", quiet=quiet):
         fleet = run_fleet(trace, engine, replicas=replicas, router=router, planner=planner)
     s = score(fleet, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
@@ -187,7 +187,7 @@ def plan_cmd(
         raise CliError(f"--max-replicas {max_replicas}: must be a whole number from 1 to 4096")
     table = price_table(gpu_price, prices)
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
-    planner = Planner(workers=workers, trace_name=name)
+    planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
     fleets: list = []
     from capacity.cli.tune import parse_grid
     grid = parse_grid(max_num_seqs_grid, "--max-num-seqs-grid") if max_num_seqs_grid else None

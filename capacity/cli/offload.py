@@ -89,7 +89,7 @@ def size_offload_cmd(
     if engine.kv_offloading_size:
         swept = (*swept, engine.kv_offloading_size)   # the size given is a point of the sweep
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
-    planner = Planner(workers=workers, trace_name=name)
+    planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
     with phase("size-offload: replaying the sweep…", quiet=quiet):
         z = size_offload(trace, engine, sizes=swept or None, tolerance=tolerance,
                          host_ram_gib=host_ram_gib, planner=planner)

@@ -75,7 +75,7 @@ def size_swap_cmd(
         fractions = tuple(float(x) for x in sweep.split(",") if x.strip())
     except ValueError:
         raise CliError(f"--sweep: expected fractions of the peak like 0.25,0.5,1, got {sweep!r}") from None
-    planner = Planner(trace_name=name)
+    planner = Planner(trace_name=name, keep_tables=db is not None)
     with phase("size-swap: replaying (baseline, demand, verify, what-if)…", quiet=quiet):
         s = size_swap(trace, engine, headroom=headroom, what_if_fraction=what_if,
                       sweep_fractions=fractions, host_ram_gib=host_ram_gib, planner=planner)
@@ -109,7 +109,7 @@ def compare_modes_cmd(
     from capacity.analyses.noise import measure_noise
     from capacity.analyses.planner import Planner
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
-    planner = Planner(trace_name=name)
+    planner = Planner(trace_name=name, keep_tables=db is not None)
     with phase("compare-modes: the noise (3 jittered replays), then 4 variants…", quiet=quiet):
         # The same significance rule as the plan: a mode replaces vLLM's default only when it
         # wins by more than the metric's spread across jittered replays of the trace.
@@ -190,7 +190,7 @@ def report_cmd(
     if no_db and db is not None:
         raise CliError("--db and --no-db: give one of them")
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
-    planner = Planner(workers=workers, trace_name=name)
+    planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
     with phase("report: baseline, noise, host tier, modes, tuning, capacity, replicas…",
                quiet=quiet):
         plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
@@ -225,7 +225,8 @@ def report_cmd(
     if db_path is not None:
         store_runs(db_path, list({r.run_id: r for r in stored}.values()))
     result |= {"report": str(index), "db": None if db_path is None else str(db_path),
-               "runs": len(planner.runs), "runs_stored": len(stored),
+               # every distinct replay: in full (planner.runs) or reduced where it ran
+               "runs": len(planner.runs) + len(planner.reduced), "runs_stored": len(stored),
                "wall_seconds": time.perf_counter() - wall0}
     if as_json:
         emit_json(result)

@@ -6,7 +6,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from capacity.cli.progress import phase
@@ -66,6 +65,7 @@ def tune_cmd(
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
     db: Optional[Path] = typer.Option(None, "--db", help="Store every replay here (one writer)."),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress on stderr."),
     engine=None,
 ) -> None:
     """Sweep --max-num-seqs (and --max-num-batched-tokens); recommend the value with the largest
@@ -81,13 +81,11 @@ def tune_cmd(
               if max_num_batched_tokens_grid else None)
     trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     budget = Budget.parse(preemption_budget, max_preemptions_per_minute)
-    planner = Planner(workers=workers, trace_name=name)
-    n = len(grid) * len(tokens or [None])
-    with Progress(console=err, transient=True, disable=as_json) as prog:
-        task = prog.add_task("tune: replaying candidates, then their margins", total=n)
+    planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
+    with phase("tune: candidates, then their margins…", quiet=quiet):
         tn = tune(trace, engine, max_num_seqs_grid=grid, max_num_batched_tokens_grid=tokens,
                   slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99, budget=budget,
-                  planner=planner, precision=precision, on_done=lambda i, r: prog.advance(task))
+                  planner=planner, precision=precision)
     store_runs(db, planner.runs)
     if as_json:
         emit_json(tn.as_dict())
@@ -127,7 +125,7 @@ def headroom_cmd(
     from capacity.analyses.planner import Planner
     from capacity.cli.plan import plan_from_cli
     trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
-    planner = Planner(workers=workers, trace_name=name)
+    planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
     with phase("headroom: the capacity plan (recommended flags, capacity, replicas)…",
                quiet=quiet):
         plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
