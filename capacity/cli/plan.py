@@ -264,6 +264,9 @@ def print_plan(plan, result: dict) -> None:
     rec = plan.recommendation
     c.print(f"[bold]report:[/bold] {result['report']}  ({result['runs']} replays, "
             f"{result['wall_seconds']:.0f} s)")
+    if result["db"] is not None and result["runs_stored"] < result["runs"]:
+        c.print(f"[bold]runs:[/bold] {result['db']} holds the baseline and recommended replays "
+                f"({result['runs_stored']} of {result['runs']}); --db FILE keeps every one")
     c.print(f"[bold]{rec.headline}[/bold]")
     for line in rec.lines:
         c.print(f"  - {line}")
