@@ -47,13 +47,17 @@ def test_killed_worker_is_one_line_naming_the_replay(small, monkeypatch):
 
 
 def test_cli_says_which_replay_died(conv800):                 # noqa: F811
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **{sweep._KILL_ENV: "max_num_seqs=16 "})
+    # The smallest candidates always replay (a larger one may reuse them: map_shared); two
+    # batched-token values make two of them, so the round goes to the pool.
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
+               **{sweep._KILL_ENV: "max_num_seqs=8 max_num_batched_tokens=1024"})
     res = subprocess.run([sys.executable, "-c", KVCAP_MAIN, "tune", str(conv800),
                           "--max-num-seqs-grid", "8,16", "--workers", "2",
+                          "--max-num-batched-tokens-grid", "1024,2048",
                           "--slo-ttft-p99", "2", "--slo-tbt-p99", "0.2"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert res.returncode != 0
     assert "Traceback" not in res.stderr, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kvcap: error")]
     assert len(lines) == 1 and "worker process was killed" in lines[0], res.stderr
-    assert "'tune max_num_seqs=16 " in lines[0]
+    assert "'tune max_num_seqs=8 max_num_batched_tokens=1024'" in lines[0]
