@@ -188,7 +188,14 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
                          f"a swap size measured here would only measure the backlog — lower the "
                          f"rate (--rate-scale) or add capacity first")
     bpb = resolve(config).kv_bytes_per_block
-    demand = planner.run([demand_job(trace, config)], workers=1)[0]
+    job = demand_job(trace, config)
+    if planner.keep_tables:
+        demand = planner.run([job], workers=1)[0]
+    else:
+        # Its per-step series is read here and never again: not kept in the planner's memo
+        # (a day of traffic's steps are GiBs).
+        from replay.run import replay
+        demand = replay(job.trace, job.config, label=job.label, trace_name=planner.trace_name)
     steps = demand.steps
     peak_blocks = int(steps["evicted_blocks"].max() or 0) if steps.height else 0
     peak_reqs = int(steps["evicted_requests"].max() or 0) if steps.height else 0
