@@ -122,7 +122,9 @@ def test_replica_search_stops_at_n_passing_and_n_minus_1_failing(monkeypatch):
     from capacity.analyses.criteria import Budget
     for cap in (None, 0.2, 1 / 7, 0.1, 1 / 59):
         probed.clear()
-        r = rp.min_replicas(pl.DataFrame({"arrival_s": [0.0]}), None, None, capacity_scale=cap,
+        # keep_tables: the fleets run here (not in a worker), where the fakes are
+        planner = type("P", (), {"keep_tables": True, "trace_name": ""})()
+        r = rp.min_replicas(pl.DataFrame({"arrival_s": [0.0]}), None, planner, capacity_scale=cap,
                             budget=Budget(), router="lor", max_replicas=64, **SLO)
         assert r.count == need and r.one_fewer.replicas == need - 1, (cap, probed)
         assert need in probed and need - 1 in probed

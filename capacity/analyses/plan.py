@@ -477,8 +477,10 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     window = drill_steps(tables)
     if window is not None:
         # The same replay once more, keeping the batches of the steps around the worst stalls
-        # only (identical otherwise; every batch is one row per request per step).
-        drill = stall_batches(replay(trace, cfg, record_batches=window).tables())
+        # only (identical otherwise; every batch is one row per request per step), in a worker
+        # of its own: its tables never reach this process.
+        from capacity.analyses.sweep import in_worker
+        drill = in_worker(drill_of, trace, cfg, window)
     verdict = classify(tables)
     rule = alert_rule(tables, model_name=model_name) if fits else None
     offered = st.offered_rps
@@ -519,6 +521,11 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                 recommended_run=run, stall_drill=drill, classification=verdict, alert=rule,
                 slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
                 recommendation=rec)
+
+
+def drill_of(trace: pl.DataFrame, config: EngineConfig, window: tuple[int, int]):
+    """The drill-down of a replay (stalls.stall_batches), replayed with the batches of `window`."""
+    return stall_batches(replay(trace, config, record_batches=window).tables())
 
 
 def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,

@@ -46,6 +46,14 @@ class Replicas:
                 "explanation": self.explanation}
 
 
+def fleet_score(trace: pl.DataFrame, config: EngineConfig, replicas: int, router: str,
+                trace_name: str, kw: dict) -> FleetScore:
+    """One fleet replay, scored (runs in a worker: its replicas replay in that process)."""
+    fleet = run_fleet(trace, config, replicas=replicas, router=router,
+                      planner=Planner(workers=1, trace_name=trace_name))
+    return score(fleet, **kw)
+
+
 def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                  capacity_scale: float | None, slo_ttft_p99_s: float, slo_tbt_p99_s: float,
                  budget: Budget, router: str, max_replicas: int, target_peak_scale: float = 1.0,
@@ -59,13 +67,21 @@ def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                         explanation=f"no number of replicas fixes it: {why_not}")
     scores: dict[int, FleetScore] = {}
 
+    kw = dict(slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
+    keep = on_fleet is not None or getattr(planner, "keep_tables", False)
+
     def passes(n: int) -> bool:
         if n not in scores:
-            fleet = run_fleet(load, config, replicas=n, router=router, planner=planner)
-            if on_fleet is not None:
-                on_fleet(fleet)
-            scores[n] = score(fleet, slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s,
-                              budget=budget)
+            if keep:
+                fleet = run_fleet(load, config, replicas=n, router=router, planner=planner)
+                if on_fleet is not None:
+                    on_fleet(fleet)
+                scores[n] = score(fleet, **kw)
+            else:
+                # Scored in a worker of its own: a fleet's tables (every replica's steps) never
+                # reach this process.
+                from capacity.analyses.sweep import in_worker
+                scores[n] = in_worker(fleet_score, load, config, n, router, planner.trace_name, kw)
         return scores[n].ok
 
     n = max(1, min(linear or 2, max_replicas))

@@ -172,6 +172,19 @@ def execute(fn: Callable, calls: Sequence[tuple[Any, tuple]], *, workers: int | 
         for key, args in calls:
             on_result(key, fn(*args))
         return
+    execute_on(workers, fn, calls, on_result=on_result)
+
+
+def in_worker(fn: Callable, *args) -> Any:
+    """fn(*args) in a worker process of its own (a one-worker pool, kept for the next call):
+    a replay whose tables are only read there leaves the caller's memory as it was."""
+    out = []
+    execute_on(1, fn, [(0, args)], on_result=lambda _, v: out.append(v))
+    return out[0]
+
+
+def execute_on(workers: int, fn: Callable, calls, *, on_result) -> None:
+    """`execute` on the pool of exactly `workers` processes, even for one call."""
     pool = _pool(workers)
     try:
         futures = {}
