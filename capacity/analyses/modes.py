@@ -182,11 +182,6 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:,.0f} ms"
 
 
-def _stall_key(r: ModeResult) -> tuple:
-    return (r.max_tbt_p99_preempted_s or 0.0, r.tbt_p99_s or 0.0, r.ttft_p99_s or 0.0,
-            -r.throughput_rps)
-
-
 # Served throughputs within this fraction are the same: they differ by when the last requests end.
 THROUGHPUT_TIE = 1e-3
 

@@ -29,7 +29,7 @@ import polars as pl
 
 from capacity.analyses.binding import Binding, diagnose
 from capacity.analyses.classify import AlertRule, Classification, alert_rule, classify
-from capacity.analyses.criteria import Budget, Candidate, evaluate
+from capacity.analyses.criteria import Budget, evaluate
 from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.flags import apply_flags, vllm_flags
 from capacity.analyses.headroom import (Headroom, LoadPoint, headroom, ok, probe, search_loads,
@@ -242,9 +242,7 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets) -> s
     for tp in (2, 4, 8):
         tp *= config.tensor_parallel_size
         try:
-            cfg = dataclasses.replace(config, tensor_parallel_size=tp, num_gpu_blocks_override=None
-                                      if config.num_gpu_blocks_override is None
-                                      else config.num_gpu_blocks_override)
+            cfg = dataclasses.replace(config, tensor_parallel_size=tp)
             resolve(cfg)
         except ValueError:
             break

@@ -92,14 +92,8 @@ def choose(cands: list[Candidate], margins: list[ScaleSearch | None]) -> tuple[C
     return pick, "; ".join(words)
 
 
-def _same_but_seqs(a, b) -> bool:
-    """Do two configs resolve to the same engine except for max_num_seqs?"""
-    ra, rb = resolve(a).spec, resolve(b).spec
-    return dataclasses.replace(ra, max_num_seqs=0) == dataclasses.replace(rb, max_num_seqs=0)
-
-
-def _sweep_smallest_first(trace, configs, planner: Planner, on_done, *, slo_ttft_p99_s: float,
-                          slo_tbt_p99_s: float, budget: Budget) -> list[Candidate]:
+def _score_candidates(trace, configs, planner: Planner, *, slo_ttft_p99_s: float,
+                      slo_tbt_p99_s: float, budget: Budget) -> list[Candidate]:
     """Score every candidate where it was replayed (no tables kept), smallest max_num_seqs first:
     a run whose running set never reached its max_num_seqs was never limited by it, so every
     larger value (same engine otherwise) replays identically and reuses it (the planner's
@@ -111,16 +105,13 @@ def _sweep_smallest_first(trace, configs, planner: Planner, on_done, *, slo_ttft
     scored = planner.map_shared(jobs, [score_reducer(slo_ttft_s=slo_ttft_p99_s,
                                                      slo_tbt_s=slo_tbt_p99_s, budget=budget,
                                                      config=resolve(c)) for c in configs])
-    if on_done:
-        for i in range(len(configs)):
-            on_done(i, None)
     return [cand for cand, _ in scored]
 
 
 def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[int],
          max_num_batched_tokens_grid: list[int] | None = None, slo_ttft_p99_s: float,
          slo_tbt_p99_s: float, budget: Budget = Budget(), planner: Planner | None = None,
-         precision: float = PRECISION, on_done=None) -> Tuning:
+         precision: float = PRECISION) -> Tuning:
     from capacity.analyses.flags import vllm_flags
     if not max_num_seqs_grid:
         raise ValueError("max_num_seqs_grid: give at least one value, e.g. 64,128,256")
@@ -128,7 +119,7 @@ def tune(trace: pl.DataFrame, config: EngineConfig, *, max_num_seqs_grid: list[i
     tokens = max_num_batched_tokens_grid or [config.max_num_batched_tokens]
     configs = [dataclasses.replace(config, max_num_seqs=seqs, max_num_batched_tokens=mbt)
                for mbt in tokens for seqs in sorted(set(max_num_seqs_grid))]
-    cands = _sweep_smallest_first(trace, configs, planner, on_done, slo_ttft_p99_s=slo_ttft_p99_s,
+    cands = _score_candidates(trace, configs, planner, slo_ttft_p99_s=slo_ttft_p99_s,
                                   slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
     feasible = {i: cfg for i, (cfg, c) in enumerate(zip(configs, cands)) if c.feasible}
     found = search_loads(trace, feasible, planner, passes=ok, slo_ttft_p99_s=slo_ttft_p99_s,
