@@ -72,12 +72,27 @@ class GpuSpec:
     def memory_gib(self) -> float:
         return self.memory_bytes / GIB
 
+    def cuda_graph_bytes(self, model: ModelSpec, tp: int = 1) -> int:
+        """GPU memory vLLM's captured CUDA graphs keep per GPU (0.34 sizes the KV cache after
+        capture, so it comes off the KV cache): a measured entry of CUDA_GRAPH_BYTES, else
+        DEFAULT_CUDA_GRAPH_BYTES."""
+        return CUDA_GRAPH_BYTES.get((self.name, model.name, tp), DEFAULT_CUDA_GRAPH_BYTES)
+
     @property
     def tp_link_bandwidth_bytes_per_s(self) -> float:
         """One-direction bandwidth between two GPUs of a TP group."""
         if self.nvlink_bandwidth_bytes_per_s is None:
             return self.host_link_bandwidth_bytes_per_s
         return self.nvlink_bandwidth_bytes_per_s / 2
+
+
+# CUDA-graph memory per GPU. vLLM logs it at startup ("Graph capturing finished in 14 secs, took
+# 0.84 GiB": the shipped tests/data/logs/public/v1_19794_startup_tqdm_blocks.log, 67 capture
+# sizes, the V1 default). It depends on the capture sizes far more than on the model, so one
+# measured figure is the default; (gpu, model, tp) entries take a measured line of their own
+# (`kvcap calibrate` from a startup log is the way to confirm it for a deployment).
+DEFAULT_CUDA_GRAPH_BYTES = int(0.84 * GIB)
+CUDA_GRAPH_BYTES: dict[tuple[str, str, int], int] = {}
 
 
 def vllm_hardware_tier(memory_bytes: int, device_name: str) -> HardwareTier:

@@ -19,6 +19,13 @@ from replay.catalog import GIB, GpuSpec, HardwareTier, ModelSpec, get_gpu, get_m
 from replay.spec import OnSwapFull, Policy, PreemptionModeName, SchedulerSpec, cdiv
 
 SchedulerVersion = Literal["v0", "v1"]
+# The V1 releases kvcap models (`--vllm-version`); V0 is always 0.10.1.1.
+VllmVersion = Literal["0.33", "0.34"]
+VLLM_VERSIONS: tuple[str, ...] = ("0.33", "0.34")
+DEFAULT_VLLM_VERSION = "0.34"   # the latest release (2026-11-16)
+V0_VLLM_VERSION = "0.10.1.1"
+# Default KV block size in tokens: 16 up to 0.33, 64 from 0.34 (`config/cache.py`, oracle §8).
+DEFAULT_BLOCK_SIZE = {"0.10.1.1": 16, "0.33": 16, "0.34": 64}
 
 # Reference A9 (V0, 0.10.1.1).
 V0_GPU_MEMORY_UTILIZATION = 0.90
@@ -35,12 +42,15 @@ V1_API_SERVER_BATCH_DEFAULTS: dict[HardwareTier, tuple[int, int]] = {
     "other": (2048, 256),
 }
 
-_FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark", "kv_offloading_size")
+_FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space", "watermark", "kv_offloading_size",
+                 "cache_aware_admission_threshold")
 # Fields added with the offloading connector (#16): in the config JSON (and so in the run id)
 # only when set, so runs stored before them keep their ids.
 _LATER_FIELDS = {"kv_offloading_size": None, "kv_offloading_backend": "native",
                  "kv_offloading_eviction_policy": "lru", "offload_prompt_only": True,
-                 "kv_offloading_store_threshold": 0}
+                 "kv_offloading_store_threshold": 0, "vllm_version": None,
+                 "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
+                 "max_num_inflight_kv_loads": None, "preemption_victim": "fcfs"}
 # vLLM 0.33 `v1/kv_offload/cpu/spec.py`: every offload chunk is rounded up to the page size.
 OFFLOAD_PAGE_BYTES = 4096
 # kv_connector_extra_config "block_size" defaults to the GPU block size: one block per chunk.
@@ -55,12 +65,15 @@ class EngineConfig:
     """What a user sets, with vLLM's names. `None` means "what this vLLM version would pick"."""
 
     scheduler: SchedulerVersion = "v1"
+    # V1 only: which release's defaults and behaviours (None = DEFAULT_VLLM_VERSION, 0.34).
+    vllm_version: VllmVersion | None = None
     # Catalog name, Hugging Face id, or the path of a local config.json.
     model: str = "llama-3.1-8b"
     gpu: str = "h100"
     tensor_parallel_size: int = 1
-    block_size: int = 16
-    gpu_memory_utilization: float | None = None   # 0.90 (V0) / 0.92 (V1)
+    block_size: int | None = None                 # 16 (V0, 0.33) / 64 (0.34)
+    # 0.90 (V0) / 0.92 (0.33) / 0.34: the memory left after warmup (memory.v034_available_kv_bytes)
+    gpu_memory_utilization: float | None = None
     # GiB per GPU (vLLM's unit): V0's swap pool. V1 has no swap (its host tier is
     # kv_offloading_size) and ignores it.
     swap_space: float = 4.0
@@ -95,6 +108,16 @@ class EngineConfig:
     # N-th offer on (0.33 counts every offer, a preempted request's re-offer too); 0 or 1 store
     # at once (vLLM's default 0).
     kv_offloading_store_threshold: int = 0
+    # vLLM 0.34's cache-aware admission (refused on 0.33): once KV usage reaches the threshold,
+    # the first `window` waiting requests are admitted deepest GPU prefix-cache hit first
+    # (0 = off, vLLM's default).
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
+    # vLLM 0.34's cap on concurrent KV connector loads (None = no cap; refused on 0.33).
+    max_num_inflight_kv_loads: int | None = None
+    # A what-if, in no vLLM release: "lcf" preempts the running request with the fewest computed
+    # tokens (vLLM PR #53723, open) instead of the last one admitted ("fcfs", vLLM's rule).
+    preemption_victim: Literal["fcfs", "lcf"] = "fcfs"
     # Path of a cost-model profile (`kvcap calibrate`); carried for the executor, not read here.
     calibration: str | None = None
 
@@ -130,6 +153,8 @@ class ResolvedEngine:
 
     config: EngineConfig
     spec: SchedulerSpec
+    # The vLLM release replayed: "0.10.1.1" (V0), "0.33" or "0.34" (V1).
+    vllm_version: str
     model: ModelSpec
     gpu: GpuSpec
     gpu_memory_utilization: float
@@ -148,6 +173,10 @@ class ResolvedEngine:
     defaulted: frozenset[str]
     # Human-readable remarks (estimates, clamps, skipped checks) for logs and reports.
     notes: tuple[str, ...] = ()
+
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -190,9 +219,15 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         notes.append(f"num_params of {model.name} estimated from its config shapes "
                      f"({model.num_params / 1e9:.2f}B)")
 
+    version = vllm_version_of(c)
+    block_size = DEFAULT_BLOCK_SIZE[version] if c.block_size is None else c.block_size
+    if c.block_size is None:
+        defaulted.add("block_size")
     util = c.gpu_memory_utilization
     if util is None:
-        util = V1_GPU_MEMORY_UTILIZATION if v1 else V0_GPU_MEMORY_UTILIZATION
+        # 0.34 has no fixed fraction: it takes what warmup left (reported as 1.0, vLLM's value).
+        util = (1.0 if version == "0.34" else V1_GPU_MEMORY_UTILIZATION) if v1 \
+            else V0_GPU_MEMORY_UTILIZATION
     max_model_len = model.max_position_embeddings if c.max_model_len is None else c.max_model_len
     chunked = c.enable_chunked_prefill
     if chunked is None:
@@ -204,12 +239,13 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
     _check_batch_limits(c, max_num_seqs, max_num_batched_tokens, max_model_len, chunked)
 
     per_token = memory.kv_bytes_per_token(model, tp, c.kv_cache_dtype)
-    per_block = memory.kv_bytes_per_block(model, tp, c.kv_cache_dtype, c.block_size)
-    available = memory.available_kv_bytes(model, gpu, tp, util)
-    _check_pool_sizes(c, gpu, per_block, available)
+    per_block = memory.kv_bytes_per_block(model, tp, c.kv_cache_dtype, block_size)
+    available = _available_kv_bytes(version, model, gpu, tp, c.gpu_memory_utilization)
+    _check_pool_sizes(c, gpu, per_block, available, block_size)
     if c.num_gpu_blocks_override is None:
         gpu_blocks = max(0, available // per_block)
-        _check_kv_memory(c, model, gpu, util, available, gpu_blocks, max_model_len)
+        _check_kv_memory(c, model, gpu, util, available, gpu_blocks, max_model_len,
+                         version, block_size)
     else:
         gpu_blocks = c.num_gpu_blocks_override
         notes.append("num_gpu_blocks_override set: the memory formula and the startup "
@@ -234,7 +270,7 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         cpu_blocks = c.num_cpu_blocks_override
     else:
         cpu_blocks = memory.num_cpu_blocks(c.swap_space, model, tp, c.kv_cache_dtype,
-                                           c.block_size)
+                                           block_size)
     if c.preemption_mode == "swap" and cpu_blocks == 0:
         notes.append("preemption_mode='swap' with an empty host pool: every swap-out is "
                      f"swap-full (on_swap_full={c.on_swap_full!r})")
@@ -242,7 +278,7 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         notes.append("v0 honours priority only with chunked prefill off (reference A7)")
 
     spec = SchedulerSpec(
-        block_size=c.block_size, num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
+        block_size=block_size, num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len, enable_chunked_prefill=chunked,
         enable_prefix_caching=prefix, policy=c.scheduling_policy,
@@ -257,12 +293,30 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         offload_store_threshold=c.kv_offloading_store_threshold,
         offload_host_link_bytes_per_s=gpu.host_link_bandwidth_bytes_per_s)
     return ResolvedEngine(
-        config=c, spec=spec, model=model, gpu=gpu, gpu_memory_utilization=util,
+        config=c, spec=spec, vllm_version=version, model=model, gpu=gpu, gpu_memory_utilization=util,
         kv_bytes_per_token=per_token, kv_bytes_per_block=per_block, available_kv_bytes=available,
         num_gpu_blocks=gpu_blocks, num_cpu_blocks=cpu_blocks,
         swap_host_ram_bytes=0 if v1 else memory.swap_host_ram_bytes(c.swap_space, tp),
         kv_offloading_host_ram_bytes=cpu_blocks * chunk_bytes if offloading else 0,
         defaulted=frozenset(defaulted), notes=tuple(notes))
+
+
+def vllm_version_of(c: EngineConfig) -> str:
+    """The release a config replays: V0 is 0.10.1.1; V1 its `vllm_version` or the latest."""
+    if c.scheduler == "v0":
+        return V0_VLLM_VERSION
+    return DEFAULT_VLLM_VERSION if c.vllm_version is None else c.vllm_version
+
+
+def _available_kv_bytes(version: str, model: ModelSpec, gpu: GpuSpec, tp: int,
+                        util: float | None) -> int:
+    """KV bytes per GPU by the version's rule: 0.34 sizes after warmup, earlier releases take
+    gpu_memory_utilization of the total (reference C2)."""
+    if version == "0.34":
+        return memory.v034_available_kv_bytes(model, gpu, tp, util)
+    if util is None:
+        util = V1_GPU_MEMORY_UTILIZATION if version == "0.33" else V0_GPU_MEMORY_UTILIZATION
+    return memory.available_kv_bytes(model, gpu, tp, util)
 
 
 def offload_chunk_bytes(kv_bytes_per_block: int, tp: int,
@@ -311,10 +365,17 @@ def _check_fields(c: EngineConfig) -> None:
     get_gpu(c.gpu)
     _int("tensor_parallel_size", c.tensor_parallel_size, 1)
     _check_tp(c.tensor_parallel_size, model)
-    _int("block_size", c.block_size, 1)
-    if c.block_size & (c.block_size - 1):
-        raise ValueError(f"block_size: {c.block_size} is not a power of two; use 16 (vLLM's "
-                         "default) or another power of two such as 8, 32, 64")
+    if c.vllm_version is not None:
+        _choice("vllm_version", c.vllm_version, VLLM_VERSIONS)
+        if c.scheduler == "v0":
+            raise ValueError(f"vllm_version: V0 is vLLM {V0_VLLM_VERSION}; --vllm-version "
+                             f"selects a V1 release ({', '.join(VLLM_VERSIONS)}); drop it or set "
+                             "scheduler='v1'")
+    if c.block_size is not None:
+        _int("block_size", c.block_size, 1)
+        if c.block_size & (c.block_size - 1):
+            raise ValueError(f"block_size: {c.block_size} is not a power of two; use 16 or 64 "
+                             "(vLLM's defaults up to 0.33 / from 0.34) or another power of two")
     if c.gpu_memory_utilization is not None:
         _number("gpu_memory_utilization", c.gpu_memory_utilization)
         if not 0 < c.gpu_memory_utilization <= 1:
@@ -358,6 +419,7 @@ def _check_fields(c: EngineConfig) -> None:
                          "CPU KV offloading: use --kv-offloading-size GIB (kv_offloading_size) with "
                          "preemption_mode='recompute', or scheduler='v0' for --swap-space")
     _check_offloading(c)
+    _check_version_knobs(c)
     if c.calibration is not None and not isinstance(c.calibration, str):
         raise ValueError(f"calibration: expected a path string or None, got {c.calibration!r}")
     if c.scheduler == "v0":
@@ -391,6 +453,39 @@ def _check_offloading(c: EngineConfig) -> None:
                          "preemption_mode='recompute'")
 
 
+def _check_version_knobs(c: EngineConfig) -> None:
+    """0.34's new scheduler knobs, and the least-computed-first what-if."""
+    _int("cache_aware_admission_window", c.cache_aware_admission_window, 0)
+    _number("cache_aware_admission_threshold", c.cache_aware_admission_threshold)
+    if not 0 <= c.cache_aware_admission_threshold <= 1:
+        raise ValueError(f"cache_aware_admission_threshold: {c.cache_aware_admission_threshold} "
+                         "is outside [0, 1]; it is a KV usage fraction, e.g. 0.5 (vLLM's default)")
+    if c.max_num_inflight_kv_loads is not None:
+        _int("max_num_inflight_kv_loads", c.max_num_inflight_kv_loads, 1)
+    _choice("preemption_victim", c.preemption_victim, ("fcfs", "lcf"))
+    version = vllm_version_of(c)
+    for name, flag, on in (
+            ("cache_aware_admission_window", "--cache-aware-admission-window",
+             c.cache_aware_admission_window > 0),
+            ("cache_aware_admission_threshold", "--cache-aware-admission-threshold",
+             c.cache_aware_admission_threshold != 0.5),
+            ("max_num_inflight_kv_loads", "--max-num-inflight-kv-loads",
+             c.max_num_inflight_kv_loads is not None)):
+        if on and version != "0.34":
+            raise ValueError(f"{name}: {flag} is new in vLLM 0.34 and this config replays "
+                             f"{version}; use --vllm-version 0.34 (scheduler='v1') or drop it")
+    if c.cache_aware_admission_window > 0 and c.enable_prefix_caching is False:
+        raise ValueError("cache_aware_admission_window: vLLM reorders by GPU prefix-cache hit, so "
+                         "it does nothing with prefix caching off; enable prefix caching or drop it")
+    if c.preemption_victim == "lcf":
+        if c.scheduler == "v0":
+            raise ValueError("preemption_victim: the least-computed-first what-if is a V1 "
+                             "scheduler change (vLLM PR #53723); set scheduler='v1'")
+        if c.scheduling_policy == "priority":
+            raise ValueError("preemption_victim: 'lcf' replaces the FCFS victim rule; with "
+                             "scheduling_policy='priority' vLLM picks by priority; use 'fcfs'")
+
+
 def _check_v0_only(c: EngineConfig) -> None:
     v1_knobs = {"long_prefill_token_threshold": c.long_prefill_token_threshold != 0,
                 "scheduler_reserve_full_isl": c.scheduler_reserve_full_isl is not True,
@@ -412,13 +507,15 @@ def _check_v0_only(c: EngineConfig) -> None:
 MAX_HOST_POOL_BYTES = 4 * 2**40
 
 
-def _check_pool_sizes(c: EngineConfig, gpu: GpuSpec, per_block: int, available: int) -> None:
+def _check_pool_sizes(c: EngineConfig, gpu: GpuSpec, per_block: int, available: int,
+                      block_size: int) -> None:
     """Block pools are arrays sized by their block counts, so a count no GPU or host could hold is
     refused here (1e12 blocks asked numpy for 7 TiB) instead of failing inside the engine."""
     if available > 0 and per_block > available:
-        raise ValueError(f"block_size: one block of {c.block_size} tokens needs "
+        raise ValueError(f"block_size: one block of {block_size} tokens needs "
                          f"{per_block / GIB:.2f} GiB of KV cache, more than the available "
-                         f"{available / GIB:.2f} GiB on {gpu.name}; use block_size 16 (vLLM's default)")
+                         f"{available / GIB:.2f} GiB on {gpu.name}; use a smaller block_size "
+                         "such as 16")
     if c.num_gpu_blocks_override is not None:
         most = gpu.memory_bytes // per_block
         if c.num_gpu_blocks_override > most:
@@ -453,20 +550,22 @@ def _check_batch_limits(c: EngineConfig, seqs: int, tokens: int, max_model_len: 
 
 
 def _check_kv_memory(c: EngineConfig, model: ModelSpec, gpu: GpuSpec, util: float,
-                     available: int, gpu_blocks: int, max_model_len: int) -> None:
+                     available: int, gpu_blocks: int, max_model_len: int, version: str,
+                     block_size: int) -> None:
     """vLLM refuses to start without KV memory, or when one max_model_len request cannot fit
     (V1 `check_enough_kv_cache_memory`, V0 `raise_if_cache_size_invalid`; reference C2)."""
     tp = c.tensor_parallel_size
-    need_blocks = cdiv(max_model_len, c.block_size)
+    need_blocks = cdiv(max_model_len, block_size)
     if gpu_blocks == 0:
         weights_gib = memory.weight_bytes_per_gpu(model, tp) / GIB
         # Suggest the smallest TP at which one max_model_len request fits as well.
         better = [t for t in (2, 4, 8, 16) if t > tp and _tp_error(t, model) is None
-                  and memory.num_gpu_blocks(model, gpu, t, util, c.kv_cache_dtype,
-                                            c.block_size) >= need_blocks]
+                  and _available_kv_bytes(version, model, gpu, t, c.gpu_memory_utilization)
+                  // memory.kv_bytes_per_block(model, t, c.kv_cache_dtype, block_size)
+                  >= need_blocks]
         hint = f"raise tensor_parallel_size (e.g. {better[0]})" if better \
             else "use a GPU with more memory"
-        if memory.available_kv_bytes(model, gpu, tp, 1.0) > 0:
+        if util < 1 and _available_kv_bytes(version, model, gpu, tp, 1.0) > 0:
             hint += ", or raise gpu_memory_utilization"
         raise ValueError(
             f"tensor_parallel_size: {model.name} needs {weights_gib:.1f} GiB of weights per GPU "
@@ -474,9 +573,9 @@ def _check_kv_memory(c: EngineConfig, model: ModelSpec, gpu: GpuSpec, util: floa
             f"gpu_memory_utilization={util} x {gpu.memory_gib:.1f} GiB on {gpu.name} "
             f"(available {available / GIB:.2f} GiB); {hint}")
     if need_blocks > gpu_blocks:
-        estimate = memory.estimated_max_model_len(gpu_blocks, c.block_size)
+        estimate = memory.estimated_max_model_len(gpu_blocks, block_size)
         need_gib = need_blocks * memory.kv_bytes_per_block(model, tp, c.kv_cache_dtype,
-                                                           c.block_size) / GIB
+                                                           block_size) / GIB
         raise ValueError(
             f"max_model_len: one request of the model's max seq len ({max_model_len}) needs "
             f"{need_gib:.2f} GiB of KV cache, more than the available {available / GIB:.2f} GiB "

@@ -5,6 +5,7 @@ name says otherwise. Owns nothing else. Must not import traces/, capacity/, duck
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from replay.catalog import GIB, GpuSpec, ModelSpec
@@ -69,6 +70,39 @@ def available_kv_bytes(model: ModelSpec, gpu: GpuSpec, tp: int = 1,
         else non_kv_overhead_bytes
     requested = int(gpu.memory_bytes * gpu_memory_utilization)
     return requested - weight_bytes_per_gpu(model, tp) - overhead
+
+
+# ------------------------------------------------------------------ vLLM 0.34: extensible KV cache
+# 0.34 sizes the KV cache after warmup and CUDA-graph capture from the memory then measured
+# (`measure_kv_cache_blocks`, v1/worker/gpu: docs/memory.md): non-KV memory is what is resident
+# besides the committed KV prefix, the headroom is free memory plus that prefix, and the cache gets
+# min(gpu_memory_utilization x total - non-KV, headroom - margin), margin = max(256 MiB, 2% of
+# the headroom). Left unset, gpu_memory_utilization is 1.0 there, so the headroom binds.
+V034_MARGIN_FLOOR_BYTES = 256 * 2**20
+V034_MARGIN_FRACTION = 0.02
+# What the CUDA context and the runtime pin on a GPU before vLLM measures its "initial free
+# memory" (torch's context, cuBLAS/cuDNN handles): resident, but never part of non-KV memory.
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+# Non-torch memory resident after warmup besides the weights and the CUDA graphs (cuBLAS
+# workspaces, the sampler's buffers; NCCL buffers and custom all-reduce at TP > 1).
+NON_TORCH_TP1_BYTES = int(0.25 * GIB)
+NON_TORCH_TP_BYTES = int(0.75 * GIB)
+
+
+def v034_available_kv_bytes(model: ModelSpec, gpu: GpuSpec, tp: int = 1,
+                            gpu_memory_utilization: float | None = None,
+                            cuda_graph_bytes: int | None = None) -> int:
+    """KV bytes per GPU under vLLM 0.34's extensible KV cache (see above). May be negative: the
+    model does not fit. `gpu_memory_utilization` None = 0.34's default (the headroom binds)."""
+    graphs = gpu.cuda_graph_bytes(model, tp) if cuda_graph_bytes is None else cuda_graph_bytes
+    non_kv = (weight_bytes_per_gpu(model, tp) + graphs
+              + (NON_TORCH_TP1_BYTES if tp == 1 else NON_TORCH_TP_BYTES))
+    headroom = gpu.memory_bytes - CUDA_CONTEXT_BYTES - non_kv
+    margin = max(V034_MARGIN_FLOOR_BYTES, int(max(headroom, 0) * V034_MARGIN_FRACTION))
+    available = headroom - margin
+    if gpu_memory_utilization is not None:
+        available = min(available, math.ceil(gpu.memory_bytes * gpu_memory_utilization) - non_kv)
+    return available
 
 
 def num_gpu_blocks(model: ModelSpec, gpu: GpuSpec, tp: int = 1,

@@ -273,5 +273,7 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
         "kv_offloading": spec.kv_offloading,
         # Prompt tokens per prefix hash of the trace (None: no prefix hashes).
         "hash_block_tokens": hash_block_tokens(trace) if has_prefix_hashes(trace) else None,
+        # The vLLM release replayed: 0.10.1.1 (V0), 0.33 or 0.34 (V1).
+        "vllm_version": eng.vllm_version,
     }
     return RunResult(run=run, **tables)

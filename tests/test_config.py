@@ -22,9 +22,26 @@ def spec_of(**kw) -> SchedulerSpec:
 
 
 # ------------------------------------------------------------------------------------ defaults
-def test_default_is_v1_llama_8b_on_h100():
+def test_default_is_v1_034_llama_8b_on_h100():
+    """vLLM 0.34 by default: 64-token blocks and the KV pool sized after warmup (docs/memory.md:
+    61.40 GiB, 7,859 blocks, 502,976 tokens)."""
     r = resolve(EngineConfig())
-    assert (r.config.scheduler, r.model.name, r.gpu.name) == ("v1", "llama-3.1-8b", "h100")
+    assert (r.config.scheduler, r.vllm_version, r.model.name, r.gpu.name) == (
+        "v1", "0.34", "llama-3.1-8b", "h100")
+    s = r.spec
+    assert s.block_size == 64 and r.gpu_memory_utilization == 1.0
+    assert (s.max_num_batched_tokens, s.max_num_seqs) == (8192, 1024)
+    assert r.num_gpu_blocks == 7859 and r.kv_tokens == 502_976
+    assert r.log_lines()[:2] == ("Available KV cache memory: 61.40 GiB",
+                                 "GPU KV cache size: 502,976 tokens")
+    assert s.kv_bytes_per_block == 8 * 2**20
+    assert "block_size" in r.defaulted
+
+
+def test_033_is_selectable_and_keeps_its_defaults():
+    r = resolve(EngineConfig(vllm_version="0.33"))
+    assert (r.config.scheduler, r.vllm_version, r.model.name, r.gpu.name) == (
+        "v1", "0.33", "llama-3.1-8b", "h100")
     s = r.spec
     assert r.gpu_memory_utilization == 0.92
     assert (s.max_num_batched_tokens, s.max_num_seqs) == (8192, 1024)
@@ -40,7 +57,31 @@ def test_default_is_v1_llama_8b_on_h100():
     assert r.kv_bytes_per_token == 128 * 1024
     assert r.defaulted == {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
                            "max_model_len", "enable_prefix_caching", "enable_chunked_prefill",
-                           "async_scheduling"}
+                           "async_scheduling", "block_size"}
+
+
+def test_overrides_win_over_the_034_defaults():
+    r = resolve(EngineConfig(block_size=16, gpu_memory_utilization=0.9))
+    assert r.vllm_version == "0.34" and r.block_size == 16 and r.gpu_memory_utilization == 0.9
+    # An explicit utilization caps the budget: 0.9 x 79.2 GiB - weights - graphs - non-torch.
+    assert r.available_kv_bytes < resolve(EngineConfig(block_size=16)).available_kv_bytes
+    assert resolve(EngineConfig(num_gpu_blocks_override=100)).num_gpu_blocks == 100
+
+
+@pytest.mark.parametrize("kw, flag", [
+    (dict(vllm_version="0.33", cache_aware_admission_window=4), "cache_aware_admission_window"),
+    (dict(vllm_version="0.33", max_num_inflight_kv_loads=1), "max_num_inflight_kv_loads"),
+    (dict(vllm_version="0.33", cache_aware_admission_threshold=0.9),
+     "cache_aware_admission_threshold"),
+    (dict(scheduler="v0", vllm_version="0.34"), "vllm_version"),
+    (dict(vllm_version="0.35"), "vllm_version"),
+    (dict(preemption_victim="lcf", scheduling_policy="priority"), "preemption_victim"),
+    (dict(scheduler="v0", preemption_victim="lcf"), "preemption_victim"),
+])
+def test_version_knobs_are_refused_where_that_vllm_has_none(kw, flag):
+    with pytest.raises(ValueError) as e:
+        EngineConfig(**kw)
+    assert str(e.value).startswith(f"{flag}:") and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("gpu, tokens, seqs", [
@@ -79,7 +120,7 @@ def test_explicit_values_win_and_are_not_marked_defaulted():
     assert (r.gpu_memory_utilization, s.max_num_seqs, s.max_num_batched_tokens,
             s.max_model_len, s.enable_prefix_caching, s.enable_chunked_prefill) == (
         0.8, 64, 4096, 4096, True, True)
-    assert r.defaulted == frozenset()
+    assert r.defaulted == {"block_size"}
 
 
 # ------------------------------------------------------------------------- B9 post-processing

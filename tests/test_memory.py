@@ -1,12 +1,14 @@
 """KV memory formulas against reference C1 (exact) and the worked table C4 (within 5%)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from replay import memory
-from replay.catalog import GIB, GPUS, MODELS, get_model
+from replay.catalog import GIB, GPUS, MODELS, get_gpu, get_model
 
 KIB = 1024
 H100 = GPUS["h100"]
@@ -139,3 +141,19 @@ def test_blocks_grow_with_utilization_and_fp8_doubles_them(name, gpu, tp, u1, u2
     # Blocks never hold more bytes than were available.
     avail = memory.available_kv_bytes(m, g, tp, hi)
     assert full * memory.kv_bytes_per_block(m, tp, "fp8", block_size) <= max(0, avail)
+
+
+def test_034_kv_size_of_llama_8b_on_h100_follows_docs_memory_md():
+    """docs/memory.md's worked example, term by term: total - CUDA context - weights - CUDA graphs
+    - non-torch = headroom; available = headroom - max(256 MiB, 2% of it)."""
+    m, g = get_model("llama-3.1-8b"), get_gpu("h100")
+    headroom = (g.memory_bytes - memory.CUDA_CONTEXT_BYTES - m.num_params * 2
+                - g.cuda_graph_bytes(m, 1) - memory.NON_TORCH_TP1_BYTES)
+    assert round(headroom / GIB, 2) == 62.65
+    available = memory.v034_available_kv_bytes(m, g, 1)
+    assert available == headroom - int(headroom * 0.02)
+    assert round(available / GIB, 2) == 61.40
+    assert available // memory.kv_bytes_per_block(m, 1, "auto", 64) == 7859
+    # An explicit utilization is a budget on the total: it binds below the headroom.
+    non_kv = m.num_params * 2 + g.cuda_graph_bytes(m, 1) + memory.NON_TORCH_TP1_BYTES
+    assert memory.v034_available_kv_bytes(m, g, 1, 0.9) == math.ceil(g.memory_bytes * 0.9) - non_kv

@@ -21,7 +21,8 @@ def test_chunks_follow_vllms_arithmetic():
     pinned is the chunks times that rounded size."""
     for tp in (1, 2, 4):
         eng = resolve(EngineConfig(kv_offloading_size=10, tensor_parallel_size=tp))
-        per_rank = memory.kv_bytes_per_block(get_model("llama-3.1-8b"), tp, "auto", 16)
+        per_rank = memory.kv_bytes_per_block(get_model("llama-3.1-8b"), tp, "auto",
+                                             eng.block_size)
         chunk = -(-per_rank * tp // 4096) * 4096
         assert eng.spec.kv_offloading and eng.spec.num_cpu_blocks == 10 * GIB // chunk
         assert eng.kv_offloading_host_ram_bytes == eng.spec.num_cpu_blocks * chunk
@@ -154,7 +155,8 @@ def test_replay_with_offloading_end_to_end(tmp_path):
                  '"hash_ids": [1, 2, 3]}\n')
     db = tmp_path / "k.duckdb"
     res = runner.invoke(app, ["replay", str(f), "--db", str(db), "--json",
-                              "--kv-offloading-size", "1", "--num-gpu-blocks-override", "140"])
+                              "--kv-offloading-size", "1", "--num-gpu-blocks-override", "140",
+                              "--block-size", "16"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["requests_finished"] == 3 and out["cpu_hit_tokens"] > 0

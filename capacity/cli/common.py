@@ -182,13 +182,14 @@ def _check_paths(command: str, kwargs: dict) -> None:
 # name -> (annotation, typer.Option). Defaults None mean "vLLM's version/hardware default".
 ENGINE_FLAGS: dict[str, tuple] = {
     "scheduler": (str, typer.Option("v1", "--scheduler", help="vLLM engine: v0 (<=0.10) or v1.")),
+    "vllm_version": (Optional[str], typer.Option(None, "--vllm-version", help="V1 release whose defaults and behaviours are replayed: 0.33 | 0.34 (default 0.34, the latest).")),
     "model": (str, typer.Option("llama-3.1-8b", "--model", help="Catalog name, HF id or config.json path.")),
     "gpu": (str, typer.Option("h100", "--gpu", help="a100-40gb, a100-80gb, h100, h100-pcie, h200, l40s, b200.")),
     "tensor_parallel_size": (int, typer.Option(1, "--tensor-parallel-size", "-tp")),
     "max_num_seqs": (Optional[int], typer.Option(None, "--max-num-seqs")),
     "max_num_batched_tokens": (Optional[int], typer.Option(None, "--max-num-batched-tokens")),
     "max_model_len": (Optional[int], typer.Option(None, "--max-model-len")),
-    "block_size": (int, typer.Option(16, "--block-size")),
+    "block_size": (Optional[int], typer.Option(None, "--block-size", help="KV block, tokens (default 16; 64 on vLLM 0.34).")),
     "gpu_memory_utilization": (Optional[float], typer.Option(None, "--gpu-memory-utilization")),
     "swap_space": (float, typer.Option(4.0, "--swap-space", help="V0: swap pool, GiB per GPU (V1's host tier is --kv-offloading-size).")),
     "preemption_mode": (str, typer.Option("recompute", "--preemption-mode", help="recompute | swap (V0) | none (queue only).")),
@@ -211,6 +212,14 @@ ENGINE_FLAGS: dict[str, tuple] = {
                                                help="V1 offloading: store prompt blocks only (vLLM's default).")),
     "kv_offloading_store_threshold": (int, typer.Option(0, "--kv-offloading-store-threshold",
                                                         help="V1 offloading: store a chunk from its N-th offer on (kv_connector_extra_config store_threshold; 0 = at once).")),
+    "cache_aware_admission_window": (int, typer.Option(0, "--cache-aware-admission-window",
+                                                       help="vLLM 0.34: admit the deepest cached prefix first among the first N waiting requests (0 = off).")),
+    "cache_aware_admission_threshold": (float, typer.Option(0.5, "--cache-aware-admission-threshold",
+                                                            help="vLLM 0.34: KV usage from which the admission window reorders.")),
+    "max_num_inflight_kv_loads": (Optional[int], typer.Option(None, "--max-num-inflight-kv-loads",
+                                                              help="vLLM 0.34: cap on concurrent KV connector loads.")),
+    "preemption_victim": (str, typer.Option("fcfs", "--preemption-victim",
+                                            help="V1 what-if: fcfs (vLLM) | lcf (fewest computed tokens first; vLLM PR #53723, in no release).")),
 }
 
 

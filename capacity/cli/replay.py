@@ -146,7 +146,8 @@ def _facts_from_logs(db: Path, source: Optional[str], engine):
     if not db.is_file():
         raise CliError(f"--from-logs: {db}: no such database (write it with `kvcap logs ... --db {db}`)")
     try:
-        return engine_facts(db, block_size=engine.block_size, source=source)
+        from replay.config import resolve
+        return engine_facts(db, block_size=resolve(engine).block_size, source=source)
     except ValueError as e:
         raise CliError(f"--from-logs: {e}") from None
 

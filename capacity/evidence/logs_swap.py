@@ -23,7 +23,7 @@ from capacity.evidence.logs import read_evidence
 from capacity.analyses.metrics import GIB
 from capacity.analyses.sizing import round_up_gib
 from replay.catalog import get_model
-from replay.config import EngineConfig
+from replay.config import EngineConfig, resolve
 from replay.memory import kv_bytes_per_block, kv_bytes_per_token
 from replay.store import connect
 
@@ -140,7 +140,7 @@ def size_swap_from_logs(db: Path, config: EngineConfig, *, context_tokens: int |
     else:
         raise ValueError("no client results with prompt/output lengths in the DB; pass --context-tokens N")
     model = get_model(config.model)
-    tp, bs = config.tensor_parallel_size, config.block_size
+    tp, bs = config.tensor_parallel_size, resolve(config).block_size
     bpt = kv_bytes_per_token(model, tp, config.kv_cache_dtype)
     bpb = kv_bytes_per_block(model, tp, config.kv_cache_dtype, bs)
     peak = swapped.sort(["swapped", "epoch_s"], descending=[True, False]).row(0, named=True)
