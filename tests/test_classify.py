@@ -8,7 +8,7 @@ from capacity.analyses.classify import alert_rule, classify
 from replay.config import EngineConfig
 from replay.run import replay
 
-CFG = EngineConfig(num_gpu_blocks_override=400, max_num_seqs=64)   # 6,400 KV tokens
+CFG = EngineConfig(num_gpu_blocks_override=400, block_size=16, max_num_seqs=64)   # 6,400 KV tokens
 
 
 def trace(times, prompt=300, output=120, seed=0):

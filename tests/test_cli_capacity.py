@@ -10,9 +10,9 @@ from capacity_helpers import conv800, kvcap, kvcap_json  # noqa: F401 (conv800: 
 # conv800 on these pools (measured, default H100 step-time profile): 1800 blocks keeps up and
 # preempts a little; 1200 blocks (V0, swap) swaps some 20 requests out; 350 blocks serves 2.22 of
 # 4.40 req/s — the trace at twice its sustainable rate.
-POOL = ["--num-gpu-blocks-override", "1800"]
-SWAP_POOL = ["--num-gpu-blocks-override", "1200"]
-OVERLOAD = ["--num-gpu-blocks-override", "350"]
+POOL = ["--num-gpu-blocks-override", "1800", "--block-size", "16"]
+SWAP_POOL = ["--num-gpu-blocks-override", "1200", "--block-size", "16"]
+OVERLOAD = ["--num-gpu-blocks-override", "350", "--block-size", "16"]
 SLO = ["--slo-ttft-p99", "3", "--slo-tbt-p99", "0.2", "--preemption-budget", "any"]
 
 

@@ -35,7 +35,7 @@ def kvcap(*args, check=True):
 
 def test_replay_json_has_the_contract_keys_and_writes_the_db(small_trace, tmp_path):
     db = tmp_path / "k.duckdb"
-    res = kvcap("replay", small_trace, "--db", db, "--json", "--num-gpu-blocks-override", "600")
+    res = kvcap("replay", small_trace, "--db", db, "--json", "--num-gpu-blocks-override", "600", "--block-size", "16")
     out = json.loads(res.stdout)
     assert REPLAY_KEYS <= out.keys()
     assert out["requests_finished"] == 300 and out["status"] == "completed"
@@ -57,9 +57,9 @@ def test_replay_json_has_the_contract_keys_and_writes_the_db(small_trace, tmp_pa
 def test_same_inputs_give_identical_tables(small_trace, tmp_path):
     a, b = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
     ra = json.loads(kvcap("replay", small_trace, "--db", a, "--json",
-                          "--num-gpu-blocks-override", "600").stdout)
+                          "--num-gpu-blocks-override", "600", "--block-size", "16").stdout)
     rb = json.loads(kvcap("replay", small_trace, "--db", b, "--json",
-                          "--num-gpu-blocks-override", "600").stdout)
+                          "--num-gpu-blocks-override", "600", "--block-size", "16").stdout)
     assert ra["run_id"] == rb["run_id"]
     for table, order in (("requests", "request_id"), ("steps", "step"), ("events", "t_s, request_id")):
         qa = duckdb.connect(str(a), read_only=True).sql(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
@@ -148,7 +148,7 @@ def test_record_batches_stores_every_step_batch_and_a_rerun_without_drops_it(sma
     tokens add up to the step's; the other tables are the run without it; a rerun without the
     flag replaces the run and leaves no batches behind."""
     db, plain = tmp_path / "b.duckdb", tmp_path / "p.duckdb"
-    args = (small_trace, "--json", "--num-gpu-blocks-override", "600")
+    args = (small_trace, "--json", "--num-gpu-blocks-override", "600", "--block-size", "16")
     out = json.loads(kvcap("replay", *args, "--db", db, "--record-batches").stdout)
     json.loads(kvcap("replay", *args, "--db", plain).stdout)
     con = duckdb.connect(str(db), read_only=True)
@@ -181,7 +181,7 @@ def test_async_scheduling_flag_is_recorded_and_says_which_loop(small_trace, tmp_
     replayed; the async loop finishes every request too and, applying outputs a step late,
     needs at least as many steps (blocks come back a step later)."""
     db = tmp_path / "a.duckdb"
-    args = (small_trace, "--json", "--db", db, "--num-gpu-blocks-override", "600")
+    args = (small_trace, "--json", "--db", db, "--num-gpu-blocks-override", "600", "--block-size", "16")
     a = json.loads(kvcap("replay", *args, "--async-scheduling").stdout)
     s = json.loads(kvcap("replay", *args, "--no-async-scheduling").stdout)
     assert (a["scheduler_loop"], s["scheduler_loop"]) == ("async", "sync")

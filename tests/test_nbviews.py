@@ -22,7 +22,7 @@ def trace():
 
 @pytest.fixture(scope="module")
 def config():
-    return EngineConfig(num_gpu_blocks_override=600)
+    return EngineConfig(num_gpu_blocks_override=600, block_size=16)
 
 
 def test_notebook_trace_is_the_scenario_or_a_window_of_it(trace, tmp_path):
@@ -54,7 +54,7 @@ def test_cached_replay_stores_once_and_reads_back(trace, config, tmp_path, monke
 
 def test_store_runs_writes_every_run(trace, config, tmp_path):
     runs = [replay(trace, config, label="a"),
-            replay(trace, EngineConfig(num_gpu_blocks_override=900), label="b")]
+            replay(trace, EngineConfig(num_gpu_blocks_override=900, block_size=16), label="b")]
     out = nbviews.store_runs(tmp_path / "s.duckdb", runs)
     assert out["label"].to_list() == ["a", "b"]
     assert set(nbviews.stored_run_ids(tmp_path / "s.duckdb")) == set(out["run_id"])

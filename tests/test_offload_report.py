@@ -23,6 +23,7 @@ def point(size, work, hits, ttft, verdict="ok"):
 
 def sizing(points) -> OffloadSizing:
     return OffloadSizing(scheduler="v1", scheduler_loop="async", tensor_parallel_size=1,
+                         vllm_version="0.34", block_size=64,
                          tolerance=0.05, points=tuple(points), knee=knee(points, 0.05),
                          host_ram_total_gib=256.0, host_ram_source="DGX H100 reference server")
 
@@ -36,7 +37,7 @@ def test_offload_section_names_engine_loop_and_knee_and_its_chart_renders():
     assert z.recommended_kv_offloading_size_gib == 32        # 7,000 <= 1.05 x 6,900; 1.01 <= 1.05
     assert z.flags() == ("--kv-offloading-size", "32", "--kv-offloading-backend", "native")
     sec = offload_section(z)
-    assert "vLLM V1 (0.33), async scheduling loop" in sec.body
+    assert "vLLM 0.34 (V1, 64-token blocks), async scheduling (the default)" in sec.body
     assert "→ 32.00" in sec.body and "0 (no connector)" in sec.body
     assert "128.00\u00a0GiB (warn)" in sec.body
     (fig,) = sec.charts

@@ -77,6 +77,7 @@ def test_overloaded_trace_gets_overloaded_a_sustainable_load_and_no_flags(conv80
     # 350 blocks: the engine serves about half of conv800's rate — the trace at twice its
     # sustainable rate.
     doc = kvcap_json("report", conv800, "-o", tmp_path, "--num-gpu-blocks-override", "350",
+                     "--block-size", "16",
                      *SLO, "--max-num-seqs-grid", "32,64", "--workers", "2")
     rec = doc["recommendation"]
     assert doc["sustainable"] is False and rec["flags"] == [] and rec["expected"] is None

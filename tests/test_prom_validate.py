@@ -78,7 +78,7 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("pv")
     trace = synthesize("poisson", rate_rps=4.0, duration_s=60, seed=1)
     # V1 with CPU KV offloading: prompt blocks are written through, resumes load them back
-    run = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=500,
+    run = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=500, block_size=16,
                                      kv_offloading_size=1.0))
     db = d / "ev.duckdb"
     write_run(db, run.tables())
@@ -143,11 +143,11 @@ def test_replay_from_logs_takes_the_logged_gpu_blocks(tmp_path):
                           "--from-logs", str(logs), "--json"], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     facts = json.loads(res.stdout)["engine_from_logs"]
-    # "GPU KV cache size: 42,656 tokens" / block size 16
-    assert (facts["num_gpu_blocks"], facts["line"]) == (42656 // 16, 3) and "42,656" in facts["derived"]
+    # "GPU KV cache size: 42,656 tokens" / the replay's block size (64: vLLM 0.34 by default)
+    assert (facts["num_gpu_blocks"], facts["line"]) == (42656 // 64, 3) and "42,656" in facts["derived"]
     with duckdb.connect(str(db), read_only=True) as con:
         (blocks,), = con.execute("SELECT num_gpu_blocks FROM runs").fetchall()
-    assert blocks == 42656 // 16
+    assert blocks == 42656 // 64
     both = subprocess.run([KVCAP, "replay", str(ROOT / "tests" / "data" / "logs" / "bench_v0.json"), "--db",
                            str(db), "--from-logs", str(logs), "--num-gpu-blocks-override", "100"],
                           capture_output=True, text=True, cwd=ROOT)

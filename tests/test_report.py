@@ -91,10 +91,12 @@ def test_index_has_every_section_and_the_flags(report):
 def test_baseline_says_which_engine_and_loop_it_replayed(report, inputs):
     from capacity.report.render import engine_words
     words = engine_words(inputs["run"].run)
-    assert words == "vLLM V0 (0.10.1.1), synchronous engine loop"    # the fixture swaps: V0
+    # the fixture swaps: V0
+    assert words == "vLLM 0.10.1.1 (V0, 16-token blocks), synchronous engine loop"
     assert words in report.read_text()
-    assert engine_words({"scheduler": "v1", "async_scheduling": True}) == \
-        "vLLM V1 (0.33), async scheduling (the 0.33 default)"
+    assert engine_words({"scheduler": "v1", "async_scheduling": True, "vllm_version": "0.34",
+                         "block_size": 64}) == \
+        "vLLM 0.34 (V1, 64-token blocks), async scheduling (the default)"
     assert "--no-async-scheduling" in engine_words({"scheduler": "v1", "async_scheduling": False})
 
 

@@ -127,5 +127,5 @@ def test_v0_and_bad_flags_are_one_line_errors(sessions):
 
 def test_text_output_names_the_engine_and_marks_the_knee(sessions):
     text = kvcap("size-offload", sessions, *SMALL, "--sizes", "0,16").stdout
-    assert "vLLM V1 (0.33), async scheduling loop" in text and "recommendation:" in text
+    assert "vLLM 0.34 (V1, 64-token blocks), async scheduling (the default)" in text and "recommendation:" in text
     assert "16 *" in text

@@ -196,7 +196,8 @@ def _config(scheduler: str, mode: str):
     from replay.config import EngineConfig
     # A small pool forces preemption (and swaps) within 150 requests.
     return EngineConfig(scheduler=scheduler, preemption_mode=mode, num_gpu_blocks_override=1200,
-                        num_cpu_blocks_override=2000, max_num_seqs=64, max_model_len=8192)
+                        block_size=16, num_cpu_blocks_override=2000, max_num_seqs=64,
+                        max_model_len=8192)
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from capacity_helpers import CONV
 
 SLO = dict(slo_ttft_s=1.0, slo_tbt_s=0.1)
 CONFIGS = {
-    "v1 recompute": EngineConfig(num_gpu_blocks_override=600, max_num_seqs=64),
+    "v1 recompute": EngineConfig(num_gpu_blocks_override=600, block_size=16, max_num_seqs=64),
     "v1 roomy": EngineConfig(),
     "v0 recompute": EngineConfig(scheduler="v0", num_gpu_blocks_override=500),
     "v0 swap": EngineConfig(scheduler="v0", preemption_mode="swap", swap_space=2.5,
@@ -69,8 +69,8 @@ def test_summary_replay_gives_the_full_tables_numbers(conv, name):
 
 MOONCAKE = CONV.parent / "conversation_trace.jsonl"
 PREFIX_CONFIGS = {
-    "v1 prefix cache, preempting": EngineConfig(num_gpu_blocks_override=1500, max_num_seqs=64),
-    "v1 cpu offloading": EngineConfig(kv_offloading_size=8.0, num_gpu_blocks_override=3000),
+    "v1 prefix cache, preempting": EngineConfig(num_gpu_blocks_override=1500, block_size=16, max_num_seqs=64),
+    "v1 cpu offloading": EngineConfig(kv_offloading_size=8.0, num_gpu_blocks_override=3000, block_size=16),
     "v0 prefix cache": EngineConfig(scheduler="v0", enable_prefix_caching=True,
                                     num_gpu_blocks_override=1500),
 }

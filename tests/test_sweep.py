@@ -62,7 +62,7 @@ def test_grid_text_and_file(tmp_path):
                  "rate_scale": [2.0], "gpu_memory_utilization": [None, 0.8]}
     assert len(points(g)) == 8 and points(g)[1]["gpu_memory_utilization"] == 0.8
     for bad, msg in (("max_num_sequences=4", "unknown grid key"), ("max_num_seqs=a", "not a number"),
-                     ("max_num_seqs", "key=value"), ("block_size=none", "no 'vLLM default'")):
+                     ("max_num_seqs", "key=value"), ("swap_space=none", "no 'vLLM default'")):
         with pytest.raises(ValueError, match=msg):
             parse_grid_text(bad)
     f = tmp_path / "g.yml"

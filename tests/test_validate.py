@@ -31,7 +31,7 @@ def kvcap(*args):
 @pytest.fixture(scope="module")
 def runs():
     trace = synthesize("poisson", rate_rps=4.0, duration_s=60, seed=1)
-    v1 = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=800))
+    v1 = replay(trace, EngineConfig(scheduler="v1", num_gpu_blocks_override=800, block_size=16))
     v0 = replay(trace, EngineConfig(scheduler="v0", num_gpu_blocks_override=800, preemption_mode="swap",
                                     on_swap_full="recompute"))
     return v1, v0

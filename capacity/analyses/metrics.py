@@ -75,6 +75,14 @@ def _sum(df: pl.DataFrame, name: str) -> int:
     return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
 
 
+def _step_sum(steps, name: str) -> int:
+    """Sum of a steps column, whichever form the table has (DataFrame, spilled, summary)."""
+    if name not in steps.columns:
+        return 0
+    col = steps[name]
+    return int((col.cast(pl.Int64) if isinstance(col, pl.Series) else col).sum() or 0)
+
+
 def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
             slo_tbt_s: float | None = None, tbt_p50: bool = True) -> dict:
     """The replay summary (DESIGN §7 keys and more), from full tables or a summary replay's
@@ -103,6 +111,8 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         # Which engine loop was replayed: "async" / "sync" (V1), "sync" (V0).
         "scheduler": run["scheduler"],
         "scheduler_loop": "async" if run.get("async_scheduling") else "sync",
+        # The vLLM release replayed and its KV block size (issue 32: every answer names them).
+        "vllm_version": run.get("vllm_version"), "block_size": run.get("block_size"),
         "requests": req.height,
         "requests_finished": fin.height,
         "requests_rejected": int((req["status"] == "rejected").sum()),
@@ -125,6 +135,11 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         # Prefix hits at first admission (V1): the GPU prefix cache, the CPU offloading tier.
         "gpu_hit_tokens": _sum(req, "gpu_hit_tokens"),
         "cpu_hit_tokens": _sum(req, "cpu_hit_tokens"),
+        # Prefill tokens computed again because preemption dropped them, and their share of
+        # all prefill tokens computed (the "recompute tax", vllm#54644).
+        "recomputed_tokens": _sum(req, "recomputed_tokens"),
+        "recompute_tax": recompute_tax(_sum(req, "recomputed_tokens"),
+                                       _step_sum(steps, "num_prefill_tokens")),
         "peak_swapped_gib": peak_cpu * bpb / GIB,
         "peak_gpu_kv_usage": peak_gpu / run["num_gpu_blocks"] if run["num_gpu_blocks"] else 0.0,
         "abort_s": run["abort_s"],
@@ -135,6 +150,12 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         res["goodput_rps"] = int(ok.sum()) / sim if sim > 0 else 0.0
         res["slo_share"] = int(ok.sum()) / req.height if req.height else 0.0
     return res
+
+
+def recompute_tax(recomputed_tokens: int, prefill_tokens: int) -> float:
+    """Recomputed prefill tokens over all prefill tokens computed (they include the recomputed
+    ones): 0 without preemption, never above 1."""
+    return recomputed_tokens / prefill_tokens if prefill_tokens else 0.0
 
 
 def preemptions_per_minute(events: pl.DataFrame, sim_seconds: float) -> pl.DataFrame:

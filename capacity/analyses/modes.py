@@ -90,6 +90,8 @@ class ModeComparison:
     queue_only_note: str            # "" or why queue-only would be better, in words
     scheduler: str = "v1"           # the engine every variant replayed
     scheduler_loop: str = "sync"    # and its loop ("async" | "sync")
+    vllm_version: str | None = None  # the release ("0.10.1.1" | "0.33" | "0.34")
+    block_size: int | None = None
     default_variant: str = "recompute+prefix-cache"   # vLLM's default for this engine
     # (objective, relative gain, threshold) that justified leaving the default; None: it stayed.
     departure: tuple[str, float, float] | None = None
@@ -98,8 +100,9 @@ class ModeComparison:
         return pl.DataFrame([dataclasses.asdict(r) for r in self.results])
 
     def engine_words(self) -> str:
-        return (f"vLLM {self.scheduler.upper()} ({'0.33' if self.scheduler == 'v1' else '0.10'}), "
-                f"{self.scheduler_loop} scheduling loop")
+        from capacity.analyses.versions import engine_words
+        return engine_words(self.scheduler, self.vllm_version, self.scheduler_loop,
+                            self.block_size)
 
     def as_dict(self) -> dict:
         return {"engine": self.scheduler, "scheduler_loop": self.scheduler_loop,
@@ -365,4 +368,6 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
     return ModeComparison(results=tuple(results), recommended=rec, reason=reason,
                           config=cfgs[rec], queue_only_note=note, scheduler=config.scheduler,
                           scheduler_loop="async" if out[0][1] else "sync",
+                          vllm_version=resolve(config).vllm_version,
+                          block_size=resolve(config).block_size,
                           default_variant=default, departure=dep)

@@ -102,6 +102,8 @@ class Knee:
 class OffloadSizing:
     scheduler: str
     scheduler_loop: str                 # "async" | "sync": the loop every point replayed
+    vllm_version: str | None = None     # the release every point replayed
+    block_size: int | None = None
     tensor_parallel_size: int
     tolerance: float
     points: tuple[OffloadPoint, ...]    # by size, 0 (no connector) first
@@ -122,7 +124,9 @@ class OffloadSizing:
         return self.knee.size_gib > 0
 
     def engine_words(self) -> str:
-        return f"vLLM {self.scheduler.upper()} (0.33), {self.scheduler_loop} scheduling loop"
+        from capacity.analyses.versions import engine_words
+        return engine_words(self.scheduler, self.vllm_version, self.scheduler_loop,
+                            self.block_size)
 
     def flags(self) -> tuple[str, ...]:
         if not self.needed:
@@ -402,7 +406,8 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
 
     return OffloadSizing(
         scheduler=config.scheduler, tensor_parallel_size=config.tensor_parallel_size,
-        scheduler_loop=loop,
+        scheduler_loop=loop, vllm_version=resolve(config).vllm_version,
+        block_size=resolve(config).block_size,
         tolerance=tolerance, points=tuple(pts), knee=host_bounded_knee(pts, tolerance),
         host_ram_total_gib=total, host_ram_source=source)
 

@@ -45,6 +45,7 @@ from capacity.analyses.sizing import SwapSizing, size_swap
 from capacity.analyses.stability import Stability, stability
 from capacity.analyses.stalls import StallBatches, drill_steps, stall_batches
 from capacity.analyses.tuning import Tuning, tune
+from capacity.analyses.versions import run_engine_words
 from replay.config import EngineConfig, resolve
 from replay.results import RunResult
 from replay.run import replay
@@ -59,6 +60,8 @@ class Expected:
     ttft_p99_s: float | None
     tbt_p99_s: float | None
     preemptions: int
+    # Prefill tokens recomputed after preemption over all prefill tokens computed.
+    recompute_tax: float
     throughput_rps: float
     goodput_rps: float
     slo_share: float
@@ -149,7 +152,10 @@ class Plan:
         """The keys scripts rely on, identical in `report --json`, summary.json, `plan --json`
         and `headroom --json`."""
         rec = self.recommendation
+        run = self.baseline.run
         return {"verdict": rec.verdict, "headline": rec.headline,
+                # The vLLM release every replay of the plan ran, and its KV block size.
+                "vllm_version": run.get("vllm_version"), "block_size": run.get("block_size"),
                 "binding_constraint": self.binding.constraint if self.binding else None,
                 "binding": self.binding.as_dict() if self.binding else None,
                 "capacity_rps": rec.capacity_rps, "capacity_rate_scale": rec.headroom_rate_scale,
@@ -304,7 +310,8 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
             f"{_capacity_words(rate, st.offered_rps, binding)}; "
             + (f"needs {reps.count} replicas ({router} router) to fit" if reps.count
                else reps.explanation))
-    lines = [f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
+    lines = [f"replayed on {run_engine_words(base.run)}",
+             f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
              f"{binding.knob or '—'}",
              f"replicas: {reps.explanation}",
              f"evidence: {st.evidence}",
@@ -462,7 +469,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     tables = run.tables()
     c = evaluate(tables, slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
     expected = Expected(run_id=run.run_id, ttft_p99_s=c.ttft_p99_s, tbt_p99_s=c.tbt_p99_s,
-                        preemptions=c.preemptions, throughput_rps=c.throughput_rps,
+                        preemptions=c.preemptions, recompute_tax=c.recomputed_share,
+                        throughput_rps=c.throughput_rps,
                         goodput_rps=c.goodput_rps, slo_share=c.slo_share, meets_slo=c.meets_slo,
                         within_budget=c.within_budget, breaks=c.breaks)
     hr = headroom(trace, cfg, planner, budget=budget, precision=precision, surge=surge, **t.slo)
@@ -483,7 +491,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     rule = alert_rule(tables, model_name=model_name) if fits else None
     offered = st.offered_rps
     cap = rate.scale * offered if rate.scale else None
-    lines = [f"preemption mode: {modes.recommended} — {modes.reason}"]
+    lines = [f"replayed on {run_engine_words(run.run)}",
+             f"preemption mode: {modes.recommended} — {modes.reason}"]
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
     lines.append(_host_tier_line(chosen, sizing, offload, modes, fits))
@@ -495,6 +504,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     lines.append(f"{_capacity_words(rate, offered, binding)}: {hr.explanation}")
     lines.append(f"replicas: {reps.explanation}")
     lines.append(f"preemption is {verdict.verdict} with these flags: {verdict.evidence}")
+    lines.append(f"recompute tax: {c.recomputed_share:.1%} of prefill tokens are recomputed "
+                 "after preemption with these flags")
     nums = (f"TTFT p99 {_s(c.ttft_p99_s)}, TBT p99 {_s(c.tbt_p99_s)}, {c.preemptions:,} "
             f"preemptions")
     reps_words = (f"needs {reps.count} replica{'s' if reps.count != 1 else ''} ({router} router)"

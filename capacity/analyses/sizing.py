@@ -172,7 +172,7 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
     `config`, when the caller has them (else it is replayed). `what_if_fraction` None: no
     what-if replays."""
     if config.scheduler != "v0":
-        raise ValueError("size-swap: vLLM V1 (0.33) has no swap space; its host tier is CPU KV "
+        raise ValueError("size-swap: vLLM V1 (0.33, 0.34) has no swap space; its host tier is CPU KV "
                          "offloading, sized by `kvcap size-offload` (--kv-offloading-size)")
     if headroom < 0:
         raise ValueError(f"headroom: must be >= 0, got {headroom}")

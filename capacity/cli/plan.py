@@ -65,7 +65,7 @@ def size_swap_cmd(
     if file is None:
         raise CliError("size-swap needs a trace FILE (or --from-logs --db PATH)")
     if engine.scheduler == "v1":
-        raise CliError("size-swap: vLLM V1 (0.33) has no swap space; its host tier is CPU KV "
+        raise CliError("size-swap: vLLM V1 (0.33, 0.34) has no swap space; its host tier is CPU KV "
                        "offloading: use `kvcap size-offload` (--kv-offloading-size), or "
                        "--scheduler v0 for --swap-space")
     from capacity.analyses.planner import Planner

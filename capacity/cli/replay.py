@@ -46,6 +46,8 @@ def replay_with_progress(trace, engine, *, executor: str, reference: bool, label
 
 def summary_table(s: dict, db: str) -> Table:
     from rich.table import Table
+
+    from capacity.analyses.versions import engine_words
     t = Table(title=f"run {s['run_id']} ({s['status']})", show_header=False)
     fmt = lambda v, unit="": "-" if v is None else (f"{v:,.3f}{unit}" if isinstance(v, float) else f"{v:,}{unit}")  # noqa: E731
     rows = [
@@ -54,13 +56,15 @@ def summary_table(s: dict, db: str) -> Table:
         ("throughput", f"{s['throughput_rps']:.2f} req/s, {s['output_tokens_per_s']:,.0f} tok/s"),
         ("TTFT p50 / p99", f"{fmt(s['ttft_p50_s'], ' s')} / {fmt(s['ttft_p99_s'], ' s')}"),
         ("TBT p50 / p99", f"{fmt(s['tbt_p50_s'], ' s')} / {fmt(s['tbt_p99_s'], ' s')}"),
-        *((("engine", f"V1 (0.33), {s['scheduler_loop']} scheduling loop"),
+        ("engine", engine_words(s["scheduler"], s.get("vllm_version"), s["scheduler_loop"],
+                                s.get("block_size"))),
+        *((("recompute tax", f"{s.get('recompute_tax', 0.0):.1%} of prefill tokens "
+                             f"({s.get('recomputed_tokens', 0):,} recomputed)"),
            ("preemptions (recompute)", f"{s['preemptions_recompute']:,}"),
            ("prompt tokens hit: GPU / CPU tier", f"{s.get('gpu_hit_tokens', 0):,} / "
                                                  f"{s.get('cpu_hit_tokens', 0):,}"))
           if s.get("scheduler") == "v1" else
-          (("engine", "V0 (0.10.1.1), synchronous loop"),
-           ("preemptions recompute / swap", f"{s['preemptions_recompute']:,} / {s['preemptions_swap']:,}"),
+          (("preemptions recompute / swap", f"{s['preemptions_recompute']:,} / {s['preemptions_swap']:,}"),
            ("swap-full events", fmt(s["swap_full_events"])),
            ("peak swapped", fmt(s["peak_swapped_gib"], " GiB")))),
         ("peak GPU KV usage", f"{100 * s['peak_gpu_kv_usage']:.1f} %"),

@@ -23,9 +23,11 @@ from capacity.evidence.logs import read_evidence
 from capacity.analyses.metrics import GIB
 from capacity.analyses.sizing import round_up_gib
 from replay.catalog import get_model
-from replay.config import EngineConfig, resolve
+from replay.config import DEFAULT_BLOCK_SIZE, V0_VLLM_VERSION, EngineConfig
 from replay.memory import kv_bytes_per_block, kv_bytes_per_token
 from replay.store import connect
+
+V0_BLOCK_SIZE = DEFAULT_BLOCK_SIZE[V0_VLLM_VERSION]
 
 DEMAND_LABEL = "size-swap demand"
 
@@ -140,7 +142,9 @@ def size_swap_from_logs(db: Path, config: EngineConfig, *, context_tokens: int |
     else:
         raise ValueError("no client results with prompt/output lengths in the DB; pass --context-tokens N")
     model = get_model(config.model)
-    tp, bs = config.tensor_parallel_size, resolve(config).block_size
+    # Swap is V0's (0.10.1.1): its block size, whichever engine the flags name.
+    tp = config.tensor_parallel_size
+    bs = config.block_size if config.block_size is not None else V0_BLOCK_SIZE
     bpt = kv_bytes_per_token(model, tp, config.kv_cache_dtype)
     bpb = kv_bytes_per_block(model, tp, config.kv_cache_dtype, bs)
     peak = swapped.sort(["swapped", "epoch_s"], descending=[True, False]).row(0, named=True)

@@ -32,7 +32,7 @@ def offload_section(z: OffloadSizing | None, note: str = NOT_DERIVED) -> Section
     """`note`: what the section says without a sizing (overloaded, or not sized)."""
     if z is None:
         return Section(title="CPU offloading sizing", anchor="offload-sizing", body=text(note))
-    body = (text(f"vLLM 0.33's `--kv-offloading-size` is a write-through second prefix cache: "
+    body = (text(f"vLLM V1's `--kv-offloading-size` (0.33 and 0.34) is a write-through second prefix cache: "
                  f"its size sets how much prefill a request loads from the host instead of "
                  f"recomputing, not whether a preemption can happen. The trace was replayed on "
                  f"{z.engine_words()} at each size below (from 1/16 of the GPU KV pool, then halved "
@@ -45,7 +45,7 @@ def offload_section(z: OffloadSizing | None, note: str = NOT_DERIVED) -> Section
             + text(f"Host RAM: {z.host_ram_source}"
                    + (f" = {gib(z.host_ram_total_gib)}" if z.host_ram_total_gib else "")
                    + "; kvcap warns above 40% and flags above 70% pinned (V0's swap-space "
-                     "rule; vLLM 0.33 does not check).")
+                     "rule; vLLM V1 does not check).")
             + table(point_rows(z), POINT_HEADER))
     return Section(title="CPU offloading sizing", anchor="offload-sizing", body=body,
                    charts=(Figure("offload_curve", offload_curve(z)),))
@@ -61,8 +61,8 @@ def migration_section(m: Migration | None) -> Section | None:
     v1_answer = ((f"--kv-offloading-size {v1.recommended_kv_offloading_size_gib:g} GiB"
                   if v1.needed else "no CPU offloading") if v1 else "—")
     rows = [
-        ["engine replayed", "vLLM V0 (0.10.1.1), synchronous loop" + (" (twin)" if m.replayed == "v1" else ""),
-         (v1.engine_words() if v1 else "vLLM V1 (0.33)") + (" (twin)" if m.replayed == "v0" else "")],
+        ["engine replayed", "vLLM 0.10.1.1 (V0), synchronous loop" + (" (twin)" if m.replayed == "v1" else ""),
+         (v1.engine_words() if v1 else "vLLM V1") + (" (twin)" if m.replayed == "v0" else "")],
         ["what the host tier is", "swap space: holds requests swapped out at preemption",
          "CPU KV offloading: a write-through second prefix cache"],
         ["sized by", "peak concurrently swapped-out KV × (1 + headroom), verified by replay",
@@ -73,8 +73,9 @@ def migration_section(m: Migration | None) -> Section | None:
         ["in words", v0.words() if v0 else m.v0_note, v1.words() if v1 else m.v1_note],
     ]
     body = (text("The same trace on both engines: what a V0 deployment sets today and what the "
-                 "same deployment sets after moving to vLLM V1 0.33. The other engine is a twin: "
-                 "the same model, GPU, TP, block size, KV pool and explicitly set knobs; "
-                 "everything left unset takes that engine's defaults, as after an upgrade.")
+                 "same deployment sets after moving to vLLM V1 (the release named in the table). The other "
+                 "engine is a twin: the same model, GPU, TP, KV pool and explicitly set knobs; "
+                 "everything left unset takes that engine's defaults, as after an upgrade (the "
+                 "block size too: 16 tokens on V0, 64 on 0.34).")
             + table(rows, ["", "V0 --swap-space today", "V1 --kv-offloading-size after migrating"]))
     return Section(title="Host tier: V0 → V1 migration", anchor="migration", body=body)

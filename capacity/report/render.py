@@ -214,18 +214,15 @@ def workload_section(trace_summary: dict) -> Section:
     return Section(title="Workload", body=body, anchor="workload")
 
 
-CONFIG_KEYS = ("scheduler", "model", "gpu", "tp", "block_size", "num_gpu_blocks",
+CONFIG_KEYS = ("scheduler", "vllm_version", "model", "gpu", "tp", "block_size", "num_gpu_blocks",
                "num_cpu_blocks", "max_num_seqs", "max_num_batched_tokens", "preemption_mode",
                "swap_space_gib", "on_swap_full", "async_scheduling", "executor")
 
 
 def engine_words(r: dict) -> str:
-    """Which engine and loop a run replayed, in words."""
-    if r.get("scheduler") == "v0":
-        return "vLLM V0 (0.10.1.1), synchronous engine loop"
-    loop = ("async scheduling (the 0.33 default)" if r.get("async_scheduling")
-            else "synchronous scheduling (--no-async-scheduling)")
-    return f"vLLM V1 (0.33), {loop}"
+    """Which vLLM release, block size and loop a run replayed, in words."""
+    from capacity.analyses.versions import run_engine_words
+    return run_engine_words(r)
 
 
 def baseline_metric_rows(s: dict) -> list[list]:

@@ -126,7 +126,16 @@ def _prio(rate: float) -> TraceRecipe:
 
 
 def _blocks(n: int) -> tuple[str, ...]:
+    """A pool of n 16-token blocks (V0, vLLM 0.33)."""
     return ("--num-gpu-blocks-override", str(n))
+
+
+def _kv(n: int) -> tuple[str, ...]:
+    """The KV of n 16-token blocks on vLLM 0.34, whose blocks hold 64 tokens."""
+    return ("--num-gpu-blocks-override", str(n // 4))
+
+
+V033 = ("--vllm-version", "0.33")
 
 
 S = Scenario
@@ -144,14 +153,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("code-v1-8b-overloaded", _synth("poisson", 32, 180, lengths="azure-code"), regime="overloaded"),
     S("conv-v1-8b-tp4-healthy", _synth("poisson", 20, 180), TP4),
     # ---- KV-bound (small pools: preemption)
-    S("conv-v1-8b-kv", _synth("poisson", 5, 300), _blocks(1000), regime="kv"),
-    S("conv-v1-8b-kv-tight", _synth("poisson", 4, 300), _blocks(700), regime="kv"),
-    S("conv-v1-8b-kv-any", _synth("poisson", 5, 300), _blocks(1000), budget="any", regime="kv"),
-    S("code-v1-8b-kv", _synth("poisson", 3, 300, lengths="azure-code"), _blocks(1200), regime="kv"),
+    S("conv-v1-8b-kv", _synth("poisson", 5, 300), _kv(1000), regime="kv"),
+    S("conv-v1-8b-kv-tight", _synth("poisson", 4, 300), _kv(700), regime="kv"),
+    S("conv-v1-8b-kv-any", _synth("poisson", 5, 300), _kv(1000), budget="any", regime="kv"),
+    S("code-v1-8b-kv", _synth("poisson", 3, 300, lengths="azure-code"), _kv(1200), regime="kv"),
     S("conv-v0-8b-kv", _synth("poisson", 4, 180), V0 + _blocks(1000), regime="kv", slice=True),
     S("conv-v0-8b-kv-swap", _synth("poisson", 5, 300), SWAP + _blocks(1000), regime="kv"),
     S("conv-v0-8b-kv-swap-small", _synth("poisson", 5, 300),
       SWAP + _blocks(1000) + ("--swap-space", "0.1", "--on-swap-full", "recompute"), regime="kv"),
+    # ---- vLLM 0.33 (16-token blocks, 0.92 of the memory), selectable beside the default 0.34
+    S("conv-v1-033-8b-healthy", _synth("poisson", 4, 180), V033),
+    S("conv-v1-033-8b-kv", _synth("poisson", 5, 300), V033 + _blocks(1000), regime="kv"),
     # ---- V0
     S("conv-v0-8b-healthy", _synth("poisson", 6, 240), V0),
     S("conv-v0-8b-marginal", _synth("poisson", 20, 240), V0, regime="marginal"),
@@ -160,7 +172,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     # ---- priorities (priority-mix: interactive + batch jobs)
     S("prio-v1-8b-priority", _prio(4), PRIO),
     S("prio-v1-8b-fcfs", _prio(6)),
-    S("prio-v1-8b-priority-kv", _prio(4), PRIO + _blocks(3500), regime="kv"),
+    S("prio-v1-8b-priority-kv", _prio(4), PRIO + _kv(3500), regime="kv"),
     S("prio-v0-8b-priority", _prio(4), V0 + PRIO),
     # ---- Llama-3.1-70B, TP 4 (a full 8,192-token chunk takes ~0.3-0.7 s)
     S("conv-v1-70b-healthy", _synth("poisson", 2, 300), B70, slo_tbt_s=0.5),
@@ -169,7 +181,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("conv-v0-70b-chunk", _synth("poisson", 4, 300), V0 + B70, regime="chunk"),
     S("code-v1-70b-long-prompt", _synth("poisson", 0.5, 300, lengths="azure-code"), B70,
       slo_ttft_s=0.5, slo_tbt_s=1.0, regime="long-prompt"),
-    S("conv-v1-70b-kv", _synth("poisson", 2, 300), B70 + _blocks(1000), slo_tbt_s=0.5, regime="kv"),
+    S("conv-v1-70b-kv", _synth("poisson", 2, 300), B70 + _kv(1000), slo_tbt_s=0.5, regime="kv"),
     # ---- long-prompt-bound and chunk-bound on 8B
     S("code-v1-8b-long-prompt", _synth("poisson", 0.5, 300, lengths="azure-code"),
       slo_ttft_s=0.15, regime="long-prompt"),
@@ -185,13 +197,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("azconv-v0-8b-kv", _public(AZ_CONV, 600, 300), V0 + _blocks(1000), slo_ttft_s=10.0,
       regime="kv"),
     S("azcode-v1-8b-burst", _public(AZ_CODE, 780, 300), regime="marginal"),
-    S("azcode-v1-8b-kv", _public(AZ_CODE, 1800, 300), _blocks(2000), regime="kv"),
+    S("azcode-v1-8b-kv", _public(AZ_CODE, 1800, 300), _kv(2000), regime="kv"),
     S("azcode-v0-8b-swap", _public(AZ_CODE, 1800, 300), SWAP + _blocks(2000), regime="kv"),
     S("moon-v1-8b-overloaded", _public(MOONCAKE, 600, 180), regime="overloaded"),
     S("moon-v1-8b-long-prompt", _public(MOONCAKE, 600, 240, scale=0.1), slo_ttft_s=3.0,
       slo_tbt_s=0.5, regime="long-prompt"),
     S("moon-v1-8b-tp4", _public(MOONCAKE, 600, 240, scale=0.1), TP4),
-    S("moon-v1-8b-kv", _public(MOONCAKE, 600, 240, scale=0.3), _blocks(8000), slo_ttft_s=60.0,
+    S("moon-v1-8b-kv", _public(MOONCAKE, 600, 240, scale=0.3), _kv(8000), slo_ttft_s=60.0,
       slo_tbt_s=0.5, regime="kv"),
     S("moon-v0-8b-kv", _public(MOONCAKE, 600, 240, scale=0.3), V0 + _blocks(8000),
       slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),

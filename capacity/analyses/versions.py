@@ -1,0 +1,27 @@
+"""Which vLLM a run replayed, in the words every answer uses (issue 32: each answer names it).
+
+One function so that the report, the terminal tables and the JSON say the same thing: the
+release (V0 is 0.10.1.1; V1 0.33 or 0.34, 0.34 by default), its KV block size (16 up to 0.33,
+64 from 0.34: the prefix-hit granularity) and the engine loop.
+"""
+from __future__ import annotations
+
+
+def engine_words(scheduler: str, vllm_version: str | None, scheduler_loop: str | None,
+                 block_size: int | None = None) -> str:
+    """"vLLM 0.34 (V1, 64-token blocks), async scheduling (the default)" and the like.
+    `vllm_version` None: a run stored before runs recorded it (V1 was then 0.33)."""
+    blocks = f", {block_size}-token blocks" if block_size else ""
+    if scheduler == "v0":
+        return f"vLLM 0.10.1.1 (V0{blocks}), synchronous engine loop"
+    version = vllm_version or "0.33"
+    loop = ("async scheduling (the default)" if scheduler_loop == "async"
+            else "synchronous scheduling (--no-async-scheduling)")
+    return f"vLLM {version} (V1{blocks}), {loop}"
+
+
+def run_engine_words(run: dict) -> str:
+    """engine_words of a `runs` row."""
+    loop = "async" if run.get("async_scheduling") else "sync"
+    return engine_words(run.get("scheduler", "v1"), run.get("vllm_version"), loop,
+                        run.get("block_size"))
