@@ -52,6 +52,12 @@ class V1Scheduler:
             raise ValueError("V1 has no swap preemption (its host tier is CPU KV offloading)")
         self.max_active = (spec.max_num_active_seqs if spec.max_num_active_seqs is not None
                            else spec.max_num_seqs)
+        # 0.34 applies the long-prefill cap with chunked prefill only (S20_off_cap); 0.33 always.
+        self._thr_knob = (spec.long_prefill_token_threshold
+                          if spec.enable_chunked_prefill or spec.vllm_version == "0.33" else 0)
+        # 0.34 cache-aware admission (0: off) and the in-flight CPU load cap (None: none).
+        self._cache_aware_window = spec.cache_aware_window
+        self._max_loads = spec.max_num_inflight_kv_loads
         # vLLM: int(watermark * num_blocks), null block included.
         self.watermark_blocks = int(spec.watermark * spec.num_gpu_blocks)
         # Python copies of the per-row numbers a step reads (a numpy scalar read costs ~100 ns).
@@ -99,6 +105,9 @@ class V1Scheduler:
         self._rows_in_flight: set[int] = set()
         self._conn_in_flight: list = []
         self._now_s = self._step_start_s = 0.0
+        # The last step's cache-aware reorder (0.34; None: not called): usage, probes, queue order
+        # before and after, as the oracle prints it (`cache_aware`).
+        self.cache_aware: dict | None = None
 
     # ---------------------------------------------------------------- queue API
     def add_request(self, row: int) -> None:
@@ -242,7 +251,8 @@ class V1Scheduler:
     def _admission(self, row: int, budget: int, thr: int):
         """The waiting-phase checks for the head `row` without side effects on the pool:
         (num_new_tokens, Admission, CPU-hit tokens to load), None when it cannot be admitted now,
-        or "skip" when the connector defers its lookup (F10)."""
+        "skip" when the connector defers its lookup (F10), or "capped" when its CPU hit would
+        pass `max_num_inflight_kv_loads` (0.34)."""
         spec, kv, bs = self.spec, self.kv, self.block_size
         nt = self._prompt[row] + self.num_output[row]
         hits = kv.get_computed_blocks(row, nt)
@@ -251,6 +261,11 @@ class V1Scheduler:
             if cpu is None:
                 return "skip"
             if cpu:
+                if (self._max_loads is not None
+                        and len(self.loading) + len(self._free_after_load) >= self._max_loads):
+                    # 0.34 `_admits_inflight_kv_load`: loads in flight, loaded requests not
+                    # running yet and aborted requests' loads still in flight count.
+                    return "capped"
                 # A CPU hit: blocks for the hit and the load now, no tokens this step (F4).
                 # vLLM 0.33 admits an async load only if its blocks fit beside what the
                 # in-flight prefills (other loads among them) still need: a loading request
@@ -310,20 +325,22 @@ class V1Scheduler:
                     rejected.append(Rejection(row=r, reason=reason))
             self._arrived.clear()
         budget = spec.max_num_batched_tokens
+        self.cache_aware = None
         conn = self.conn
         if conn is not None:
             conn.begin_step()
             self._step_start_s = self._now_s
         # 0.33: the long-prefill cap is skipped when only one request exists
         # (get_request_counts: running, waiting and kv_holding_waiting, loads among them).
-        thr = (spec.long_prefill_token_threshold
-               if len(self.running) + self.num_waiting > 1 else 0)
+        thr = self._thr_knob if len(self.running) + self.num_waiting > 1 else 0
         # Batch in order: row -> new tokens (running requests first, then admissions).
         sched: dict[int, int] = {}
         # Admissions: row -> new / resumed (every other scheduled row is running).
         self._admitted = {}
         preempted: list[Preemption] = []
         budget = self._running_loop(0, sched, budget, thr, preempted)
+        if not preempted and self._cache_aware_window:
+            self._reorder_waiting_by_cached_prefix()
         if not preempted and (len(self.waiting) or self.loading):
             budget = self._waiting_phase(sched, budget, thr, rejected)
 
@@ -452,6 +469,8 @@ class V1Scheduler:
             if got == "skip":
                 skipped.append(waiting.pop())
                 continue
+            if got == "capped":
+                break             # it waits at the head: nothing behind it is admitted
             if got is None:
                 if (running or sched or self.loading or skipped or self._free_after_step
                         or self._free_after_load):
@@ -507,6 +526,39 @@ class V1Scheduler:
             prio, arr = self._prio, self._arrival
             self.loading.sort(key=lambda x: (prio[x], arr[x], x))
         return budget
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """0.34 cache-aware admission (`_reorder_waiting_by_cached_prefix`, oracle C1-C3), at the
+        start of the waiting phase: with at least two waiting requests and the KV usage (after
+        this step's running allocations) at the threshold or above, the plain waiting requests
+        among the first `window` (never preempted: a preempted one keeps its place, and nothing
+        moves past it) take those slots in order of their GPU prefix-cache hit, deepest first,
+        ties in queue order. The probe is `get_num_cached_tokens`: `get_computed_blocks`'s hit
+        (at most num_tokens - 1 tokens) without touching anything. The CPU tier is not asked.
+        `cache_aware` records the call (what the oracle prints)."""
+        waiting, spec = self.waiting, self.spec
+        usage = self.kv.pool.usage()
+        before = waiting.rows()
+        rec = self.cache_aware = {"usage": usage, "cached": {}, "before": before, "after": before}
+        if len(waiting) < 2 or usage < spec.cache_aware_admission_threshold:
+            return
+        npre = self.state.num_preemptions
+        head = before[:self._cache_aware_window]
+        slots = [i for i, r in enumerate(head) if npre[r] == 0]
+        if len(slots) < 2:
+            return
+        cached = {i: len(self.kv.get_computed_blocks(head[i], self._prompt[head[i]]
+                                                     + self.num_output[head[i]]))
+                  * self.block_size for i in slots}
+        rec["cached"] = {head[i]: c for i, c in cached.items()}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        waiting.replace_head(reordered)
+        rec["after"] = reordered + before[len(head):]
 
     def _start(self, r: int, computed: int, n: int, sched: dict[int, int]) -> None:
         """An admitted request runs from `computed` tokens on, `n` of them this step."""
