@@ -49,6 +49,15 @@ class SchedulerSpec:
     # V1 0.33 AsyncScheduler (oracle README §2, S13_async): step k is scheduled before step k-1's
     # output is applied, so finishes and frees come one step late.
     async_scheduling: bool = False
+    # What equal (priority, arrival_s) mean to the V1 priority policy. "trace_order" (replays):
+    # vLLM stamps arrival_time on receipt, so requests a trace gives one time reached it with
+    # distinct times in trace order: the later trace row ranks after the earlier in the waiting
+    # heap and is the preemption victim. "equal" (oracle scenarios that set arrival_time): the
+    # times are what vLLM compared, and equal: its victim is the first maximal request in
+    # running-list order (`max(self.running, key=lambda r: (r.priority, r.arrival_time))`), so
+    # where a request joined `running` decides (an admission appends it, a CPU-loaded one once
+    # its load is done); its heaps break the tie by request id, kvcap's by trace row.
+    arrival_ties: Literal["trace_order", "equal"] = "trace_order"
     # V0's block-manager watermark is hard-coded in vLLM (A2).
     v0_watermark: float = 0.01
     # Bytes of one KV block on one GPU (all layers, K and V); events report bytes from it.

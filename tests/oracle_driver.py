@@ -87,12 +87,15 @@ def out_token(idx: int, k: int) -> int:
     return 9_000_000 + idx * 10_000 + k
 
 
-def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
+def build(sc: dict, engine: str, *, arrival_at_step: bool = False,
+          arrival_ties: str = "trace_order"):
     """SchedulerSpec, RequestState, request ids and block keys for a scenario, as vLLM
     `sc["vllm_version"]` (`load` sets it; 0.33 when absent) runs it: a 0.34 knob on 0.33 is a
     ValueError (the oracle's `config_error`). `arrival_at_step`: each request arrives at time
     `arrival_step` exactly (a replay loop whose steps take 1 s then takes step k at time k;
-    same-step arrivals tie and enter in file order)."""
+    same-step arrivals tie and enter in file order). `arrival_ties` (SchedulerSpec): "equal"
+    takes equal arrival times as vLLM got them (an oracle file: running order picks among them),
+    "trace_order" as a trace's ties (vLLM's receipt times would be distinct, tests/test_ties.py)."""
     v1 = engine == "v1"
     mode = sc.get("preemption_mode")
     off = sc.get("kv_offloading") if v1 else None
@@ -124,6 +127,7 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
                                "watermark", "max_num_active_seqs", *KNOBS_034)
            if k in sc and v1},
         vllm_version=sc.get("vllm_version", "0.33") if v1 else "0.33",
+        arrival_ties=arrival_ties,
         **offload)
     reqs = sc["requests"]
     ids = [str(r["id"]) for r in reqs]
@@ -156,10 +160,12 @@ def batch_kinds(plan) -> list[str]:
     return [BATCH_KINDS[k] for k in plan.kind.tolist()]
 
 
-def drive(make_scheduler, sc: dict, engine: str, *, inspect=None) -> list[dict]:
+def drive(make_scheduler, sc: dict, engine: str, *, inspect=None,
+          arrival_ties: str = "trace_order") -> list[dict]:
     """Run the scenario; `make_scheduler(spec, state, keys)` builds the scheduler under test;
-    `inspect(state, ids)`, if given, sees the request counters at the end."""
-    spec, state, ids, keys = build(sc, engine)
+    `inspect(state, ids)`, if given, sees the request counters at the end; `arrival_ties` as in
+    `build`."""
+    spec, state, ids, keys = build(sc, engine, arrival_ties=arrival_ties)
     sched = make_scheduler(spec, state, keys)
     reqs = sc["requests"]
     last_arrival = max(int(r["arrival_step"]) for r in reqs)

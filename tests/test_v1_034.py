@@ -2,7 +2,8 @@
 (tests/test_v1_oracle.py and test_v1_offload_oracle.py replay every scenario of expected-034/):
 the spec refuses 0.34's knobs on 0.33, and the compiled core equals the reference on random
 workloads with 0.34's rules and knobs on (cache-aware admission, the in-flight load cap, the
-store threshold counted once per request, the long-prefill cap without chunked prefill)."""
+store threshold counted once per request, the long-prefill cap without chunked prefill), and
+either reading of equal arrival times (`arrival_ties`)."""
 from __future__ import annotations
 
 import os
@@ -65,7 +66,8 @@ def specs_034(draw):
               async_scheduling=draw(st.booleans()),
               max_num_batched_tokens=draw(st.sampled_from([64, 24, 9] if chunked else [64])),
               cache_aware_admission_window=draw(st.sampled_from([0, 2, 4, 64])),
-              cache_aware_admission_threshold=draw(st.sampled_from([0.0, 0.5, 0.9])))
+              cache_aware_admission_threshold=draw(st.sampled_from([0.0, 0.5, 0.9])),
+              arrival_ties=draw(st.sampled_from(["trace_order", "equal"])))
     if offload:
         kw.update(kv_offloading=True, num_cpu_blocks=draw(st.sampled_from([2, 8, 24])),
                   offload_eviction_policy=draw(st.sampled_from(["lru", "arc"])),

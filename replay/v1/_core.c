@@ -124,6 +124,8 @@ enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISH
 enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };   /* MODE_NAMES order; V1 refuses swap */
 enum { POLICY_FCFS = 0, POLICY_PRIORITY = 1 };
 
+static const char *const TIES_NAMES[] = {"trace_order", "equal", NULL};   /* arrival_ties */
+
 /* One plain waiting request in the cache-aware window: its slot, row and cached tokens. */
 typedef struct { int64_t cached; int32_t slot, row; } CaEnt;
 
@@ -138,6 +140,7 @@ typedef struct {
     /* vLLM 0.34 (SchedulerSpec.vllm_version): cache-aware admission (window 0: off; the
      * window in effect, FCFS with prefix caching only) and the in-flight CPU load cap (-1:
      * none). */
+    int ties_equal;                                 /* SchedulerSpec.arrival_ties "equal" */
     int64_t ca_window, max_loads;
     double ca_threshold;
     CaEnt *ca; int32_t *ca_slots;                   /* the reorder's scratch (window entries) */
@@ -774,13 +777,14 @@ static int schedule(Core *c) {
             }
             int64_t victim;
             if (c->policy) {
-                /* The worst (priority, arrival, row): ties in arrival follow trace order. */
+                /* The worst (priority, arrival, row): ties in arrival follow trace order; with
+                 * arrival_ties "equal", the first of them in running order (vLLM's max()). */
                 int64_t vi = 0;
                 for (int64_t j = 1; j < c->nrun; j++) {
                     int32_t x = c->running[j], y = c->running[vi];
                     if (c->q.prio[x] != c->q.prio[y] ? c->q.prio[x] > c->q.prio[y]
                         : c->q.arrival[x] != c->q.arrival[y] ? c->q.arrival[x] > c->q.arrival[y]
-                        : x > y) vi = j;
+                        : !c->ties_equal && x > y) vi = j;
                 }
                 if (oc_cannot_free(c, c->running[vi])) break;
                 victim = c->running[vi];
@@ -1136,7 +1140,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_choice(spec, "vllm_version", VERSION_NAMES, &version) ||
         spec_int(spec, "cache_aware_admission_window", &caw) ||
         spec_float(spec, "cache_aware_admission_threshold", &cat) ||
-        spec_opt_int(spec, "max_num_inflight_kv_loads", -1, &maxl)) goto fail;
+        spec_opt_int(spec, "max_num_inflight_kv_loads", -1, &maxl) ||
+        spec_choice(spec, "arrival_ties", TIES_NAMES, &c->ties_equal)) goto fail;
     if (version == 0 && (caw != 0 || cat != 0.5 || maxl != -1)) {
         PyErr_SetString(PyExc_ValueError, "core: cache_aware_admission_window / _threshold and "
                         "max_num_inflight_kv_loads are vLLM 0.34 knobs, not in 0.33");

@@ -55,6 +55,8 @@ class V1Scheduler:
         # 0.34 applies the long-prefill cap with chunked prefill only (S20_off_cap); 0.33 always.
         self._thr_knob = (spec.long_prefill_token_threshold
                           if spec.enable_chunked_prefill or spec.vllm_version == "0.33" else 0)
+        # Equal (priority, arrival): running-list order picks the victim (SchedulerSpec).
+        self._ties_equal = spec.arrival_ties == "equal"
         # 0.34 cache-aware admission (0: off) and the in-flight CPU load cap (None: none).
         self._cache_aware_window = spec.cache_aware_window
         self._max_loads = spec.max_num_inflight_kv_loads
@@ -420,9 +422,13 @@ class V1Scheduler:
                                          "blocks despite its reservation")
                 if priority:
                     prio, arr = self._prio, self._arrival
-                    # Equal (priority, arrival): the later trace row, as vLLM's receipt
-                    # timestamps (distinct, in trace order) would rank them.
-                    victim = max(running, key=lambda x: (prio[x], arr[x], x))
+                    if self._ties_equal:
+                        # vLLM: the first maximal (priority, arrival_time) in running order.
+                        victim = max(running, key=lambda x: (prio[x], arr[x]))
+                    else:
+                        # Equal (priority, arrival): the later trace row, as vLLM's receipt
+                        # timestamps (distinct, in trace order) would rank them.
+                        victim = max(running, key=lambda x: (prio[x], arr[x], x))
                 else:
                     victim = running[-1]
                 if victim in self._rows_in_flight:
