@@ -501,7 +501,10 @@ static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr,
 
 static int preempt(Core *c, int64_t row) {
     if (c->oc.on) oc_infl_del(&c->oc, row);
-    c->q.computed_at_pre[row] = c->q.num_computed[row];
+    /* The recompute tax (schedule()): positions below the most it ever computed are computed
+     * again unless a prefix hit or a CPU load brings them back. */
+    if (c->q.num_computed[row] > c->q.computed_at_pre[row])
+        c->q.computed_at_pre[row] = c->q.num_computed[row];
     int64_t blocks = kv_free(c, row);
     c->q.num_computed[row] = 0;
     c->q.status[row] = ST_WAITING;
@@ -634,8 +637,7 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
         o->hit_g[o->nhit] = nh * bs;
         o->hit_c[o->nhit++] = ext;
         int64_t hit = computed;
-        if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
-        else { c->q.cached_prompt[r] = hit; c->q.cpu_hit[r] = ext; }
+        if (c->q.num_pre[r] == 0) { c->q.cached_prompt[r] = hit; c->q.cpu_hit[r] = ext; }
         if (load) {
             /* WAITING_FOR_REMOTE_KVS: its blocks are cached when the load is done. */
             c->q.num_computed[r] = computed;
@@ -847,8 +849,7 @@ static int schedule(Core *c) {
                 c->promised_total += whole;
             }
             int8_t kind = c->q.num_pre[r] > 0 ? BK_RESUMED : BK_NEW;
-            if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
-            else c->q.cached_prompt[r] = hit;
+            if (c->q.num_pre[r] == 0) c->q.cached_prompt[r] = hit;
             c->q.status[r] = ST_RUNNING;
             c->q.num_computed[r] = hit;
             c->prefilling[r] = 1;
@@ -864,9 +865,13 @@ static int schedule(Core *c) {
     }
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
-        c->s_before[j] = c->q.num_computed[r];
+        int64_t b = c->s_before[j] = c->q.num_computed[r];
         c->q.num_computed[r] += c->s_new[j];
         c->s_prefill[j] = c->prefilling[r];
+        /* Recompute tax: a (re-)prefill chunk's part below what the row had computed before a
+         * preemption (only a re-prefill reaches back there). */
+        if (c->s_prefill[j] && c->q.computed_at_pre[r] > b)
+            c->q.recomputed[r] += min64(b + c->s_new[j], c->q.computed_at_pre[r]) - b;
     }
     if (c->oc.on && c->oc.ninfl) {
         /* _update_after_schedule: a chunk reaching the known tokens ends an in-flight prefill. */

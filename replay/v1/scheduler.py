@@ -107,6 +107,9 @@ class V1Scheduler:
         self._rows_in_flight: set[int] = set()
         self._conn_in_flight: list = []
         self._now_s = self._step_start_s = 0.0
+        # Preempted rows -> the most tokens they had computed (RequestState
+        # .computed_at_preemption), until a re-prefill has computed past it: recomputed_tokens.
+        self._recompute_upto: dict[int, int] = {}
         # The last step's cache-aware reorder (0.34; None: not called): usage, probes, queue order
         # before and after, as the oracle prints it (`cache_aware`).
         self.cache_aware: dict | None = None
@@ -151,6 +154,7 @@ class V1Scheduler:
             return
         self._in_flight = [r for r in self._in_flight if r != row]
         self._inflight_prefills.discard(row)
+        self._recompute_upto.pop(row, None)
         self.state.status[row] = Status.ABORTED
 
     @property
@@ -303,7 +307,12 @@ class V1Scheduler:
         st = self.state
         if self.conn is not None:
             self.conn.preempted(row)
-        st.computed_at_preemption[row] = self.num_computed[row]
+        # The recompute tax (`schedule`): every position below the most it ever computed is
+        # computed again, unless a prefix hit or a CPU load brings it back.
+        done = self.num_computed[row]
+        if done > self._recompute_upto.get(row, 0):
+            self._recompute_upto[row] = done
+            st.computed_at_preemption[row] = done
         table = self._release(row)
         self.num_computed[row] = st.num_computed[row] = 0
         st.status[row] = Status.WAITING
@@ -324,6 +333,7 @@ class V1Scheduler:
                 if reason is not None:
                     self.waiting.remove(r)
                     st.status[r] = Status.REJECTED
+                    self._recompute_upto.pop(r, None)
                     rejected.append(Rejection(row=r, reason=reason))
             self._arrived.clear()
         budget = spec.max_num_batched_tokens
@@ -355,6 +365,19 @@ class V1Scheduler:
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
         computed = self.num_computed
+        upto = self._recompute_upto
+        if upto:
+            # Recompute tax: the part of a chunk below what the request had computed before a
+            # preemption (its prefix hit and loaded tokens are not scheduled: not counted). Only
+            # a re-prefill reaches back there; past it the row leaves the dict.
+            for r, n in sched.items():
+                u = upto.get(r)
+                if u is not None:
+                    c = computed[r]
+                    if c < u:
+                        st.recomputed_tokens[r] += min(c + n, u) - c
+                    if c + n >= u:
+                        del upto[r]
         for r, n in sched.items():
             computed[r] += n
         self._last_sched = sched
@@ -485,6 +508,7 @@ class V1Scheduler:
                 # and the head still does not fit: it never will (vLLM hangs).
                 waiting.pop()
                 st.status[r] = Status.REJECTED
+                self._recompute_upto.pop(r, None)
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
@@ -496,11 +520,7 @@ class V1Scheduler:
             if self.conn is not None:
                 self.conn.admitted(r, len(adm.hit_blocks) * self.block_size, cpu,
                                    kv.tables[r])
-            if st.num_preemptions[r] > 0:
-                # Tokens recomputed: a whole-sequence CPU hit still recomputes its last one (F5).
-                hit = min(gpu + cpu, adm.num_tokens - 1) if cpu else gpu
-                st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
-            else:
+            if st.num_preemptions[r] == 0:
                 # vLLM's counters at first admission (PrefillStats: num_local_cached_tokens,
                 # num_external_cached_tokens; vllm:prefix_cache_hits and
                 # vllm:external_prefix_cache_hits): the whole CPU hit, also when it reaches the
@@ -614,6 +634,7 @@ class V1Scheduler:
                 kv.free(r)
                 conn.dropped(r)
                 st.status[r] = Status.REJECTED
+                self._recompute_upto.pop(r, None)
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
