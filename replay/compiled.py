@@ -56,7 +56,8 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
            "cache_aware_admission_window": "V1 0.34 knob",
            "cache_aware_admission_threshold": "V1 0.34 knob",
            "max_num_inflight_kv_loads": "V1 0.34 knob (with its CPU KV offloading)",
-           "arrival_ties": "V1's priority victim rule (V0 re-sorts running by priority)"},
+           "arrival_ties": "V1's priority victim rule (V0 re-sorts running by priority)",
+           "preemption_victim": "V1 what-if (vLLM PR #53723)"},
 }
 
 

@@ -58,6 +58,13 @@ class SchedulerSpec:
     # where a request joined `running` decides (an admission appends it, a CPU-loaded one once
     # its load is done); its heaps break the tie by request id, kvcap's by trace row.
     arrival_ties: Literal["trace_order", "equal"] = "trace_order"
+    # A what-if, in no vLLM release (vLLM PR #53723, open): which running request a V1 request
+    # that cannot get blocks preempts. "fcfs" is vLLM's (the last in running order, the newest
+    # admission); "lcf" (least computed first) the one with the fewest computed tokens (vLLM's
+    # num_computed_tokens before the step; ties: the last in running order), un-scheduled and
+    # its tokens refunded if it was scheduled earlier in the step, as vLLM's priority victim is.
+    # FCFS policy only: under policy "priority" vLLM's priority victim rule stays.
+    preemption_victim: Literal["fcfs", "lcf"] = "fcfs"
     # V0's block-manager watermark is hard-coded in vLLM (A2).
     v0_watermark: float = 0.01
     # Bytes of one KV block on one GPU (all layers, K and V); events report bytes from it.
@@ -117,6 +124,11 @@ class SchedulerSpec:
             if set_034:
                 raise ValueError(f"{', '.join(set_034)}: vLLM 0.34 knob(s), not in 0.33; "
                                  "replay vllm_version 0.34 or leave them unset")
+        if self.preemption_victim not in ("fcfs", "lcf"):
+            raise ValueError(f"preemption_victim {self.preemption_victim!r}: use 'fcfs' or 'lcf'")
+        if self.preemption_victim == "lcf" and self.policy != "fcfs":
+            raise ValueError("preemption_victim 'lcf' (least computed first) is a what-if for "
+                             "the fcfs policy; policy 'priority' keeps vLLM's priority victim")
         if self.cache_aware_admission_window < 0:
             raise ValueError("cache_aware_admission_window: must be >= 0 (0: off)")
         if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:

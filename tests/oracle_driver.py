@@ -41,7 +41,8 @@ OFFLOAD_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("O*.json"
 # 0.34 only: cache-aware admission (C*, no connector) and the in-flight load cap (L*).
 V1_034_ONLY = sorted(p.stem for p in (ORACLE / "scenarios").glob("C*.json"))
 OFFLOAD_034_ONLY = sorted(p.stem for p in (ORACLE / "scenarios").glob("L*.json"))
-# The scenario's 0.34 scheduler knobs (README §3), SchedulerSpec's names.
+# The scenario's 0.34 scheduler knobs (README §3), SchedulerSpec's names. kvcap's what-if
+# `preemption_victim` (no vLLM release has it, so no oracle file sets it) passes through too.
 KNOBS_034 = ("cache_aware_admission_window", "cache_aware_admission_threshold",
              "max_num_inflight_kv_loads")
 
@@ -124,7 +125,8 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False,
         # A scenario names its engine loop (the oracle's default is the synchronous one).
         async_scheduling=v1 and bool(sc.get("async_scheduling", False)),
         **{k: sc[k] for k in ("long_prefill_token_threshold", "scheduler_reserve_full_isl",
-                               "watermark", "max_num_active_seqs", *KNOBS_034)
+                               "watermark", "max_num_active_seqs", *KNOBS_034,
+                               "preemption_victim")
            if k in sc and v1},
         vllm_version=sc.get("vllm_version", "0.33") if v1 else "0.33",
         arrival_ties=arrival_ties,

@@ -125,6 +125,7 @@ enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };   /* MODE_NAMES order
 enum { POLICY_FCFS = 0, POLICY_PRIORITY = 1 };
 
 static const char *const TIES_NAMES[] = {"trace_order", "equal", NULL};   /* arrival_ties */
+static const char *const VICTIM_NAMES[] = {"fcfs", "lcf", NULL};           /* preemption_victim */
 
 /* One plain waiting request in the cache-aware window: its slot, row and cached tokens. */
 typedef struct { int64_t cached; int32_t slot, row; } CaEnt;
@@ -141,6 +142,7 @@ typedef struct {
      * window in effect, FCFS with prefix caching only) and the in-flight CPU load cap (-1:
      * none). */
     int ties_equal;                                 /* SchedulerSpec.arrival_ties "equal" */
+    int lcf;                                        /* preemption_victim "lcf" (a what-if) */
     int64_t ca_window, max_loads;
     double ca_threshold;
     CaEnt *ca; int32_t *ca_slots;                   /* the reorder's scratch (window entries) */
@@ -732,6 +734,24 @@ static int ca_reorder(Core *c) {
     return 0;
 }
 
+/* The victim at running index vi leaves `running` (the loop's index *i shifts if it was before
+ * it) and, if scheduled earlier in this step, the batch, its tokens refunded (0.33). */
+static void unrun(Core *c, int64_t vi, int64_t *i, int64_t *budget) {
+    int32_t victim = c->running[vi];
+    memmove(c->running + vi, c->running + vi + 1, (size_t)(c->nrun - vi - 1) * sizeof(int32_t));
+    c->nrun--;
+    if (vi < *i) (*i)--;
+    for (int64_t j = 0; j < c->ns; j++) {
+        if (c->s_rows[j] != victim) continue;
+        *budget += c->s_new[j];
+        memmove(c->s_rows + j, c->s_rows + j + 1, (size_t)(c->ns - j - 1) * sizeof(int32_t));
+        memmove(c->s_new + j, c->s_new + j + 1, (size_t)(c->ns - j - 1) * sizeof(int64_t));
+        memmove(c->s_kind + j, c->s_kind + j + 1, (size_t)(c->ns - j - 1));
+        c->ns--;
+        break;
+    }
+}
+
 /* One schedule(): rejections of new arrivals, running phase, waiting phase. -1 on error. */
 static int schedule(Core *c) {
     int64_t bs = c->bs, L = c->L;
@@ -778,7 +798,16 @@ static int schedule(Core *c) {
                 return -1;
             }
             int64_t victim;
-            if (c->policy) {
+            if (c->lcf) {
+                /* What-if (vLLM PR #53723): the fewest computed tokens, ties the last in
+                 * running order; un-scheduled and refunded as the priority victim is. */
+                int64_t vi = c->nrun - 1;
+                for (int64_t j = c->nrun - 2; j >= 0; j--)
+                    if (c->q.num_computed[c->running[j]] < c->q.num_computed[c->running[vi]]) vi = j;
+                if (oc_cannot_free(c, c->running[vi])) break;
+                victim = c->running[vi];
+                unrun(c, vi, &i, &budget);
+            } else if (c->policy) {
                 /* The worst (priority, arrival, row): ties in arrival follow trace order; with
                  * arrival_ties "equal", the first of them in running order (vLLM's max()). */
                 int64_t vi = 0;
@@ -790,19 +819,7 @@ static int schedule(Core *c) {
                 }
                 if (oc_cannot_free(c, c->running[vi])) break;
                 victim = c->running[vi];
-                memmove(c->running + vi, c->running + vi + 1,
-                        (size_t)(c->nrun - vi - 1) * sizeof(int32_t));
-                c->nrun--;
-                if (vi < i) i--;
-                for (int64_t j = 0; j < c->ns; j++) {
-                    if (c->s_rows[j] != victim) continue;
-                    budget += c->s_new[j];        /* un-schedule and refund (0.33) */
-                    memmove(c->s_rows + j, c->s_rows + j + 1, (size_t)(c->ns - j - 1) * sizeof(int32_t));
-                    memmove(c->s_new + j, c->s_new + j + 1, (size_t)(c->ns - j - 1) * sizeof(int64_t));
-                    memmove(c->s_kind + j, c->s_kind + j + 1, (size_t)(c->ns - j - 1));
-                    c->ns--;
-                    break;
-                }
+                unrun(c, vi, &i, &budget);
             } else {
                 if (oc_cannot_free(c, c->running[c->nrun - 1])) break;
                 victim = c->running[--c->nrun];
@@ -1146,7 +1163,12 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_int(spec, "cache_aware_admission_window", &caw) ||
         spec_float(spec, "cache_aware_admission_threshold", &cat) ||
         spec_opt_int(spec, "max_num_inflight_kv_loads", -1, &maxl) ||
-        spec_choice(spec, "arrival_ties", TIES_NAMES, &c->ties_equal)) goto fail;
+        spec_choice(spec, "arrival_ties", TIES_NAMES, &c->ties_equal) ||
+        spec_choice(spec, "preemption_victim", VICTIM_NAMES, &c->lcf)) goto fail;
+    if (c->lcf && policy != POLICY_FCFS) {
+        PyErr_SetString(PyExc_ValueError, "core: preemption_victim lcf is for the fcfs policy");
+        goto fail;
+    }
     if (version == 0 && (caw != 0 || cat != 0.5 || maxl != -1)) {
         PyErr_SetString(PyExc_ValueError, "core: cache_aware_admission_window / _threshold and "
                         "max_num_inflight_kv_loads are vLLM 0.34 knobs, not in 0.33");

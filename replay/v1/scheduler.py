@@ -412,6 +412,7 @@ class V1Scheduler:
         running, prompt = self.running, self._prompt
         num_computed, num_output = self.num_computed, self.num_output
         priority = self.spec.policy == "priority"
+        lcf = self.spec.preemption_victim == "lcf"
         ph, out_len, async_scheduling = self.placeholders, self._out_len, self.async_scheduling
         grow = kv.grow
         while i < len(running) and budget > 0:
@@ -443,7 +444,11 @@ class V1Scheduler:
                 if self.mode == "none":
                     raise AssertionError("preemption_mode none: a running request ran out of "
                                          "blocks despite its reservation")
-                if priority:
+                if lcf:
+                    # What-if (vLLM PR #53723): the fewest computed tokens, ties the last in
+                    # running order (min() keeps the first minimal one of the reversed list).
+                    victim = min(reversed(running), key=num_computed.__getitem__)
+                elif priority:
                     prio, arr = self._prio, self._arrival
                     if self._ties_equal:
                         # vLLM: the first maximal (priority, arrival_time) in running order.
@@ -459,7 +464,7 @@ class V1Scheduler:
                     # and a victim whose last step is still in flight cannot be preempted.
                     blocked = True
                     break
-                if priority:
+                if priority or lcf:
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:
