@@ -51,7 +51,13 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "v0": {"long_prefill_token_threshold": "V1 knob", "scheduler_reserve_full_isl": "V1 knob",
            "watermark": "V1 knob (V0 uses v0_watermark)", "max_num_active_seqs": "V1 knob",
            "async_scheduling": "V1 knob (V0's async output processing is not modelled)",
-           "kv_bytes_per_block": _BYTES},
+           "kv_bytes_per_block": _BYTES,
+           "vllm_version": "V1 release (V0 is vLLM 0.10's engine)",
+           "cache_aware_admission_window": "V1 0.34 knob",
+           "cache_aware_admission_threshold": "V1 0.34 knob",
+           "max_num_inflight_kv_loads": "V1 0.34 knob (with its CPU KV offloading)",
+           "arrival_ties": "V1's priority victim rule (V0 re-sorts running by priority)",
+           "preemption_victim": "V1 what-if (vLLM PR #53723)"},
 }
 
 
@@ -326,6 +332,7 @@ class StepCore:
         # No executor: the contract leaves pricing to the caller (the constants are never read).
         self._core, _ = new_core(engine, state, spec, None, keys, self._outputs)
         self._rows = np.zeros(0, np.int64)
+        self.cache_aware: dict | None = None
         self._aborted = False
 
     # ------------------------------------------------------------- the Scheduler protocol
@@ -356,6 +363,10 @@ class StepCore:
                                             num_cpu_blocks_free=free))
         rows = _col(p, "rows", np.int32).astype(np.int64)
         self._rows = rows
+        ca = p.get("cache_aware")
+        # The 0.34 cache-aware reorder of this step, as the reference records it.
+        self.cache_aware = None if ca is None else {
+            "usage": ca[0], "cached": dict(ca[1]), "before": ca[2], "after": ca[3]}
         mode = _col(p, "pre_mode", np.int8).tolist()
         npre = len(mode)
         prio = _col(p, "pre_prio", np.uint8).tolist() if "pre_prio" in p else [0] * npre

@@ -390,9 +390,21 @@ static int spec_choice(PyObject *spec, const char *name, const char *const *choi
     return -1;
 }
 
+/* An optional string field: None gives -1. */
+static inline int spec_opt_choice(PyObject *spec, const char *name, const char *const *choices, int *out) {
+    PyObject *v = PyDict_GetItemString(spec, name);     /* borrowed */
+    if (v == Py_None) {
+        if (PyDict_DelItemString(spec, name) < 0) return -1;
+        *out = -1;
+        return 0;
+    }
+    return spec_choice(spec, name, choices, out);
+}
+
 /* The spec's string fields, in the order of the cores' MODE_* / POLICY_* enums. */
 static const char *const MODE_NAMES[] = {"recompute", "none", "swap", NULL};
 static const char *const POLICY_NAMES[] = {"fcfs", "priority", NULL};
+static const char *const VERSION_NAMES[] = {"0.33", "0.34", NULL};    /* replay.spec.VLLM_VERSIONS */
 
 /* ------------------------------------------------------------------ block keys */
 /* replay/prefix.py: request-unique keys, or keys from the trace's prefix-hash chains. */

@@ -95,6 +95,11 @@ class RunResult:
     def run_id(self) -> str:
         return self.run["run_id"]
 
+    @property
+    def recompute_tax(self) -> float | None:
+        """The run's recompute tax (`recompute_tax`): a full run's tables or a summary's."""
+        return recompute_tax(self.requests, self.steps)
+
     def tables(self) -> dict[str, pl.DataFrame]:
         out = {"runs": pl.DataFrame([self.run]), "requests": self.requests, "steps": self.steps,
                "events": self.events, "stalls": self.stalls, "tbt": self.tbt}
@@ -112,6 +117,19 @@ def chunk_frame(cols: dict[str, np.ndarray], start: int, *, numbered: bool,
     if numbered:
         head["step"] = np.arange(start + 1, start + n + 1, dtype=np.int64)
     return pl.DataFrame({**head, **cols})
+
+
+def recompute_tax(requests: pl.DataFrame, steps) -> float | None:
+    """The prefill work preemption wasted: tokens computed again at positions a request had
+    computed before it was preempted (`requests.recomputed_tokens`: a prefix-cache hit or a CPU
+    load at the resume is not computed again, so not counted) over every prefill token the run
+    computed, the recomputed ones included (`steps.num_prefill_tokens`: first prefills and
+    re-prefills). 0.0 without preemption; None when nothing was prefilled. `steps` is the steps
+    table, spilled or not, or a summary replay's StepSummary (it keeps integer sums)."""
+    prefill = int(steps["num_prefill_tokens"].sum() or 0)
+    if prefill == 0:
+        return None
+    return int(requests["recomputed_tokens"].sum() or 0) / prefill
 
 
 def request_status(status: np.ndarray) -> np.ndarray:

@@ -48,15 +48,18 @@ class RequestState:
         self.num_preemptions = np.zeros(n, np.int32)
         self.num_swaps = np.zeros(n, np.int32)
         self.num_recomputes = np.zeros(n, np.int32)
-        # Extra prefill work caused by recompute preemption: at each resume, the tokens computed
-        # before the preemption minus the prefix-cache hit taken at the resume.
+        # Extra prefill work caused by recompute preemption (the recompute tax). V1: the tokens
+        # computed again at positions the request had computed before a preemption (a prefix
+        # hit or a CPU load at the resume is not computed, so not counted). V0: at each resume,
+        # the tokens computed before the preemption minus the prefix-cache hit taken then.
         self.recomputed_tokens = np.zeros(n, np.int64)
         # Prefix-cache hit (tokens) at the first admission.
         self.cached_prompt_tokens = np.zeros(n, np.int64)
         # Of those, the tokens loaded from the CPU offload tier (vLLM's external hit; V1
         # offloading only): gpu_hit_tokens = cached_prompt_tokens - cpu_hit_tokens.
         self.cpu_hit_tokens = np.zeros(n, np.int64)
-        # Scratch: num_computed at the last recompute preemption (for recomputed_tokens).
+        # Scratch for recomputed_tokens: V0 num_computed at the last recompute preemption, V1
+        # the most tokens computed before any preemption.
         self.computed_at_preemption = np.zeros(n, np.int64)
 
     def num_tokens(self, row: int) -> int:

@@ -7,7 +7,9 @@ replay hands the compiled core's step and TBT columns, chunk by chunk as they le
 which answer exactly what the analyses ask of a searched replay (capacity/analyses/metrics.py
 `summary`, criteria.py `evaluate`, classify.py `classify`):
 - per step column: its max, and its sum for integer columns (`steps[name].max()/.sum()`, as on a
-  DataFrame), the number of steps (`height`), the end of the last step (`end_s`);
+  DataFrame), the number of steps (`height`), the end of the last step (`end_s`); so the
+  recompute tax (replay/results.py `recompute_tax`: recomputed / `num_prefill_tokens` summed) is
+  a summary replay's too (`RunResult.recompute_tax`);
 - per `window_s` of SummarySpec.windows_s: the nearest-rank P99 of the decode steps' durations
   weighted by their decode tokens, per window of step start times (classify.windows). Steps come
   in start order, so a window is complete when the next one starts: memory is one window's steps;

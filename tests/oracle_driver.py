@@ -30,22 +30,51 @@ from replay.spec import SchedulerSpec
 from replay.state import RequestState, Status
 
 ORACLE = Path(__file__).resolve().parents[2] / "shared" / "oracle"
+# Real vLLM's outputs per modelled release (oracle README §8: 0.34 is `--engine v1-034`).
+EXPECTED = {"0.33": ORACLE / "expected", "0.34": ORACLE / "expected-034"}
 V0_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("S*.json")
                       if int(p.stem[1:].rstrip("abcdefghijklmnopqrstuvwxyz_").split("_")[0]) <= 12)
 V1_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("S*.json")
                       if p.stem not in V0_SCENARIOS)
 # V1 with CPU KV offloading (and O8_nocpu, its baseline without it).
 OFFLOAD_SCENARIOS = sorted(p.stem for p in (ORACLE / "scenarios").glob("O*.json"))
+# 0.34 only: cache-aware admission (C*, no connector) and the in-flight load cap (L*).
+V1_034_ONLY = sorted(p.stem for p in (ORACLE / "scenarios").glob("C*.json"))
+OFFLOAD_034_ONLY = sorted(p.stem for p in (ORACLE / "scenarios").glob("L*.json"))
+# The scenario's 0.34 scheduler knobs (README §3), SchedulerSpec's names. kvcap's what-if
+# `preemption_victim` (no vLLM release has it, so no oracle file sets it) passes through too.
+KNOBS_034 = ("cache_aware_admission_window", "cache_aware_admission_threshold",
+             "max_num_inflight_kv_loads")
+
+
+def expected_names(version: str) -> list[str]:
+    """Every scenario real vLLM `version` has an output for (V1 runs: 0.33's expected/ also
+    holds V0's)."""
+    return sorted(p.stem for p in EXPECTED[version].glob("*.jsonl"))
+
+
+def v1_scenarios(version: str) -> list[str]:
+    """The V1 scenarios without a connector that `version` has outputs for (S13.., C*)."""
+    have = set(expected_names(version))
+    return [n for n in V1_SCENARIOS + V1_034_ONLY if n in have]
+
+
+def offload_scenarios(version: str) -> list[str]:
+    """The V1 connector scenarios (O*, L*) that `version` has outputs for."""
+    have = set(expected_names(version))
+    return [n for n in OFFLOAD_SCENARIOS + OFFLOAD_034_ONLY if n in have]
 # The oracle's `kv_offloading` fields kvcap models (README §3); the others must stay at their
 # defaults.
 _OFFLOAD_DEFAULTS = {"eviction_policy": "lru", "offload_prompt_only": True, "blocks_per_chunk": 1,
                      "store_threshold": 0, "transfer_steps": 1, "extra_config": {}}
 
 
-def load(name: str) -> tuple[dict, list[dict]]:
+def load(name: str, version: str = "0.33") -> tuple[dict, list[dict]]:
+    """The scenario and real vLLM `version`'s output for it (expected/ for 0.33, expected-034/
+    for 0.34); the scenario records the version it is to be driven as (`vllm_version`)."""
     sc = json.loads((ORACLE / "scenarios" / f"{name}.json").read_text())
-    lines = (ORACLE / "expected" / f"{name}.jsonl").read_text().splitlines()
-    return sc, [json.loads(x) for x in lines if x.strip()]
+    lines = (EXPECTED[version] / f"{name}.jsonl").read_text().splitlines()
+    return {**sc, "vllm_version": version}, [json.loads(x) for x in lines if x.strip()]
 
 
 def prompt_ids(req: dict, idx: int) -> list[int]:
@@ -59,10 +88,15 @@ def out_token(idx: int, k: int) -> int:
     return 9_000_000 + idx * 10_000 + k
 
 
-def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
-    """SchedulerSpec, RequestState, request ids and block keys for a scenario. `arrival_at_step`:
-    each request arrives at time `arrival_step` exactly (a replay loop whose steps take 1 s then
-    takes step k at time k; same-step arrivals tie and enter in file order)."""
+def build(sc: dict, engine: str, *, arrival_at_step: bool = False,
+          arrival_ties: str = "trace_order"):
+    """SchedulerSpec, RequestState, request ids and block keys for a scenario, as vLLM
+    `sc["vllm_version"]` (`load` sets it; 0.33 when absent) runs it: a 0.34 knob on 0.33 is a
+    ValueError (the oracle's `config_error`). `arrival_at_step`: each request arrives at time
+    `arrival_step` exactly (a replay loop whose steps take 1 s then takes step k at time k;
+    same-step arrivals tie and enter in file order). `arrival_ties` (SchedulerSpec): "equal"
+    takes equal arrival times as vLLM got them (an oracle file: running order picks among them),
+    "trace_order" as a trace's ties (vLLM's receipt times would be distinct, tests/test_ties.py)."""
     v1 = engine == "v1"
     mode = sc.get("preemption_mode")
     off = sc.get("kv_offloading") if v1 else None
@@ -91,7 +125,11 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False):
         # A scenario names its engine loop (the oracle's default is the synchronous one).
         async_scheduling=v1 and bool(sc.get("async_scheduling", False)),
         **{k: sc[k] for k in ("long_prefill_token_threshold", "scheduler_reserve_full_isl",
-                               "watermark", "max_num_active_seqs") if k in sc and v1},
+                               "watermark", "max_num_active_seqs", *KNOBS_034,
+                               "preemption_victim")
+           if k in sc and v1},
+        vllm_version=sc.get("vllm_version", "0.33") if v1 else "0.33",
+        arrival_ties=arrival_ties,
         **offload)
     reqs = sc["requests"]
     ids = [str(r["id"]) for r in reqs]
@@ -124,10 +162,12 @@ def batch_kinds(plan) -> list[str]:
     return [BATCH_KINDS[k] for k in plan.kind.tolist()]
 
 
-def drive(make_scheduler, sc: dict, engine: str, *, inspect=None) -> list[dict]:
+def drive(make_scheduler, sc: dict, engine: str, *, inspect=None,
+          arrival_ties: str = "trace_order") -> list[dict]:
     """Run the scenario; `make_scheduler(spec, state, keys)` builds the scheduler under test;
-    `inspect(state, ids)`, if given, sees the request counters at the end."""
-    spec, state, ids, keys = build(sc, engine)
+    `inspect(state, ids)`, if given, sees the request counters at the end; `arrival_ties` as in
+    `build`."""
+    spec, state, ids, keys = build(sc, engine, arrival_ties=arrival_ties)
     sched = make_scheduler(spec, state, keys)
     reqs = sc["requests"]
     last_arrival = max(int(r["arrival_step"]) for r in reqs)
@@ -193,6 +233,11 @@ def drive(make_scheduler, sc: dict, engine: str, *, inspect=None) -> list[dict]:
             line["cum_preemptions"] = cum
         else:
             line["computed"] = {ids[r]: int(c) for r, c in snap["computed"].items()}
+        ca = getattr(sched, "cache_aware", None)
+        if ca is not None:
+            line["cache_aware"] = {"usage": round(ca["usage"], 4),
+                                   "cached": {ids[r]: t for r, t in ca["cached"].items()},
+                                   "before": name(ca["before"]), "after": name(ca["after"])}
         if offloading:
             line["waiting_for_kv"] = name(snap["waiting_for_kv"])
             off = plan.offload

@@ -1,19 +1,13 @@
 """The OffloadingConnector's `store_threshold` (kv_connector_extra_config; oracle O1_threshold):
-vLLM 0.33's CPU manager counts every offer of a key (`_record_accesses` in `prepare_store`) and
-stores a chunk only from its N-th offer on, keeping counts for at most `max_tracker_size` keys.
-The tracker's order and its full-tracker rule, step by step; the compiled core follows it through
-the differential tests (tests/test_v1_core.py draws small trackers). 0.34's rule (each key counted
-once per request) is not modelled: both implementations refuse it."""
+the CPU manager counts offers of a key (`_record_accesses` in `prepare_store`) and stores a chunk
+only from its N-th offer on, keeping counts for at most `max_tracker_size` keys. vLLM 0.33 counts
+every offer; 0.34 each key once per request (`counted_keys`: a preempted request's re-offer, or a
+retried failed store, moves the key to the recent end without counting). The tracker's order and
+its full-tracker rule, step by step; the compiled core follows it through the differential tests
+(tests/test_v1_core.py and test_v1_034.py draw small trackers)."""
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
-from core_helpers import make_engine
-from replay import compiled
-from replay.v1 import V1Scheduler
-from replay.v1.cpu_tier import CpuTier, OfferCounts
-from replay_helpers import tiny_spec
+from replay.v1.cpu_tier import Access, CpuTier, OfferCounts
 
 
 def test_offers_are_counted_and_the_tracker_drops_the_least_recently_offered():
@@ -40,16 +34,34 @@ def test_below_two_nothing_is_counted():
         assert CpuTier(capacity=4, policy="lru", store_threshold=thr).offers is None
 
 
-@pytest.mark.parametrize("impl", ["reference", "compiled"])
-def test_per_request_counting_is_refused(impl):
-    spec = tiny_spec(kv_offloading=True, num_cpu_blocks=4, offload_transfer_steps=1,
-                     offload_store_threshold=2,
-                     offload_store_counting="once_per_request")
-    state, keys, ex = make_engine("v1", spec, [0.0], np.array([8]), np.array([2]), None)
-    if impl == "reference":
-        with pytest.raises(NotImplementedError, match="offload_store_counting"):
-            V1Scheduler(spec, state, keys)
-    else:
-        outs = tuple(np.zeros(1) for _ in range(4))
-        with pytest.raises(ValueError, match="offload_store_counting"):
-            compiled.new_core("v1", state, spec, ex, keys, outs)
+def test_034_counts_each_key_once_per_request():
+    c = OfferCounts(threshold=2, max_keys=3)
+    counted: set[int] = set()
+    assert c.offer([1, 2], counted) == [False, False]
+    counted.update([1, 2])
+    # The same request again: tracked keys move to the recent end without counting.
+    assert c.offer([2, 1], counted) == [False, False]
+    assert list(c.counts.items()) == [(2, 1), (1, 1)]
+    # Another request's offer counts.
+    assert c.offer([1], set()) == [True]
+    # A counted key the tracker dropped is tracked again at 1, even for the request that
+    # counted it (vLLM's second loop does not look at counted_keys).
+    assert c.offer([3, 4], set()) == [False, False]
+    assert list(c.counts.items()) == [(1, 2), (3, 1), (4, 1)]
+    assert c.offer([2], counted) == [False]
+    assert list(c.counts.items()) == [(3, 1), (4, 1), (2, 1)]
+
+
+def test_034_ready_chunks_are_reused_whatever_their_count():
+    """The threshold holds back new chunks only: a ready chunk in the offer counts as reused
+    (recorded, protected) even when the tracker dropped its count (vLLM 0.33 and 0.34 alike)."""
+    tier = CpuTier(capacity=2, policy="lru", store_threshold=2, tracker_size=1)
+    a, b = Access(), Access()
+    assert tier.prepare_store(a, [10], [0]) == ([], [])           # first offer: held back
+    assert tier.prepare_store(b, [10], [0]) == ([10], [])         # second: stored
+    tier.complete_store([10])
+    assert tier.prepare_store(a, [11], [1]) == ([], [])           # the tracker drops 10
+    assert 10 not in tier.offers.counts
+    c = Access()
+    assert tier.prepare_store(c, [10, 12], [0, 1]) == ([], [])
+    assert 10 in c.reused and 10 in c.seen and 12 not in c.seen

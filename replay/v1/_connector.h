@@ -249,12 +249,16 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
         hb[i - start] = key_hash(kb[i - start]);
         if (i < start + 16) tier_prefetch(t, hb[i - start]);
     }
-    /* store_threshold: the offer is counted, and only the chunks offered often enough stay in
-     * it (the others are neither stored, recorded nor protected). */
+    /* store_threshold: the offer is counted, and only the missing chunks offered often enough
+     * are stored (and recorded); chunks in the tier are looked up (reused, protected) whatever
+     * their count. 0.34 counts each of the row's keys once (RA_COUNTED). */
     const uint8_t *keep = NULL;
     if (t->cnt.thr) {
-        if (cnt_offer(t, kb, hb, end - start, o->keep, o->cnode) < 0) return -2;
+        int once = t->cnt.once_per_request;
+        if (cnt_offer(t, kb, hb, end - start, o->keep, o->cnode, once ? fl + start : NULL) < 0)
+            return -2;
         keep = o->keep;
+        if (once) for (int64_t i = start; i < end; i++) fl[i] |= RA_COUNTED;
     }
     /* One pass looks each chunk up and records the access (_record_request_cache_access, in
      * chunk order; an LRU re-rank moves no other chunk of this offer out of the lookups' way).
@@ -263,12 +267,12 @@ static int64_t oc_prepare_store(Core *c, int64_t row, int64_t start, int64_t end
     uint8_t miss_first = lru ? RA_SEEN | RA_OUT : RA_SEEN;
     for (int64_t i = start; i < end; i++) {
         if (i + 16 < end) tier_prefetch(t, hb[i + 16 - start]);
-        if (keep && !keep[i - start]) continue;
         int absent = lru && (fl[i] & (RA_INSERTED | RA_OUT)) != RA_INSERTED && i >= fu;
         int32_t s = sb[i - start] = absent ? -1
                   : lru && i >= fu ? tier_get_own(t, (int32_t)row, i)
                   : tier_get_h(t, kb[i - start], hb[i - start]);
         if (s < 0) {
+            if (keep && !keep[i - start]) continue;
             todo[ntodo++] = (int32_t)i;
             if (!(fl[i] & RA_SEEN)) {
                 fl[i] |= miss_first;

@@ -124,6 +124,12 @@ enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISH
 enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };   /* MODE_NAMES order; V1 refuses swap */
 enum { POLICY_FCFS = 0, POLICY_PRIORITY = 1 };
 
+static const char *const TIES_NAMES[] = {"trace_order", "equal", NULL};   /* arrival_ties */
+static const char *const VICTIM_NAMES[] = {"fcfs", "lcf", NULL};           /* preemption_victim */
+
+/* One plain waiting request in the cache-aware window: its slot, row and cached tokens. */
+typedef struct { int64_t cached; int32_t slot, row; } CaEnt;
+
 typedef struct {
     Req q;                /* request arrays */
     Keys keys;
@@ -132,6 +138,18 @@ typedef struct {
     /* Spec. */
     int64_t bs, num_blocks, max_active, max_batched, L, thr_knob, watermark_blocks;
     int chunked, caching, reserve_full_isl, mode, policy, async_sched;
+    /* vLLM 0.34 (SchedulerSpec.vllm_version): cache-aware admission (window 0: off; the
+     * window in effect, FCFS with prefix caching only) and the in-flight CPU load cap (-1:
+     * none). */
+    int ties_equal;                                 /* SchedulerSpec.arrival_ties "equal" */
+    int lcf;                                        /* preemption_victim "lcf" (a what-if) */
+    int64_t ca_window, max_loads;
+    double ca_threshold;
+    CaEnt *ca; int32_t *ca_slots;                   /* the reorder's scratch (window entries) */
+    /* core_schedule's record of the reorder (what the oracle prints as cache_aware): called,
+     * the usage it saw, its probes (rows, tokens), the queue before and after. */
+    int ca_rec, ca_called; double ca_usage; int64_t ca_nprobe, ca_len;
+    int32_t *ca_before, *ca_after, *ca_prow; int64_t *ca_ptok;
     /* Async scheduling (scheduler.py): placeholders per row; rows that sampled in the step in
      * flight (fl) and in this one (fl_next). */
     int64_t *ph; int32_t *fl, *fl_next; int64_t nfl;
@@ -485,7 +503,10 @@ static int64_t admission_fits(Core *c, int64_t row, int64_t budget, int64_t thr,
 
 static int preempt(Core *c, int64_t row) {
     if (c->oc.on) oc_infl_del(&c->oc, row);
-    c->q.computed_at_pre[row] = c->q.num_computed[row];
+    /* The recompute tax (schedule()): positions below the most it ever computed are computed
+     * again unless a prefix hit or a CPU load brings them back. */
+    if (c->q.num_computed[row] > c->q.computed_at_pre[row])
+        c->q.computed_at_pre[row] = c->q.num_computed[row];
     int64_t blocks = kv_free(c, row);
     c->q.num_computed[row] = 0;
     c->q.status[row] = ST_WAITING;
@@ -522,6 +543,15 @@ static void oc_skip(Core *c, int64_t r, int from_kvh) {
 /* Blocks of the row's table allocated in this batch (flush detection, F9). */
 static inline void oc_stamp_table(Core *c, int64_t r) {
     for (int64_t k = 0; k < c->held[r]; k++) c->oc.alloc_stamp[c->tbl[r][k]] = c->oc.astamp;
+}
+
+/* 0.34 `_admits_inflight_kv_load`: a new CPU load stays within max_num_inflight_kv_loads,
+ * counting loads in flight and loaded requests not running yet (the rows holding blocks in the
+ * waiting queues: kv_holding_waiting and those skipped this step) and aborted requests whose
+ * load is still in flight. */
+static inline int oc_admits_load(const Core *c) {
+    return c->max_loads < 0 ||
+           c->oc.kvh_len + c->oc.nskip_k + c->nfree_load < c->max_loads;
 }
 
 static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
@@ -585,6 +615,7 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
         if (ext < 0) { oc_skip(c, r, from_kvh); continue; }
         int64_t nload = ext / bs;
         int load = ext > 0;
+        if (load && !oc_admits_load(c)) break;   /* it waits at the head (0.34's cap) */
         /* N2: an async load is admitted only beside what the in-flight prefills (other loads
          * among them) still need (vLLM _inflight_prefill_reserved_blocks): a loading request
          * cannot be preempted, so loads cannot deadlock the pool. */
@@ -608,8 +639,7 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
         o->hit_g[o->nhit] = nh * bs;
         o->hit_c[o->nhit++] = ext;
         int64_t hit = computed;
-        if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
-        else { c->q.cached_prompt[r] = hit; c->q.cpu_hit[r] = ext; }
+        if (c->q.num_pre[r] == 0) { c->q.cached_prompt[r] = hit; c->q.cpu_hit[r] = ext; }
         if (load) {
             /* WAITING_FOR_REMOTE_KVS: its blocks are cached when the load is done. */
             c->q.num_computed[r] = computed;
@@ -649,6 +679,77 @@ static int oc_waiting_phase(Core *c, int64_t *budget_io, int64_t thr) {
     }
     *budget_io = budget;
     return 0;
+}
+
+/* 0.34 cache-aware admission (scheduler.py `_reorder_waiting_by_cached_prefix`; the reference's
+ * twin): with at least two waiting requests and the usage at the threshold or above, the plain
+ * waiting requests (never preempted) among the first ca_window take those slots in order of
+ * their GPU prefix-cache hit (get_computed_blocks' probe, at most num_tokens - 1 tokens), deepest
+ * first, ties in queue order; the new order is written back. FCFS only (the ring). */
+static int ca_cmp(const void *a, const void *b) {
+    const CaEnt *x = (const CaEnt *)a, *y = (const CaEnt *)b;
+    if (x->cached != y->cached) return x->cached > y->cached ? -1 : 1;
+    return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+static int ca_record_queue(Core *c, int32_t **to) {
+    if (!*to && !(*to = (int32_t *)malloc(((size_t)c->q.n + 1) * sizeof(int32_t)))) return -1;
+    for (int64_t i = 0; i < c->wq_len; i++) (*to)[i] = c->wq[(c->wq_head + i) % c->wq_cap];
+    return 0;
+}
+static int ca_reorder(Core *c) {
+    int64_t usable = c->num_blocks - 1;
+    double usage = usable == 0 ? 0.0 : 1.0 - (double)c->num_free / (double)usable;
+    if (c->ca_rec) {
+        c->ca_called = 1; c->ca_usage = usage; c->ca_nprobe = 0; c->ca_len = c->wq_len;
+        if (ca_record_queue(c, &c->ca_before) < 0 || ca_record_queue(c, &c->ca_after) < 0)
+            return -1;
+    }
+    if (c->wq_len < 2 || usage < c->ca_threshold) return 0;
+    int64_t w = min64(c->ca_window, c->wq_len), ns = 0;
+    for (int64_t i = 0; i < w; i++) {
+        int32_t r = c->wq[(c->wq_head + i) % c->wq_cap];
+        if (c->q.num_pre[r] == 0) { c->ca[ns].slot = (int32_t)i; c->ca[ns++].row = r; }
+    }
+    if (ns < 2) return 0;
+    int sorted = 1;
+    for (int64_t k = 0; k < ns; k++) {
+        int32_t r = c->ca[k].row;
+        c->ca[k].cached = get_computed_blocks(c, r, c->q.prompt[r] + c->q.num_output[r]) * c->bs;
+        if (k && c->ca[k].cached > c->ca[k - 1].cached) sorted = 0;
+    }
+    if (c->ca_rec) {
+        if ((!c->ca_prow && !(c->ca_prow = (int32_t *)malloc((size_t)(w + 1) * sizeof(int32_t)))) ||
+            (!c->ca_ptok && !(c->ca_ptok = (int64_t *)malloc((size_t)(w + 1) * sizeof(int64_t)))))
+            return -1;
+        for (int64_t k = 0; k < ns; k++) { c->ca_prow[k] = c->ca[k].row; c->ca_ptok[k] = c->ca[k].cached; }
+        c->ca_nprobe = ns;
+    }
+    if (sorted) return 0;
+    /* The slots keep their places; the requests in them move (a stable order by hit). */
+    int32_t *slots = c->ca_slots;
+    for (int64_t k = 0; k < ns; k++) slots[k] = c->ca[k].slot;
+    qsort(c->ca, (size_t)ns, sizeof(CaEnt), ca_cmp);
+    for (int64_t k = 0; k < ns; k++) c->wq[(c->wq_head + slots[k]) % c->wq_cap] = c->ca[k].row;
+    if (c->ca_rec && ca_record_queue(c, &c->ca_after) < 0) return -1;
+    return 0;
+}
+
+/* The victim at running index vi leaves `running` (the loop's index *i shifts if it was before
+ * it) and, if scheduled earlier in this step, the batch, its tokens refunded (0.33). */
+static void unrun(Core *c, int64_t vi, int64_t *i, int64_t *budget) {
+    int32_t victim = c->running[vi];
+    memmove(c->running + vi, c->running + vi + 1, (size_t)(c->nrun - vi - 1) * sizeof(int32_t));
+    c->nrun--;
+    if (vi < *i) (*i)--;
+    for (int64_t j = 0; j < c->ns; j++) {
+        if (c->s_rows[j] != victim) continue;
+        *budget += c->s_new[j];
+        memmove(c->s_rows + j, c->s_rows + j + 1, (size_t)(c->ns - j - 1) * sizeof(int32_t));
+        memmove(c->s_new + j, c->s_new + j + 1, (size_t)(c->ns - j - 1) * sizeof(int64_t));
+        memmove(c->s_kind + j, c->s_kind + j + 1, (size_t)(c->ns - j - 1));
+        c->ns--;
+        break;
+    }
 }
 
 /* One schedule(): rejections of new arrivals, running phase, waiting phase. -1 on error. */
@@ -697,30 +798,28 @@ static int schedule(Core *c) {
                 return -1;
             }
             int64_t victim;
-            if (c->policy) {
-                /* The worst (priority, arrival, row): ties in arrival follow trace order. */
+            if (c->lcf) {
+                /* What-if (vLLM PR #53723): the fewest computed tokens, ties the last in
+                 * running order; un-scheduled and refunded as the priority victim is. */
+                int64_t vi = c->nrun - 1;
+                for (int64_t j = c->nrun - 2; j >= 0; j--)
+                    if (c->q.num_computed[c->running[j]] < c->q.num_computed[c->running[vi]]) vi = j;
+                if (oc_cannot_free(c, c->running[vi])) break;
+                victim = c->running[vi];
+                unrun(c, vi, &i, &budget);
+            } else if (c->policy) {
+                /* The worst (priority, arrival, row): ties in arrival follow trace order; with
+                 * arrival_ties "equal", the first of them in running order (vLLM's max()). */
                 int64_t vi = 0;
                 for (int64_t j = 1; j < c->nrun; j++) {
                     int32_t x = c->running[j], y = c->running[vi];
                     if (c->q.prio[x] != c->q.prio[y] ? c->q.prio[x] > c->q.prio[y]
                         : c->q.arrival[x] != c->q.arrival[y] ? c->q.arrival[x] > c->q.arrival[y]
-                        : x > y) vi = j;
+                        : !c->ties_equal && x > y) vi = j;
                 }
                 if (oc_cannot_free(c, c->running[vi])) break;
                 victim = c->running[vi];
-                memmove(c->running + vi, c->running + vi + 1,
-                        (size_t)(c->nrun - vi - 1) * sizeof(int32_t));
-                c->nrun--;
-                if (vi < i) i--;
-                for (int64_t j = 0; j < c->ns; j++) {
-                    if (c->s_rows[j] != victim) continue;
-                    budget += c->s_new[j];        /* un-schedule and refund (0.33) */
-                    memmove(c->s_rows + j, c->s_rows + j + 1, (size_t)(c->ns - j - 1) * sizeof(int32_t));
-                    memmove(c->s_new + j, c->s_new + j + 1, (size_t)(c->ns - j - 1) * sizeof(int64_t));
-                    memmove(c->s_kind + j, c->s_kind + j + 1, (size_t)(c->ns - j - 1));
-                    c->ns--;
-                    break;
-                }
+                unrun(c, vi, &i, &budget);
             } else {
                 if (oc_cannot_free(c, c->running[c->nrun - 1])) break;
                 victim = c->running[--c->nrun];
@@ -737,6 +836,8 @@ static int schedule(Core *c) {
         i++;
     }
     /* Waiting phase, only when nothing was preempted. */
+    c->ca_called = 0;
+    if (c->npre == 0 && c->ca_window && ca_reorder(c) < 0) return -1;
     if (c->npre == 0 && c->oc.on) {
         if (oc_waiting_phase(c, &budget, thr) < 0) return -1;
     } else if (c->npre == 0) {
@@ -765,8 +866,7 @@ static int schedule(Core *c) {
                 c->promised_total += whole;
             }
             int8_t kind = c->q.num_pre[r] > 0 ? BK_RESUMED : BK_NEW;
-            if (c->q.num_pre[r] > 0) c->q.recomputed[r] += c->q.computed_at_pre[r] - hit;
-            else c->q.cached_prompt[r] = hit;
+            if (c->q.num_pre[r] == 0) c->q.cached_prompt[r] = hit;
             c->q.status[r] = ST_RUNNING;
             c->q.num_computed[r] = hit;
             c->prefilling[r] = 1;
@@ -782,9 +882,13 @@ static int schedule(Core *c) {
     }
     for (int64_t j = 0; j < c->ns; j++) {
         int64_t r = c->s_rows[j];
-        c->s_before[j] = c->q.num_computed[r];
+        int64_t b = c->s_before[j] = c->q.num_computed[r];
         c->q.num_computed[r] += c->s_new[j];
         c->s_prefill[j] = c->prefilling[r];
+        /* Recompute tax: a (re-)prefill chunk's part below what the row had computed before a
+         * preemption (only a re-prefill reaches back there). */
+        if (c->s_prefill[j] && c->q.computed_at_pre[r] > b)
+            c->q.recomputed[r] += min64(b + c->s_new[j], c->q.computed_at_pre[r]) - b;
     }
     if (c->oc.on && c->oc.ninfl) {
         /* _update_after_schedule: a chunk reaching the known tokens ends an in-flight prefill. */
@@ -1018,7 +1122,8 @@ static void core_free(Core *c) {
                   c->blk, c->fq, c->fq_spare, c->map.e, c->tbl, c->tcap, c->held, c->ncached, c->running, c->wq,
                   c->arrived, c->prefilling, c->promised, c->fin, c->ph, c->fl, c->fl_next, c->in_step,
                   c->s_rows, c->s_new, c->s_before, c->s_prefill, c->s_sampled, c->s_kind, c->pre_rows, c->pre_blocks,
-                  c->rej_rows, c->hits, c->pre_mode, c->pre_fallback};
+                  c->rej_rows, c->hits, c->pre_mode, c->pre_fallback, c->ca, c->ca_slots, c->ca_before, c->ca_after, c->ca_prow,
+                  c->ca_ptok};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++) free(ps[i]);
     free(c);
 }
@@ -1038,9 +1143,9 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
     int64_t n = c->q.n;
     /* replay.spec.SchedulerSpec by field name (replay/v1/scheduler.py's reads, same rules). */
-    int64_t bs, nb, ms, ma, mb, L, thr, ncpu;
-    double wm;
-    int ch, ca, rf, asy, mode, policy;
+    int64_t bs, nb, ms, ma, mb, L, thr, ncpu, caw, maxl;
+    double wm, cat;
+    int ch, ca, rf, asy, mode, policy, version;
     if (spec_int(spec, "block_size", &bs) || spec_int(spec, "num_gpu_blocks", &nb) ||
         spec_int(spec, "num_cpu_blocks", &ncpu) || spec_int(spec, "max_num_seqs", &ms) ||
         /* max_num_active_seqs: None means max_num_seqs (B7). */
@@ -1053,7 +1158,22 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_bool(spec, "scheduler_reserve_full_isl", &rf) ||
         spec_bool(spec, "async_scheduling", &asy) ||
         spec_choice(spec, "preemption_mode", MODE_NAMES, &mode) ||
-        spec_choice(spec, "policy", POLICY_NAMES, &policy)) goto fail;
+        spec_choice(spec, "policy", POLICY_NAMES, &policy) ||
+        spec_choice(spec, "vllm_version", VERSION_NAMES, &version) ||
+        spec_int(spec, "cache_aware_admission_window", &caw) ||
+        spec_float(spec, "cache_aware_admission_threshold", &cat) ||
+        spec_opt_int(spec, "max_num_inflight_kv_loads", -1, &maxl) ||
+        spec_choice(spec, "arrival_ties", TIES_NAMES, &c->ties_equal) ||
+        spec_choice(spec, "preemption_victim", VICTIM_NAMES, &c->lcf)) goto fail;
+    if (c->lcf && policy != POLICY_FCFS) {
+        PyErr_SetString(PyExc_ValueError, "core: preemption_victim lcf is for the fcfs policy");
+        goto fail;
+    }
+    if (version == 0 && (caw != 0 || cat != 0.5 || maxl != -1)) {
+        PyErr_SetString(PyExc_ValueError, "core: cache_aware_admission_window / _threshold and "
+                        "max_num_inflight_kv_loads are vLLM 0.34 knobs, not in 0.33");
+        goto fail;
+    }
     /* CPU KV offloading (vLLM 0.33's OffloadingConnector, _connector.h). */
     int off, prompt_only, evict, counting;
     int64_t bpc, tsteps, sthr, tracker;
@@ -1064,8 +1184,9 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_int(spec, "offload_blocks_per_chunk", &bpc) ||
         spec_int(spec, "offload_store_threshold", &sthr) ||
         spec_int(spec, "offload_store_tracker_size", &tracker) ||
-        /* Which offers count: 0.33's every offer (0.34's once per request is not modelled). */
-        spec_choice(spec, "offload_store_counting", STORE_COUNTING_NAMES, &counting) ||
+        /* Which offers count: every offer (0.33) or each key once per request (0.34); None:
+         * the version's. */
+        spec_opt_choice(spec, "offload_store_counting", STORE_COUNTING_NAMES, &counting) ||
         spec_int(spec, "offload_transfer_steps", &tsteps) ||
         spec_float(spec, "offload_host_link_bytes_per_s", &link)) goto fail;
     int64_t block_bytes;          /* time mode: a transfer's bytes per block, per GPU */
@@ -1086,6 +1207,12 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     /* vLLM: int(watermark * num_blocks), null block included (C truncates as int() does). */
     c->thr_knob = thr; c->watermark_blocks = (int64_t)(wm * (double)nb); c->chunked = ch;
     c->caching = ca; c->reserve_full_isl = rf; c->mode = mode; c->async_sched = asy;
+    /* 0.34 applies the long-prefill cap with chunked prefill only (S20_off_cap). */
+    if (version == 1 && !ch) c->thr_knob = 0;
+    c->ca_window = policy == POLICY_FCFS && ca ? caw : 0;
+    c->ca_threshold = cat;
+    c->max_loads = maxl;
+    if (counting < 0) counting = version == 1 ? COUNT_ONCE_PER_REQUEST : COUNT_EVERY_OFFER;
     if (cost_parse(cost, &c->cost) < 0) goto fail;
     if (keys_take(&c->views, keys, n, c->bs, &c->keys) < 0) goto fail;
     /* Pool: blocks 1..nb-1 free in order (block 0 is the null block). */
@@ -1117,6 +1244,8 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
     CALLOC(c->hits, c->hits_cap, int32_t);
+    if (c->ca_window) { CALLOC(c->ca, min64(c->ca_window, n) + 1, CaEnt);
+                        CALLOC(c->ca_slots, min64(c->ca_window, n) + 1, int32_t); }
     if (off) {
         Oc *o = &c->oc;
         o->on = 1; o->prompt_only = prompt_only; o->policy = evict;
@@ -1125,6 +1254,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         if (tier_init(&o->tier, ncpu, evict, n) < 0) { PyErr_NoMemory(); goto fail; }
         if (sthr >= 2) {
             if (cnt_init(&o->tier, sthr, tracker) < 0) { PyErr_NoMemory(); goto fail; }
+            o->tier.cnt.once_per_request = counting == COUNT_ONCE_PER_REQUEST;
             CALLOC(o->keep, cdiv(L, o->tpc) + 8, uint8_t); CALLOC(o->cnode, cdiv(L, o->tpc) + 8, int32_t);
         }
         CALLOC(o->ra, n, uint8_t *); CALLOC(o->ra_cap, n, int64_t); CALLOC(o->rank, n, int64_t);
@@ -1262,14 +1392,27 @@ static PyObject *core_schedule(PyObject *self, PyObject *args) {
     Core *c = core_of(cap);
     if (!c) return NULL;
     c->oc.plan_out = 1;                   /* the plan below lists this step's evicted keys */
+    c->ca_rec = 1;                        /* and the cache-aware reorder's record */
     if (schedule(c) < 0) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return NULL;
     }
     PyObject *off = c->oc.on ? oc_plan_dict(c) : (Py_INCREF(Py_None), Py_None);
     if (!off) return NULL;
+    PyObject *ca;
+    if (c->ca_called) {
+        PyObject *cached = PyList_New((Py_ssize_t)c->ca_nprobe);
+        for (int64_t k = 0; cached && k < c->ca_nprobe; k++)
+            PyList_SET_ITEM(cached, k, Py_BuildValue("(iL)", c->ca_prow[k], (long long)c->ca_ptok[k]));
+        ca = Py_BuildValue("(dNNN)", c->ca_usage, cached, list_i32(c->ca_before, c->ca_len),
+                           list_i32(c->ca_after, c->ca_len));
+    } else {
+        Py_INCREF(Py_None);
+        ca = Py_None;
+    }
+    if (!ca) { Py_DECREF(off); return NULL; }
     return Py_BuildValue(
-        "{sNsNsNsNsNsNsNsNsNsNsN}",
+        "{sNsNsNsNsNsNsNsNsNsNsNsN}", "cache_aware", ca,
         "rows", bytes_of(c->s_rows, c->ns, 4), "num_new", bytes_of(c->s_new, c->ns, 8),
         "num_computed", bytes_of(c->s_before, c->ns, 8), "prefill", bytes_of(c->s_prefill, c->ns, 1),
         "kind", bytes_of(c->s_kind, c->ns, 1),

@@ -13,12 +13,15 @@
 
 /* Per request, per chunk index (RequestAccess.flags). */
 enum { RA_SEEN = 1, RA_INSERTED = 2, RA_REUSED = 4, RA_STORE_MISS = 8 /* ARC only */,
-       RA_OUT = 16 /* LRU: seen, but not (or no longer) in the row's own rank group */ };
+       RA_OUT = 16 /* LRU: seen, but not (or no longer) in the row's own rank group */,
+       RA_COUNTED = 32 /* 0.34: counted toward the store threshold (`counted_keys`) */ };
 enum { POL_LRU = 0, POL_ARC = 1 };
 #define NOMAP UINT32_MAX         /* Chunk.mpos of a chunk not in the key map */
 static const char *const EVICTION_NAMES[] = {"lru", "arc", NULL};
-/* SchedulerSpec.offload_store_counting: only 0.33's rule (every offer counts) is modelled. */
-static const char *const STORE_COUNTING_NAMES[] = {"every_offer", NULL};
+/* SchedulerSpec.offload_store_counting: every offer counts (0.33), or each key once per
+ * request (0.34: `counted_keys`, the row's RA_COUNTED flags). */
+static const char *const STORE_COUNTING_NAMES[] = {"every_offer", "once_per_request", NULL};
+enum { COUNT_EVERY_OFFER = 0, COUNT_ONCE_PER_REQUEST = 1 };
 
 typedef struct {
     int64_t key;
@@ -75,6 +78,7 @@ typedef struct {
 } CntNode;
 typedef struct {
     int64_t thr, max;            /* thr 0: no counting */
+    int once_per_request;        /* 0.34: a row's keys count once (its RA_COUNTED flags) */
     int64_t cap, len;            /* nodes 1..cap; keys tracked */
     CntNode *nd;
     map_t map;
@@ -301,11 +305,12 @@ static inline void cnt_append(Counts *k, int32_t x) {
 }
 /* Record one offer of n keys (hashes hb) and set keep[i]: whether key i has now been offered
  * thr times. As `_record_accesses`: first the keys already tracked count again, in order, each
- * moving to the most recent end; then each new key is tracked at 1, a full tracker dropping its
- * least recently offered key outside this offer (none left: the key is not tracked). node[] is
- * scratch of n entries. -1: out of memory. */
+ * moving to the most recent end (0.34: a key whose flag in fl[] has RA_COUNTED moves without
+ * counting; fl NULL: 0.33, every offer counts); then each new key is tracked at 1, a full
+ * tracker dropping its least recently offered key outside this offer (none left: the key is not
+ * tracked). node[] is scratch of n entries. -1: out of memory. */
 static int cnt_offer(Tier *t, const int64_t *kb, const uint32_t *hb, int64_t n, uint8_t *keep,
-                     int32_t *node) {
+                     int32_t *node, const uint8_t *fl) {
     Counts *k = &t->cnt;
     int64_t prot = 0;
     k->stamp++;
@@ -313,7 +318,7 @@ static int cnt_offer(Tier *t, const int64_t *kb, const uint32_t *hb, int64_t n, 
         int32_t x = node[i] = k->map.e[map_find_h(&k->map, kb[i], hb[i])].val;
         if (x < 0) continue;
         cnt_unlink(k, x); cnt_append(k, x);
-        k->nd[x].count++;
+        if (!fl || !(fl[i] & RA_COUNTED)) k->nd[x].count++;
         if (k->nd[x].stamp != k->stamp) { k->nd[x].stamp = k->stamp; prot++; }
     }
     int64_t unprot = k->len - prot;

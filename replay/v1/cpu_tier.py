@@ -30,6 +30,8 @@ class Access:
     reused: set[int] = field(default_factory=set)
     # Keys already reported to ARC as store misses (`store_miss_keys`: one ghost hit each).
     store_miss: set[int] = field(default_factory=set)
+    # 0.34: keys it has counted toward the store threshold (`counted_keys`: each once).
+    counted: set[int] = field(default_factory=set)
 
 
 # ------------------------------------------------------------------------------ eviction policies
@@ -196,25 +198,28 @@ class ArcPolicy:
 
 # ----------------------------------------------------------------------- the store threshold
 class OfferCounts:
-    """0.33's `store_threshold` tracker (`CPUOffloadingManager.counts`, `_record_accesses`): how
-    many times each offload key has been offered for storing, by any request. An offer first
-    counts again the keys already tracked, in order (each moves to the most recent end), then
-    tracks its new keys at 1; a new key that finds the tracker full drops the least recently
-    offered key outside this offer, or is not tracked when every tracked key is in the offer."""
+    """The `store_threshold` tracker (`CPUOffloadingManager.counts`, `_record_accesses`): how
+    many times each offload key has been offered for storing. An offer first counts again the
+    keys already tracked, in order (each moves to the most recent end), then tracks its new keys
+    at 1; a new key that finds the tracker full drops the least recently offered key outside
+    this offer, or is not tracked when every tracked key is in the offer. 0.33 counts every offer;
+    0.34 passes the keys the offering request has counted before (`counted_keys`), which move to
+    the most recent end without counting again."""
 
     def __init__(self, *, threshold: int, max_keys: int) -> None:
         self.threshold = threshold
         self.max_keys = max_keys
         self.counts: OrderedDict[int, int] = OrderedDict()
 
-    def offer(self, keys: list[int]) -> list[bool]:
+    def offer(self, keys: list[int], counted: set[int] = frozenset()) -> list[bool]:
         """Count one offer; for each key, whether it has now been offered `threshold` times."""
         counts = self.counts
         protected = set()
         for k in keys:
             if k in counts:
                 counts.move_to_end(k)
-                counts[k] += 1
+                if k not in counted:
+                    counts[k] += 1
                 protected.add(k)
         unprotected = len(counts) - len(protected)
         for k in keys:
@@ -235,8 +240,10 @@ class CpuTier:
     loads pin them, each request's access record, and the policy that orders them."""
 
     def __init__(self, *, capacity: int, policy: str, store_threshold: int = 0,
-                 tracker_size: int = 64_000) -> None:
+                 tracker_size: int = 64_000, once_per_request: bool = False) -> None:
         self.capacity = capacity
+        # 0.34: each key counts once per request toward the store threshold.
+        self.once_per_request = once_per_request
         # Offers counted only from a threshold of 2 on (vLLM: `counts` is None below).
         self.offers = (OfferCounts(threshold=store_threshold, max_keys=tracker_size)
                        if store_threshold >= 2 else None)
@@ -270,15 +277,18 @@ class CpuTier:
         chunks of the offer count as reused; pending ones (another request's store in flight) are
         neither stored nor recorded. The request's access is recorded before the fit is known,
         so a failed store still ranks what it offered (and ARC adapts to its ghost hits).
-        With a store threshold the offer is counted first and only the chunks offered often
-        enough stay in it: the others are neither stored, recorded nor protected.
+        With a store threshold the offer is counted first, and only the missing chunks offered
+        often enough are stored (and recorded); ready ones count as reused whatever their count,
+        and the whole offer stays protected from the evictions.
         Returns (keys stored, keys evicted), or None when the store is dropped."""
-        if self.offers is not None:
-            keep = self.offers.offer(keys)
-            keys = [k for k, ok in zip(keys, keep) if ok]
-            idxs = [i for i, ok in zip(idxs, keep) if ok]
         new = [k for k in keys if k not in self.ready]
         ready = [k for k in keys if self.ready.get(k)]
+        if self.offers is not None:
+            counted = acc.counted if self.once_per_request else frozenset()
+            keep = dict(zip(keys, self.offers.offer(keys, counted)))
+            new = [k for k in new if keep[k]]
+            if self.once_per_request:
+                acc.counted.update(keys)
         if self.arc is not None:
             misses = [k for k in new if k not in acc.store_miss]
             self.arc.on_store_miss(misses)

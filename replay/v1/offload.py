@@ -1,4 +1,5 @@
-"""vLLM 0.33's CPU KV offloading as the V1 scheduler sees it: the native OffloadingConnector
+"""vLLM 0.33's CPU KV offloading as the V1 scheduler sees it (0.34's differs in the store
+threshold's counting only, `SchedulerSpec.store_counting`): the native OffloadingConnector
 (`--kv-offloading-size GiB --kv-offloading-backend native`) with its CPU tier, its LRU or ARC
 policy and the worker's copy queues (oracle README §2 "CPU KV offloading" and §7 F1-F15; the
 O-scenarios in ../shared/oracle check every decision).
@@ -70,15 +71,13 @@ class Connector:
         self.keys = keys
         self.bs = spec.block_size
         self.prompt_len = prompt_len
-        if spec.offload_store_counting != "every_offer":
-            raise NotImplementedError(f"offload_store_counting {spec.offload_store_counting!r}: "
-                                      "only 0.33's 'every_offer' is modelled")
         if spec.offload_store_threshold < 0 or spec.offload_store_tracker_size < 1:
             raise ValueError("offload_store_threshold: must be >= 0, offload_store_tracker_size "
                              ">= 1")
         self.tier = CpuTier(capacity=spec.num_cpu_blocks, policy=spec.offload_eviction_policy,
                             store_threshold=spec.offload_store_threshold,
-                            tracker_size=spec.offload_store_tracker_size)
+                            tracker_size=spec.offload_store_tracker_size,
+                            once_per_request=spec.store_counting == "once_per_request")
         self.reqs: dict[int, _Request] = {}
         # Worker side: store jobs planned last step (copied from this step on), the two FIFOs.
         self._deferred: list[_Job] = []

@@ -36,6 +36,14 @@ class FcfsQueue:
     def rows(self) -> list[int]:
         return list(self._q)
 
+    def replace_head(self, rows: list[int]) -> None:
+        """The first len(rows) entries become `rows` (a permutation of them: 0.34's cache-aware
+        admission writes its new order back)."""
+        q = self._q
+        for _ in rows:
+            q.popleft()
+        q.extendleft(reversed(rows))
+
     def __len__(self) -> int:
         return len(self._q)
 

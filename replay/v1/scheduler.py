@@ -52,6 +52,14 @@ class V1Scheduler:
             raise ValueError("V1 has no swap preemption (its host tier is CPU KV offloading)")
         self.max_active = (spec.max_num_active_seqs if spec.max_num_active_seqs is not None
                            else spec.max_num_seqs)
+        # 0.34 applies the long-prefill cap with chunked prefill only (S20_off_cap); 0.33 always.
+        self._thr_knob = (spec.long_prefill_token_threshold
+                          if spec.enable_chunked_prefill or spec.vllm_version == "0.33" else 0)
+        # Equal (priority, arrival): running-list order picks the victim (SchedulerSpec).
+        self._ties_equal = spec.arrival_ties == "equal"
+        # 0.34 cache-aware admission (0: off) and the in-flight CPU load cap (None: none).
+        self._cache_aware_window = spec.cache_aware_window
+        self._max_loads = spec.max_num_inflight_kv_loads
         # vLLM: int(watermark * num_blocks), null block included.
         self.watermark_blocks = int(spec.watermark * spec.num_gpu_blocks)
         # Python copies of the per-row numbers a step reads (a numpy scalar read costs ~100 ns).
@@ -99,6 +107,12 @@ class V1Scheduler:
         self._rows_in_flight: set[int] = set()
         self._conn_in_flight: list = []
         self._now_s = self._step_start_s = 0.0
+        # Preempted rows -> the most tokens they had computed (RequestState
+        # .computed_at_preemption), until a re-prefill has computed past it: recomputed_tokens.
+        self._recompute_upto: dict[int, int] = {}
+        # The last step's cache-aware reorder (0.34; None: not called): usage, probes, queue order
+        # before and after, as the oracle prints it (`cache_aware`).
+        self.cache_aware: dict | None = None
 
     # ---------------------------------------------------------------- queue API
     def add_request(self, row: int) -> None:
@@ -140,6 +154,7 @@ class V1Scheduler:
             return
         self._in_flight = [r for r in self._in_flight if r != row]
         self._inflight_prefills.discard(row)
+        self._recompute_upto.pop(row, None)
         self.state.status[row] = Status.ABORTED
 
     @property
@@ -242,7 +257,8 @@ class V1Scheduler:
     def _admission(self, row: int, budget: int, thr: int):
         """The waiting-phase checks for the head `row` without side effects on the pool:
         (num_new_tokens, Admission, CPU-hit tokens to load), None when it cannot be admitted now,
-        or "skip" when the connector defers its lookup (F10)."""
+        "skip" when the connector defers its lookup (F10), or "capped" when its CPU hit would
+        pass `max_num_inflight_kv_loads` (0.34)."""
         spec, kv, bs = self.spec, self.kv, self.block_size
         nt = self._prompt[row] + self.num_output[row]
         hits = kv.get_computed_blocks(row, nt)
@@ -251,6 +267,11 @@ class V1Scheduler:
             if cpu is None:
                 return "skip"
             if cpu:
+                if (self._max_loads is not None
+                        and len(self.loading) + len(self._free_after_load) >= self._max_loads):
+                    # 0.34 `_admits_inflight_kv_load`: loads in flight, loaded requests not
+                    # running yet and aborted requests' loads still in flight count.
+                    return "capped"
                 # A CPU hit: blocks for the hit and the load now, no tokens this step (F4).
                 # vLLM 0.33 admits an async load only if its blocks fit beside what the
                 # in-flight prefills (other loads among them) still need: a loading request
@@ -286,7 +307,12 @@ class V1Scheduler:
         st = self.state
         if self.conn is not None:
             self.conn.preempted(row)
-        st.computed_at_preemption[row] = self.num_computed[row]
+        # The recompute tax (`schedule`): every position below the most it ever computed is
+        # computed again, unless a prefix hit or a CPU load brings it back.
+        done = self.num_computed[row]
+        if done > self._recompute_upto.get(row, 0):
+            self._recompute_upto[row] = done
+            st.computed_at_preemption[row] = done
         table = self._release(row)
         self.num_computed[row] = st.num_computed[row] = 0
         st.status[row] = Status.WAITING
@@ -307,23 +333,26 @@ class V1Scheduler:
                 if reason is not None:
                     self.waiting.remove(r)
                     st.status[r] = Status.REJECTED
+                    self._recompute_upto.pop(r, None)
                     rejected.append(Rejection(row=r, reason=reason))
             self._arrived.clear()
         budget = spec.max_num_batched_tokens
+        self.cache_aware = None
         conn = self.conn
         if conn is not None:
             conn.begin_step()
             self._step_start_s = self._now_s
         # 0.33: the long-prefill cap is skipped when only one request exists
         # (get_request_counts: running, waiting and kv_holding_waiting, loads among them).
-        thr = (spec.long_prefill_token_threshold
-               if len(self.running) + self.num_waiting > 1 else 0)
+        thr = self._thr_knob if len(self.running) + self.num_waiting > 1 else 0
         # Batch in order: row -> new tokens (running requests first, then admissions).
         sched: dict[int, int] = {}
         # Admissions: row -> new / resumed (every other scheduled row is running).
         self._admitted = {}
         preempted: list[Preemption] = []
         budget = self._running_loop(0, sched, budget, thr, preempted)
+        if not preempted and self._cache_aware_window:
+            self._reorder_waiting_by_cached_prefix()
         if not preempted and (len(self.waiting) or self.loading):
             budget = self._waiting_phase(sched, budget, thr, rejected)
 
@@ -336,6 +365,19 @@ class V1Scheduler:
         before = st.num_computed[rows]
         st.num_computed[rows] = before + nnew
         computed = self.num_computed
+        upto = self._recompute_upto
+        if upto:
+            # Recompute tax: the part of a chunk below what the request had computed before a
+            # preemption (its prefix hit and loaded tokens are not scheduled: not counted). Only
+            # a re-prefill reaches back there; past it the row leaves the dict.
+            for r, n in sched.items():
+                u = upto.get(r)
+                if u is not None:
+                    c = computed[r]
+                    if c < u:
+                        st.recomputed_tokens[r] += min(c + n, u) - c
+                    if c + n >= u:
+                        del upto[r]
         for r, n in sched.items():
             computed[r] += n
         self._last_sched = sched
@@ -370,6 +412,7 @@ class V1Scheduler:
         running, prompt = self.running, self._prompt
         num_computed, num_output = self.num_computed, self.num_output
         priority = self.spec.policy == "priority"
+        lcf = self.spec.preemption_victim == "lcf"
         ph, out_len, async_scheduling = self.placeholders, self._out_len, self.async_scheduling
         grow = kv.grow
         while i < len(running) and budget > 0:
@@ -401,11 +444,19 @@ class V1Scheduler:
                 if self.mode == "none":
                     raise AssertionError("preemption_mode none: a running request ran out of "
                                          "blocks despite its reservation")
-                if priority:
+                if lcf:
+                    # What-if (vLLM PR #53723): the fewest computed tokens, ties the last in
+                    # running order (min() keeps the first minimal one of the reversed list).
+                    victim = min(reversed(running), key=num_computed.__getitem__)
+                elif priority:
                     prio, arr = self._prio, self._arrival
-                    # Equal (priority, arrival): the later trace row, as vLLM's receipt
-                    # timestamps (distinct, in trace order) would rank them.
-                    victim = max(running, key=lambda x: (prio[x], arr[x], x))
+                    if self._ties_equal:
+                        # vLLM: the first maximal (priority, arrival_time) in running order.
+                        victim = max(running, key=lambda x: (prio[x], arr[x]))
+                    else:
+                        # Equal (priority, arrival): the later trace row, as vLLM's receipt
+                        # timestamps (distinct, in trace order) would rank them.
+                        victim = max(running, key=lambda x: (prio[x], arr[x], x))
                 else:
                     victim = running[-1]
                 if victim in self._rows_in_flight:
@@ -413,7 +464,7 @@ class V1Scheduler:
                     # and a victim whose last step is still in flight cannot be preempted.
                     blocked = True
                     break
-                if priority:
+                if priority or lcf:
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:
@@ -452,6 +503,8 @@ class V1Scheduler:
             if got == "skip":
                 skipped.append(waiting.pop())
                 continue
+            if got == "capped":
+                break             # it waits at the head: nothing behind it is admitted
             if got is None:
                 if (running or sched or self.loading or skipped or self._free_after_step
                         or self._free_after_load):
@@ -460,6 +513,7 @@ class V1Scheduler:
                 # and the head still does not fit: it never will (vLLM hangs).
                 waiting.pop()
                 st.status[r] = Status.REJECTED
+                self._recompute_upto.pop(r, None)
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
@@ -471,11 +525,7 @@ class V1Scheduler:
             if self.conn is not None:
                 self.conn.admitted(r, len(adm.hit_blocks) * self.block_size, cpu,
                                    kv.tables[r])
-            if st.num_preemptions[r] > 0:
-                # Tokens recomputed: a whole-sequence CPU hit still recomputes its last one (F5).
-                hit = min(gpu + cpu, adm.num_tokens - 1) if cpu else gpu
-                st.recomputed_tokens[r] += int(st.computed_at_preemption[r]) - hit
-            else:
+            if st.num_preemptions[r] == 0:
                 # vLLM's counters at first admission (PrefillStats: num_local_cached_tokens,
                 # num_external_cached_tokens; vllm:prefix_cache_hits and
                 # vllm:external_prefix_cache_hits): the whole CPU hit, also when it reaches the
@@ -507,6 +557,39 @@ class V1Scheduler:
             prio, arr = self._prio, self._arrival
             self.loading.sort(key=lambda x: (prio[x], arr[x], x))
         return budget
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """0.34 cache-aware admission (`_reorder_waiting_by_cached_prefix`, oracle C1-C3), at the
+        start of the waiting phase: with at least two waiting requests and the KV usage (after
+        this step's running allocations) at the threshold or above, the plain waiting requests
+        among the first `window` (never preempted: a preempted one keeps its place, and nothing
+        moves past it) take those slots in order of their GPU prefix-cache hit, deepest first,
+        ties in queue order. The probe is `get_num_cached_tokens`: `get_computed_blocks`'s hit
+        (at most num_tokens - 1 tokens) without touching anything. The CPU tier is not asked.
+        `cache_aware` records the call (what the oracle prints)."""
+        waiting, spec = self.waiting, self.spec
+        usage = self.kv.pool.usage()
+        before = waiting.rows()
+        rec = self.cache_aware = {"usage": usage, "cached": {}, "before": before, "after": before}
+        if len(waiting) < 2 or usage < spec.cache_aware_admission_threshold:
+            return
+        npre = self.state.num_preemptions
+        head = before[:self._cache_aware_window]
+        slots = [i for i, r in enumerate(head) if npre[r] == 0]
+        if len(slots) < 2:
+            return
+        cached = {i: len(self.kv.get_computed_blocks(head[i], self._prompt[head[i]]
+                                                     + self.num_output[head[i]]))
+                  * self.block_size for i in slots}
+        rec["cached"] = {head[i]: c for i, c in cached.items()}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        waiting.replace_head(reordered)
+        rec["after"] = reordered + before[len(head):]
 
     def _start(self, r: int, computed: int, n: int, sched: dict[int, int]) -> None:
         """An admitted request runs from `computed` tokens on, `n` of them this step."""
@@ -556,6 +639,7 @@ class V1Scheduler:
                 kv.free(r)
                 conn.dropped(r)
                 st.status[r] = Status.REJECTED
+                self._recompute_upto.pop(r, None)
                 rejected.append(Rejection(row=r, reason="cannot be admitted with the whole "
                                           "GPU pool free"))
                 continue
