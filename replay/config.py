@@ -291,7 +291,13 @@ def resolve(config: EngineConfig) -> ResolvedEngine:
         offload_eviction_policy=c.kv_offloading_eviction_policy,
         offload_blocks_per_chunk=OFFLOAD_BLOCKS_PER_CHUNK,
         offload_store_threshold=c.kv_offloading_store_threshold,
-        offload_host_link_bytes_per_s=gpu.host_link_bandwidth_bytes_per_s)
+        offload_host_link_bytes_per_s=gpu.host_link_bandwidth_bytes_per_s,
+        # V0 reads none of the V1 release's rules; its spec keeps the spec default.
+        **(dict(vllm_version=version,
+                cache_aware_admission_window=c.cache_aware_admission_window,
+                cache_aware_admission_threshold=c.cache_aware_admission_threshold,
+                max_num_inflight_kv_loads=c.max_num_inflight_kv_loads,
+                preemption_victim=c.preemption_victim) if v1 else {}))
     return ResolvedEngine(
         config=c, spec=spec, vllm_version=version, model=model, gpu=gpu, gpu_memory_utilization=util,
         kv_bytes_per_token=per_token, kv_bytes_per_block=per_block, available_kv_bytes=available,

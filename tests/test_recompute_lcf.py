@@ -91,7 +91,7 @@ def _tax(trace, blocks: int, victim: str, caching: bool) -> float:
     from replay.config import EngineConfig, resolve
     from replay.executors import cost_model_for
     from replay.run import block_keys, request_state, run_engine
-    eng = resolve(EngineConfig(num_gpu_blocks_override=blocks, max_num_seqs=256,
+    eng = resolve(EngineConfig(num_gpu_blocks_override=blocks, block_size=16, max_num_seqs=256,
                                enable_prefix_caching=caching))
     spec = dataclasses.replace(eng.spec, preemption_victim=victim)
     state = request_state(trace)
