@@ -22,7 +22,8 @@ from replay.config import EngineConfig, resolve
 from traces.transforms import jitter_arrivals
 
 # ModeResult fields measured (capacity/analyses/modes.py): the objectives advice is judged on.
-METRICS = ("ttft_p99_s", "tbt_p99_s", "max_tbt_p99_preempted_s", "preemptions", "throughput_rps")
+METRICS = ("ttft_p99_s", "tbt_p99_s", "max_tbt_p99_preempted_s", "preemptions", "throughput_rps",
+           "recomputed_share")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,7 @@ from capacity.analyses.stability import Stability, stability
 from capacity.analyses.stalls import StallBatches, drill_steps, stall_batches
 from capacity.analyses.tuning import Tuning, tune
 from capacity.analyses.versions import run_engine_words
+from capacity.analyses.whatifs import WhatIf, what_ifs
 from replay.config import EngineConfig, resolve
 from replay.results import RunResult
 from replay.run import replay
@@ -129,6 +130,9 @@ class Plan:
     binding: Binding | None
     replicas: Replicas | None
     departures: tuple[Departure, ...]
+    # Settings measured against the recommended flags but never made flags (capacity/analyses/
+    # whatifs.py): the LCF victim (in no release), 0.34's cache-aware admission.
+    what_ifs: tuple[WhatIf, ...]
     recommended_run: RunResult | None
     # The recommended replay's worst-stalled request, its batches around each stall (None when
     # nothing stalled or the baseline is overloaded).
@@ -168,6 +172,7 @@ class Plan:
                 "replicas": self.replicas.as_dict() if self.replicas else None,
                 "noise": self.noise.as_dict() if self.noise else None,
                 "departures": [d.as_dict() for d in self.departures],
+                "what_ifs": [w.as_dict() for w in self.what_ifs],
                 "slo": {"ttft_p99_s": self.slo_ttft_p99_s, "tbt_p99_s": self.slo_tbt_p99_s},
                 "budget": budget_words(self.budget)}
 
@@ -328,7 +333,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
                          headline=head, lines=tuple(lines))
     return Plan(baseline=base, stability=st, sustainable_load=sus, noise=None, sizing=None,
                 offload=None, migration=None, modes=None, tuning=None, headroom=hr,
-                binding=binding, replicas=reps, departures=(), recommended_run=None,
+                binding=binding, replicas=reps, departures=(), what_ifs=(), recommended_run=None,
                 stall_drill=None, classification=None, alert=None, budget=t.budget,
                 slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tbt_p99_s=t.slo_tbt_p99_s,
                 recommendation=rec)
@@ -473,6 +478,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                         throughput_rps=c.throughput_rps,
                         goodput_rps=c.goodput_rps, slo_share=c.slo_share, meets_slo=c.meets_slo,
                         within_budget=c.within_budget, breaks=c.breaks)
+    whatifs = what_ifs(trace, cfg, tables, planner, noise)
     hr = headroom(trace, cfg, planner, budget=budget, precision=precision, surge=surge, **t.slo)
     rate, pts = hr.rate, hr.points
     binding = _diagnose(pts, _floor(trace, cfg, planner, t), rate, t, trace, cfg, planner)
@@ -506,6 +512,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     lines.append(f"preemption is {verdict.verdict} with these flags: {verdict.evidence}")
     lines.append(f"recompute tax: {c.recomputed_share:.1%} of prefill tokens are recomputed "
                  "after preemption with these flags")
+    lines += [f"what-if (not a flag): {w.words}" for w in whatifs]
     nums = (f"TTFT p99 {_s(c.ttft_p99_s)}, TBT p99 {_s(c.tbt_p99_s)}, {c.preemptions:,} "
             f"preemptions")
     reps_words = (f"needs {reps.count} replica{'s' if reps.count != 1 else ''} ({router} router)"
@@ -526,7 +533,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                          config=cfg, headline=head, lines=tuple(lines))
     return Plan(baseline=base, stability=st, sustainable_load=None, noise=noise, sizing=sizing,
                 offload=offload, migration=moved, modes=modes, tuning=tn, headroom=hr,
-                binding=binding, replicas=reps, departures=tuple(departures),
+                binding=binding, replicas=reps, departures=tuple(departures), what_ifs=whatifs,
                 recommended_run=run, stall_drill=drill, classification=verdict, alert=rule,
                 slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
                 recommendation=rec)

@@ -24,7 +24,8 @@ OPENERS = {"fits": ("fits",), "misses": ("misses", "stable but misses", "stable,
 CONTRACT_KEYS = ("verdict", "binding_constraint", "capacity_rps", "capacity_rate_scale", "replicas",
                  "sustainable", "sustainable_rps", "offered_rps", "served_rps",
                  "headroom_rate_scale", "recommendation", "noise", "departures", "slo", "budget",
-                 "recommended_kv_offloading_size_gib", "offload", "trace_has_prefix_hashes")
+                 "recommended_kv_offloading_size_gib", "offload", "trace_has_prefix_hashes",
+                 "vllm_version", "what_ifs")
 REPLICA_KEYS = ("count", "router", "linear_estimate", "one_fewer", "meets")
 EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_budget", "run_id")
 # Commands that may refuse (exit 2, one line), and when: V1 has no swap space, V0 no offloading
@@ -432,6 +433,45 @@ def binding_fix(s: Scenario, o: O):
     return FAIL, f"binding {binding}, replicas.count {count} (verdict {verdict})"
 
 
+def version_and_what_ifs(s: Scenario, o: O):
+    """Every answer names the vLLM release it replayed, the same one everywhere (report, plan,
+    headroom: `vllm_version`; V1 is 0.34 unless the scenario asks for 0.33), and every what-if is
+    labelled and honest: one "significant" beats the measured noise (gain > threshold, and a
+    recompute tax moves by at least a point), the LCF victim is named as a PR in no release."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    want = ("0.10.1.1" if s.scheduler == "v0"
+            else flag_value(s.engine, "--vllm-version") or "0.34")
+    problems = []
+    for label in ("report", "plan", "headroom"):
+        c = o.get(label)
+        if c is None or not c.ok:
+            continue
+        got = c.out.get("vllm_version")
+        if got != want:
+            problems.append(f"{label} says vllm_version {got!r}, the scenario replays {want}")
+    for w in r.get("what_ifs") or []:
+        g, t = w.get("gain"), w.get("threshold")
+        if w.get("significant"):
+            if not g > t:
+                problems.append(f"what-if {w.get('knob')}: significant with gain {_fmt(g)} <= {_fmt(t)}")
+            if w.get("objective") == "recomputed_share":
+                d, n = w["default"]["recompute_tax"], w["what_if"]["recompute_tax"]
+                if d - n < 0.01:
+                    problems.append(f"what-if {w.get('knob')}: significant on a tax "
+                                    f"{d:.2%} -> {n:.2%}")
+        if w.get("knob") == "preemption_victim" and "#53723" not in (w.get("words") or ""):
+            problems.append("the LCF what-if does not say it is a PR in no release")
+        if w.get("released") is (w.get("knob") == "preemption_victim"):
+            problems.append(f"what-if {w.get('knob')}: released={w.get('released')}")
+    if problems:
+        return FAIL, "; ".join(problems)
+    return PASS, f"vLLM {want}; " + (", ".join(
+        f"{w.get('knob')}: {'significant' if w.get('significant') else 'not significant'}"
+        for w in r.get("what_ifs") or []) or "no what-ifs")
+
+
 def _default_mbt(o: O) -> int | None:
     c = o.get("replay-default")
     v = (c.extra.get("config") or {}).get("max_num_batched_tokens") if c is not None else None
@@ -440,7 +480,7 @@ def _default_mbt(o: O) -> int | None:
 
 INVARIANTS = (contract, no_crash, headline_consistent, flags_replay, margin_holds, one_capacity,
               replicas_confirmed, departures_above_noise, no_prefix_off_without_hashes, offload_knee,
-              binding_fix)
+              binding_fix, version_and_what_ifs)
 NAMES = tuple(f.__name__ for f in INVARIANTS)
 
 
