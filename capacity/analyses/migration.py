@@ -12,6 +12,7 @@ priority scheduling; an overloaded twin) is reported in words, not dropped silen
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import polars as pl
@@ -19,7 +20,7 @@ import polars as pl
 from capacity.analyses.offload import OffloadSizing, size_offload
 from capacity.analyses.planner import Planner
 from capacity.analyses.sizing import SwapSizing, size_swap
-from replay.config import EngineConfig
+from replay.config import EngineConfig, resolve
 
 # What carries over between engines (the rest is version-specific or a default).
 SHARED = ("model", "gpu", "tensor_parallel_size", "block_size", "gpu_memory_utilization",
@@ -45,6 +46,10 @@ class Migration:
     v0_note: str                        # why there is no V0 answer ("" when there is)
     v1: OffloadSizing | None
     v1_note: str
+    # What the V1 release's block size does to prefix hits (V0 and 0.33: 16 tokens; 0.34: 64),
+    # measured on the V1 twin where the trace has prefix hashes; "" when the sizes agree.
+    block_words: str = ""
+    block_hits: dict | None = None      # {block_size: GPU prefix-hit tokens} of those replays
 
     def as_dict(self) -> dict:
         return {"replayed": self.replayed,
@@ -54,7 +59,10 @@ class Migration:
                 "v1_kv_offloading_size_gib": (self.v1.recommended_kv_offloading_size_gib
                                               if self.v1 else None),
                 "v1_scheduler_loop": self.v1.scheduler_loop if self.v1 else None,
-                "v1_words": self.v1.words() if self.v1 else self.v1_note}
+                "v1_words": self.v1.words() if self.v1 else self.v1_note,
+                "block_words": self.block_words,
+                "block_hits": ({str(k): v for k, v in self.block_hits.items()}
+                               if self.block_hits else None)}
 
 
 def migration(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
@@ -72,4 +80,39 @@ def migration(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
             v1 = size_offload(trace, twin(config, "v1"), planner=planner)
         except ValueError as e:
             v1_note = f"V1 twin not sized: {str(e).splitlines()[0]}"
-    return Migration(replayed=config.scheduler, v0=v0, v0_note=v0_note, v1=v1, v1_note=v1_note)
+    words, hits = block_change(trace, config, planner)
+    return Migration(replayed=config.scheduler, v0=v0, v0_note=v0_note, v1=v1, v1_note=v1_note,
+                     block_words=words, block_hits=hits)
+
+
+def block_change(trace: pl.DataFrame, config: EngineConfig, planner: Planner
+                 ) -> tuple[str, dict | None]:
+    """V0 -> V1: the block size changes when V1 is 0.34 (16 -> 64 tokens) and the user left it
+    unset. A prefix hit ends on a block boundary, so coarser blocks hit fewer tokens of a shared
+    prefix (up to block_size - 1 per request). Measured by replaying the V1 twin, without a CPU
+    tier, at both sizes; a trace without prefix hashes has no hit to lose."""
+    from capacity.analyses.planner import summary_reducer
+    from capacity.analyses.sweep import Job
+    from traces.schema import has_prefix_hashes
+    v0 = resolve(twin(config, "v0") if config.scheduler == "v1" else config)
+    v1_cfg = twin(config, "v1") if config.scheduler == "v0" else config
+    v1 = resolve(v1_cfg)
+    old, new = v0.block_size, v1.block_size
+    if old == new:
+        return "", None
+    head = (f"the block size changes with the upgrade: {old} tokens on V0, {new} on vLLM "
+            f"{v1.vllm_version} (--block-size {old} keeps the old one)")
+    if not has_prefix_hashes(trace):
+        return (f"{head}; this trace carries no prefix hashes, so no prefix hit is lost or won "
+                f"here (on shared prefixes a hit ends on a {new}-token boundary: up to {new - 1} "
+                "fewer cached tokens per request)"), None
+    jobs = [Job(trace=trace, config=dataclasses.replace(v1_cfg, block_size=b,
+                                                       kv_offloading_size=None),
+                label=f"migration blocks {b}", trace_name=planner.trace_name) for b in (old, new)]
+    got = planner.map(jobs, summary_reducer())
+    hits = {b: int(s.get("gpu_hit_tokens") or 0) for b, s in zip((old, new), got)}
+    prompt = int(trace["prompt_tokens"].cast(pl.Int64).sum() or 0)
+    share = {b: h / prompt if prompt else 0.0 for b, h in hits.items()}
+    return (f"{head}; on this trace the GPU prefix cache hits {hits[new]:,} prompt tokens "
+            f"({share[new]:.1%}) with {new}-token blocks against {hits[old]:,} ({share[old]:.1%}) "
+            f"with {old}"), hits

@@ -77,5 +77,6 @@ def migration_section(m: Migration | None) -> Section | None:
                  "engine is a twin: the same model, GPU, TP, KV pool and explicitly set knobs; "
                  "everything left unset takes that engine's defaults, as after an upgrade (the "
                  "block size too: 16 tokens on V0, 64 on 0.34).")
-            + table(rows, ["", "V0 --swap-space today", "V1 --kv-offloading-size after migrating"]))
+            + table(rows, ["", "V0 --swap-space today", "V1 --kv-offloading-size after migrating"])
+            + (text(f"Prefix hits: {m.block_words}.") if m.block_words else ""))
     return Section(title="Host tier: V0 → V1 migration", anchor="migration", body=body)
