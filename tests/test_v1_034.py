@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_helpers import assert_identical, run_both_with
+from core_helpers import assert_identical, run_both_with, run_compiled, run_stepped
 from replay.spec import SchedulerSpec
 from replay.state import Status
 from replay_helpers import tiny_spec
@@ -100,3 +100,14 @@ def test_034_core_equals_reference(w, spec):
     fast, slow = run_both_with("v1", spec, arrival, prompt, output, hashes, prio)
     assert_identical(fast, slow)
     assert np.all(np.isin(fast.state.status, [Status.FINISHED, Status.REJECTED]))
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=bursts(), spec=specs_034())
+def test_034_per_step_contract_equals_run_to_end(w, spec):
+    """The core stepped through `StepCore` (which also records each cache-aware reorder) ==
+    the core run to the end in C."""
+    arrival, prompt, output, prio, hashes = w
+    stepped = run_stepped("v1", spec, arrival, prompt, output, hashes, prio)
+    fast = run_compiled("v1", spec, arrival, prompt, output, hashes, prio)
+    assert_identical(stepped, fast)

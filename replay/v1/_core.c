@@ -718,9 +718,6 @@ static int ca_reorder(Core *c) {
         if (k && c->ca[k].cached > c->ca[k - 1].cached) sorted = 0;
     }
     if (c->ca_rec) {
-        if ((!c->ca_prow && !(c->ca_prow = (int32_t *)malloc((size_t)(w + 1) * sizeof(int32_t)))) ||
-            (!c->ca_ptok && !(c->ca_ptok = (int64_t *)malloc((size_t)(w + 1) * sizeof(int64_t)))))
-            return -1;
         for (int64_t k = 0; k < ns; k++) { c->ca_prow[k] = c->ca[k].row; c->ca_ptok[k] = c->ca[k].cached; }
         c->ca_nprobe = ns;
     }
@@ -1244,8 +1241,11 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     CALLOC(c->pre_mode, n, int8_t); CALLOC(c->pre_fallback, n, uint8_t);
     c->hits_cap = max64(cdiv(L, bs) + 2, nb + 1);
     CALLOC(c->hits, c->hits_cap, int32_t);
-    if (c->ca_window) { CALLOC(c->ca, min64(c->ca_window, n) + 1, CaEnt);
-                        CALLOC(c->ca_slots, min64(c->ca_window, n) + 1, int32_t); }
+    if (c->ca_window) {
+        int64_t w = min64(c->ca_window, n) + 1;
+        CALLOC(c->ca, w, CaEnt); CALLOC(c->ca_slots, w, int32_t);
+        CALLOC(c->ca_prow, w, int32_t); CALLOC(c->ca_ptok, w, int64_t);
+    }
     if (off) {
         Oc *o = &c->oc;
         o->on = 1; o->prompt_only = prompt_only; o->policy = evict;
