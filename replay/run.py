@@ -276,4 +276,7 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
         # The vLLM release replayed: 0.10.1.1 (V0), 0.33 or 0.34 (V1).
         "vllm_version": eng.vllm_version,
     }
-    return RunResult(run=run, **tables)
+    res = RunResult(run=run, **tables)
+    # Prefill tokens recomputed after preemption over all prefill tokens (replay.results).
+    run["recompute_tax"] = res.recompute_tax
+    return res

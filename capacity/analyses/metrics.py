@@ -75,6 +75,11 @@ def _sum(df: pl.DataFrame, name: str) -> int:
     return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
 
 
+def preemption_victim_of(run: dict) -> str | None:
+    from capacity.analyses.versions import preemption_victim_of as of
+    return of(run)
+
+
 def _step_sum(steps, name: str) -> int:
     """Sum of a steps column, whichever form the table has (DataFrame, spilled, summary)."""
     if name not in steps.columns:
@@ -113,6 +118,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         "scheduler_loop": "async" if run.get("async_scheduling") else "sync",
         # The vLLM release replayed and its KV block size (issue 32: every answer names them).
         "vllm_version": run.get("vllm_version"), "block_size": run.get("block_size"),
+        "preemption_victim": preemption_victim_of(run) or "fcfs",
         "requests": req.height,
         "requests_finished": fin.height,
         "requests_rejected": int((req["status"] == "rejected").sum()),

@@ -57,7 +57,7 @@ def summary_table(s: dict, db: str) -> Table:
         ("TTFT p50 / p99", f"{fmt(s['ttft_p50_s'], ' s')} / {fmt(s['ttft_p99_s'], ' s')}"),
         ("TBT p50 / p99", f"{fmt(s['tbt_p50_s'], ' s')} / {fmt(s['tbt_p99_s'], ' s')}"),
         ("engine", engine_words(s["scheduler"], s.get("vllm_version"), s["scheduler_loop"],
-                                s.get("block_size"))),
+                                s.get("block_size"), s.get("preemption_victim"))),
         *((("recompute tax", f"{s.get('recompute_tax', 0.0):.1%} of prefill tokens "
                              f"({s.get('recomputed_tokens', 0):,} recomputed)"),
            ("preemptions (recompute)", f"{s['preemptions_recompute']:,}"),
