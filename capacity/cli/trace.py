@@ -19,12 +19,14 @@ from traces.schema import TraceError
 from traces.stats import trace_info
 from traces.synth import DEFAULT_SCENARIO, SCENARIOS, make_params, synthesize
 
-app = typer.Typer(no_args_is_help=True, help="Inspect, synthesise and convert traces.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                  help="Inspect, synthesise and convert traces.")
 
 EXIT_BAD_INPUT = 2
 
-FormatOpt = typer.Option(None, "--format", help="azure|mooncake|burstgpt|vidur|vllm_bench|vllm_bench_requests|kvcap|csv|jsonl|parquet "
-                         "(detected from the header / keys when omitted)")
+FormatOpt = typer.Option(None, "--format", help="azure, mooncake, burstgpt, vidur, vllm_bench, "
+                         "vllm_bench_requests, kvcap, csv, jsonl or parquet (detected from the "
+                         "header / keys when omitted)")
 MapOpt = typer.Option(None, "--map", help="COLUMN=FIELD (repeat): map a source column to arrival_s, "
                       "prompt_tokens, output_tokens, request_id, priority, tenant or prefix_hashes")
 UnitOpt = typer.Option(None, "--time-unit", help="unit of numeric times: s, ms, us")
