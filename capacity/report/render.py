@@ -27,6 +27,8 @@ from capacity.views import charts
 from capacity.analyses.modes import ModeComparison
 from capacity.analyses.metrics import summary as run_summary
 from capacity.analyses.sizing import SwapSizing
+from capacity import units
+from capacity.units import number
 from replay.results import RunResult
 from traces import atomic
 
@@ -94,14 +96,14 @@ def fmt(v: object) -> str:
     if isinstance(v, float):
         a = abs(v)
         return (f"{v:,.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1
-                else "0" if a == 0 else f"{v:.3g}")
+                else "0" if a == 0 else number(v))
     return str(v)
 
 
 def seconds(v: float | None) -> str:
     if v is None:
         return "—"
-    return f"{v * 1000:.1f}\u00a0ms" if v < 1 else f"{v:,.2f}\u00a0s"   # no break before the unit
+    return units.seconds(v, missing="—", nbsp=True)    # no break before the unit
 
 
 def pct(v: float | None) -> str:
