@@ -29,6 +29,7 @@ from capacity.cli import helpfmt, values
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("capacity.cli.replay", "replay_cmd"),
     "runs": ("capacity.cli.replay", "runs_cmd"),
+    "export": ("capacity.cli.runs", "export_cmd"),
     "calibrate": ("capacity.cli.calibrate", "calibrate_cmd"),
     "size-swap": ("capacity.cli.plan", "size_swap_cmd"),
     "size-offload": ("capacity.cli.offload", "size_offload_cmd"),

@@ -128,9 +128,10 @@ LIST_RULES: dict[str, tuple[str, type, tuple]] = {
                                     (lambda x: 1 <= x < 2**31, "whole numbers >= 1, e.g. 2048,8192")),
 }
 # Commands whose --db is only read: it must exist.
-_READS_DB = {"attribute_cmd", "validate_cmd"}
+_READS_DB = {"attribute_cmd", "validate_cmd", "export_cmd", "runs_cmd"}
 # Output paths: parameter -> (flag, what it must be). report writes a folder, the others a file.
-_OUTPUT_DIR_COMMANDS = {"report_cmd"}
+_OUTPUT_DIR_COMMANDS = {"report_cmd": "the report (index.html, figures)",
+                        "export_cmd": "the export (one file per table)"}
 
 
 def check_flags(command: str, kwargs: dict) -> None:
@@ -171,8 +172,8 @@ def _check_paths(command: str, kwargs: dict) -> None:
             continue
         if command in _OUTPUT_DIR_COMMANDS:
             if out.exists() and not out.is_dir():
-                raise CliError(f"{flag} {out}: is a file; the report is a folder (index.html, "
-                               "figures); pass a folder name")
+                raise CliError(f"{flag} {out}: is a file; {_OUTPUT_DIR_COMMANDS[command]} is a "
+                               "folder; pass a folder name")
         elif out.is_dir():
             raise CliError(f"{flag} {out}: is a folder; pass a file name")
         elif not (out.parent if str(out.parent) else Path(".")).is_dir():
@@ -308,6 +309,5 @@ def store_runs(db: Optional[Path], runs) -> None:
 
 def seconds_text(v: float | None) -> str:
     """Seconds for a terminal table: ms below 1 s, thousands separators, never 1.27e+03."""
-    if v is None:
-        return "-"
-    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
+    from capacity.units import seconds
+    return seconds(v)
