@@ -83,3 +83,54 @@ def test_usage_errors_are_one_line_naming_the_help(argv, needle):
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith("kvcap: error: ") and needle in lines[0]
     assert "-h`" in lines[0]
+
+
+# ------------------------------------------------------------------ paste-safe shell commands
+FLAGS = ("--max-num-seqs", "1024", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
+         "--enable-chunked-prefill", "--scheduling-policy", "fcfs", "--async-scheduling",
+         "--kv-offloading-size", "0.015", "--kv-offloading-backend", "native")
+
+
+def test_the_terminal_prints_the_command_on_one_line_at_any_width():
+    import io
+    import shlex
+
+    from rich.console import Console
+
+    from capacity.cli.common import print_flags
+    for width in (40, 80, 200):
+        buf = io.StringIO()
+        print_flags(Console(file=buf, width=width), FLAGS)
+        lines = buf.getvalue().splitlines()
+        assert len(lines) == 2, lines                    # the heading, then the command whole
+        assert shlex.split(lines[1]) == ["vllm", "serve", "$MODEL", *FLAGS]
+
+
+def test_the_report_block_is_one_command_by_backslash_continuations(tmp_path):
+    import html
+    import re
+    import shlex
+
+    from capacity.analyses.flags import serve_lines
+    text = serve_lines(FLAGS)
+    lines = text.splitlines()
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    assert shlex.split(text.replace("\\\n", "")) == ["vllm", "serve", "$MODEL", *FLAGS]
+    # A real shell reads it as one command.
+    script = tmp_path / "argv.sh"
+    script.write_text('MODEL=m\nargv() { printf "%s\\n" "$@"; }\n'
+                      + text.replace("vllm serve", "argv vllm serve", 1) + "\n")
+    out = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["vllm", "serve", "m", *FLAGS]
+    # The report shows exactly that block.
+    from capacity.report.render import code_block
+    shown = re.search(r"<code>(.*)</code>", code_block(text), re.S).group(1)
+    assert html.unescape(shown) == text
+
+
+def test_a_flag_value_with_shell_characters_is_quoted():
+    import shlex
+
+    from capacity.analyses.flags import serve_command
+    argv = ["--kv-transfer-config", '{"kv_connector": "OffloadingConnector"}']
+    assert shlex.split(serve_command(argv))[3:] == argv

@@ -307,6 +307,14 @@ def store_runs(db: Optional[Path], runs) -> None:
         write_run(db, r.tables())
 
 
+def print_flags(console, flags, what: str = "vLLM flags") -> None:
+    """The `vllm serve` command of `flags` under a heading, on one line of its own whatever the
+    terminal's width (soft wrap: no newline is inserted), so that it pastes whole."""
+    from capacity.analyses.flags import serve_command
+    console.print(f"{what} (set MODEL to your model):", markup=False, highlight=False)
+    console.print(serve_command(flags), soft_wrap=True, markup=False, highlight=False)
+
+
 def seconds_text(v: float | None) -> str:
     """Seconds for a terminal table: ms below 1 s, thousands separators, never 1.27e+03."""
     from capacity.units import seconds

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, store_runs, trace_input)
+                                 guarded, print_flags, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
@@ -271,8 +271,6 @@ def print_plan(plan, result: dict) -> None:
     for line in rec.lines:
         c.print(f"  - {line}")
     if rec.flags:
-        # One line whatever the terminal's width (soft_wrap): pasted, it runs whole.
-        c.print("vLLM flags: vllm serve MODEL " + " ".join(rec.flags), soft_wrap=True,
-                markup=False, highlight=False)
+        print_flags(c, rec.flags)
     else:
         c.print("[bold]vLLM flags:[/bold] none (overloaded: fix the capacity first)")

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, store_runs, trace_input)
+                                 guarded, print_flags, store_runs, trace_input)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
@@ -94,7 +94,7 @@ def tune_cmd(
     c.print(tuning_table(tn))
     c.print(f"[bold]recommendation:[/bold] {tn.explanation}")
     if tn.flags:
-        c.print("[bold]vLLM flags:[/bold] " + " ".join(tn.flags))
+        print_flags(c, tn.flags)
 
 
 @guarded
@@ -152,8 +152,7 @@ def headroom_cmd(
     c = Console()
     c.print(f"[bold]{plan.recommendation.headline}[/bold]")
     if plan.recommendation.flags:
-        c.print("flags: " + " ".join(plan.recommendation.flags), soft_wrap=True, markup=False,
-                highlight=False)
+        print_flags(c, plan.recommendation.flags)
 
 
 @guarded
