@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from capacity.cli.common import emit_json, guarded
+from capacity.cli.common import emit_json, guarded, trace_flags
 from capacity.units import number
 
 err = Console(stderr=True)
@@ -22,6 +22,7 @@ MAX_LOG_STEP_ERROR_PCT = 15.0
 
 
 @guarded
+@trace_flags
 def calibrate_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda when present)."),

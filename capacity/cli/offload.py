@@ -14,7 +14,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, store_runs, trace_input)
+                                 guarded, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
@@ -61,6 +61,7 @@ def write_chart(z, path: Path) -> None:
 
 @guarded
 @engine_flags
+@trace_flags
 def size_offload_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     sizes: str = typer.Option("", "--sizes", help="GiB (all TP ranks) to sweep, e.g. 0,16,32,64; "

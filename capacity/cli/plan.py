@@ -10,7 +10,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, print_flags, store_runs, trace_input)
+                                 guarded, print_flags, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
@@ -41,6 +41,7 @@ def sizing_table(s) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def size_swap_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (not with --from-logs)."),
     headroom: float = typer.Option(0.2, "--headroom", help="Fraction added to the measured peak."),
@@ -91,6 +92,7 @@ def size_swap_cmd(
 
 @guarded
 @engine_flags
+@trace_flags
 def compare_modes_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
@@ -144,6 +146,7 @@ def modes_table(cmp) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def report_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file; none = the built-in default scenario."),
     out: Path = typer.Option(Path("report"), "-o", "--out", help="Output directory."),

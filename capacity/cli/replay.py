@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, trace_input)
+                                 guarded, trace_flags, trace_input_arrivals)
 
 # rich is imported where a terminal is drawn on: `kvcap replay --json` never loads it.
 if TYPE_CHECKING:
@@ -133,6 +133,7 @@ def deployment(tables: dict) -> dict:
 
 @guarded
 @engine_flags
+@trace_flags
 def replay_cmd(
     file: Path = typer.Argument(..., help="Trace file (format detected) or kvcap Parquet."),
     rate_scale: float = typer.Option(1.0, "--rate-scale", help="Replay the trace X times faster."),
@@ -159,7 +160,8 @@ def replay_cmd(
     from capacity.analyses.metrics import summary
     from replay.writer import RunWriter
     wall0 = time.perf_counter()
-    trace, _ = trace_input(file, trace_format, rate_scale, binned=False, hash_block_tokens=hash_block_tokens)
+    trace, _, arrivals = trace_input_arrivals(file, trace_format, rate_scale, binned=False,
+                                              hash_block_tokens=hash_block_tokens)
     if calibration is not None:
         engine = dataclasses.replace(engine, calibration=str(calibration))
     facts = _facts_from_logs(from_logs, log_source, engine) if from_logs is not None else None
@@ -176,7 +178,7 @@ def replay_cmd(
                                       label=label, trace_name=file.name, quiet=as_json,
                                       stub_options=stub_options, record_batches=record_batches,
                                       spill_dir=spill_dir, step_sink=writer,
-                                      rate_scale=rate_scale)
+                                      rate_scale=rate_scale, arrivals=arrivals)
         tables = result.tables()
         writer.commit(tables)
         s = summary(tables)             # while the writer commits

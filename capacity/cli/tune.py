@@ -10,7 +10,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, print_flags, store_runs, trace_input)
+                                 guarded, print_flags, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
@@ -46,6 +46,7 @@ def tuning_table(tn) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def tune_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
@@ -99,6 +100,7 @@ def tune_cmd(
 
 @guarded
 @engine_flags
+@trace_flags
 def headroom_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
@@ -157,6 +159,7 @@ def headroom_cmd(
 
 @guarded
 @engine_flags
+@trace_flags
 def alerts_cmd(
     file: Path = typer.Argument(..., help="Trace of normal traffic."),
     out: Path = typer.Option(Path("kvcap-preemption-rules.yml"), "-o", "--out"),
