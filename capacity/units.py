@@ -37,8 +37,8 @@ def _places(v: float) -> int:
 
 
 def number(v: float | int | None, *, digits: int = 3, missing: str = "-") -> str:
-    """A plain quantity to about `digits` significant digits, with thousands separators and
-    without an exponent: 12,345 / 123 / 1.23 / 0.00123."""
+    """A plain quantity to about `digits` significant digits, with thousands separators, without
+    an exponent or trailing zeros: 12,345 / 123 / 1.23 / 0.1 / 0.00123."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return missing
     if isinstance(v, bool):
@@ -49,7 +49,9 @@ def number(v: float | int | None, *, digits: int = 3, missing: str = "-") -> str
         return f"{v:g}"
     magnitude = math.floor(math.log10(abs(v)))
     decimals = max(0, digits - 1 - magnitude)
-    return f"{v:,.{decimals}f}"
+    text = f"{v:,.{decimals}f}"
+    # As %g would (0.1, not 0.1000), without its exponent.
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def distinct(a: float, b: float, *, digits: int = 2, most: int = 6) -> tuple[str, str]:

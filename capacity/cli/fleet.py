@@ -135,7 +135,7 @@ def plan_rich_table(p) -> Table:
                     f"TBT p99 ≤ {p.slo_tbt_p99_s:g} s)")
     for c in ("GPU", "model", "TP", "replicas (searched)", "linear estimate", "one fewer",
               "$/hour"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     cheapest = p.cheapest
     for c in p.plans:
         fewer = "-" if c.one_fewer is None else c.one_fewer.candidate.breaks or "passes"

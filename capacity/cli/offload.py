@@ -32,7 +32,7 @@ def points_table(z) -> Table:
     t = Table(title=f"--kv-offloading-size sweep ({z.engine_words()})")
     for c in ("size (GiB)", "CPU-hit tokens", "prefill computed", "recomputed", "TTFT p50",
               "TTFT p99", "TBT p99", "stalls", "host RAM"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     for i, p in enumerate(z.points):
         mark = " *" if i == z.knee.index else ""
         t.add_row(f"{p.kv_offloading_size_gib:g}{mark}", f"{p.cpu_hit_tokens:,}",

@@ -19,6 +19,8 @@ err = Console(stderr=True)
 
 def sizing_table(s) -> Table:
     t = Table(title="swap-space sizing (per GPU)", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column()
     at = "-" if s.peak_at_s is None else f"{s.peak_at_s:,.1f} s"
     t.add_row("peak concurrently swapped", f"{s.peak_swapped_gib:.2f} GiB "
               f"({s.peak_swapped_requests} requests) at {at}")
@@ -130,10 +132,11 @@ def compare_modes_cmd(
 
 def modes_table(cmp) -> Table:
     v1 = cmp.scheduler == "v1"
-    t = Table(title=f"preemption modes ({cmp.engine_words()})")
+    t = Table(title=f"preemption modes ({cmp.engine_words()})",
+              caption="stall p99: the P99 stall of the preempted requests; *: recommended")
     for c in ("mode", "host tier", "preempt", "recomputed", "CPU hits" if v1 else "swapped",
-              "TTFT p99", "TBT p99", "stall p99 (preempted)", "req/s", "SLO"):
-        t.add_column(c, overflow="fold")
+              "TTFT p99", "TBT p99", "stall p99", "req/s", "SLO"):
+        t.add_column(c, no_wrap=True)
     for r in cmp.results:
         moved = f"{r.cpu_hit_tokens:,} tok" if v1 else f"{r.swapped_gib:,.1f} GiB"
         t.add_row(r.variant + (" *" if r.variant == cmp.recommended else ""),

@@ -67,7 +67,7 @@ def summary_table(s: dict, db: str) -> Table:
     from capacity.units import seconds
     t = Table(title=f"run {s['run_id']}: {s['verdict']}", show_header=False)
     t.add_column(no_wrap=True)
-    t.add_column(overflow="fold")
+    t.add_column()
     count = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731
     blocks = f"GPU {s['num_gpu_blocks']:,} of {s['block_size']} tokens"
     if s.get("num_cpu_blocks"):
@@ -96,7 +96,6 @@ def summary_table(s: dict, db: str) -> Table:
            ("swap-full events", count(s["swap_full_events"])),
            ("peak swapped", f"{s['peak_swapped_gib']:,.3f} GiB"))),
         ("wall time", seconds(s["wall_seconds"])),
-        ("database", db),
     ]
     if s.get("abort_s") is not None:
         rows.insert(5, ("engine aborted at", seconds(s["abort_s"])))
@@ -198,6 +197,7 @@ def replay_cmd(
         from rich.console import Console
         out = Console()
         out.print(summary_table(s, str(db)))
+        out.print(f"database: {db}", soft_wrap=True, markup=False, highlight=False)
         # Why, in words (a line of its own: no table cell to wrap it in).
         out.print(f"{s['verdict']}: {s['verdict_evidence']}", soft_wrap=True, markup=False,
                   highlight=False)

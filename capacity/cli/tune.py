@@ -32,7 +32,7 @@ def tuning_table(tn) -> Table:
                     f"TBT p99 ≤ {tn.slo_tbt_p99_s:g} s)")
     for c in ("max-num-seqs", "batched tok", "margin", "goodput", "in SLO", "TTFT p99",
               "TBT p99", "preempt/min", "verdict"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     rec = tn.recommended
     for c, m in sorted(zip(tn.candidates, tn.margins),
                        key=lambda cm: (cm[0].max_num_batched_tokens, cm[0].max_num_seqs)):
@@ -145,7 +145,7 @@ def headroom_cmd(
     t = Table(title="capacity search (the searched loads, recommended flags)")
     for c in ("load", "offered req/s", "served req/s", "TTFT p99", "TBT p99", "preempt",
               "preemption", "ok"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     for p in h.points:
         t.add_row(f"{'flash crowd ' if p.surge else ''}×{p.rate_scale:g}", f"{p.offered_rps:,.2f}",
                   f"{p.served_rps:,.2f}", _t(p.ttft_p99_s), _t(p.tbt_p99_s), f"{p.preemptions:,}",
