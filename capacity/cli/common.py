@@ -1,7 +1,8 @@
 """Shared pieces of the CLI: errors, JSON output, the engine flags (vLLM spellings).
 
 `engine_flags` adds every engine flag of DESIGN §7 to a typer command and hands the command one
-`EngineConfig` (argument `engine`), so all commands parse the flags the same way.
+`EngineConfig` (argument `engine`), so all commands parse the flags the same way; `trace_flags`
+adds `--arrivals` / `--seed`, which every trace the command loads then gets (a lengths-only one).
 """
 from __future__ import annotations
 
