@@ -1,4 +1,4 @@
-"""Run every benchmark in turn and print their markdown tables (numbers go into the README).
+"""Run every benchmark in turn and print their markdown tables (numbers go into docs/benchmarks.md).
 
     .venv/bin/python bench/run_all.py            # or: make bench
 """

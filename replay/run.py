@@ -47,6 +47,14 @@ def trace_sha256(trace: pl.DataFrame) -> str:
     return h.hexdigest()
 
 
+def offered_rps(trace: pl.DataFrame) -> float | None:
+    """Requests per second over the arrival span (None for fewer than two distinct arrivals)."""
+    if trace.height < 2:
+        return None
+    span = float(trace["arrival_s"].max()) - float(trace["arrival_s"].min())
+    return trace.height / span if span > 0 else None
+
+
 def run_id_for(trace: pl.DataFrame, config: EngineConfig, *, executor: str = "model",
                stub_options: dict | None = None, sha: str | None = None) -> str:
     """The id `replay()` gives this trace (sorted by arrival) + config + executor: a hash, so a rerun
@@ -180,7 +188,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
            implementation: Choice = "auto", label: str | None = None, trace_name: str = "",
            on_progress: Callable[[float, int], None] | None = None, stub_options: dict | None = None,
            record_batches: bool | tuple[int, int] = False, spill_dir: str | None = None,
-           step_sink: StepSink | None = None, summary: SummarySpec | None = None) -> RunResult:
+           step_sink: StepSink | None = None, summary: SummarySpec | None = None,
+           rate_scale: float | None = None, arrivals: str | None = None) -> RunResult:
     """Replay `trace` (canonical, sorted by arrival_s) under `config`; `record_batches` adds
     the `batches` table (every step's batch: off by default, it is one row per token step; a
     (first, last) pair of steps records those steps' batches only).
@@ -190,7 +199,10 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     replay`'s store writer) and its `steps` and `tbt` tables are those chunks.
     With `summary`, the run keeps summaries of its step and TBT columns instead of the columns
     (replay/summary.py: `steps` is a `StepSummary`, `tbt` a `TbtSummary`): what a search asks
-    of a replay, exactly, in memory bounded by the requests and not by the steps."""
+    of a replay, exactly, in memory bounded by the requests and not by the steps.
+    `rate_scale` (the multiple of the source trace's rate `trace` was made at) and `arrivals`
+    (the synthetic arrivals given a lengths-only trace, e.g. "poisson:5 seed 0") are recorded
+    in the `runs` row, where they tell runs of one source apart (`kvcap runs`)."""
     if summary is not None and (step_sink is not None or spill_dir is not None or record_batches):
         raise ValueError("a summary replay keeps no steps to spill, stream or record batches of")
     config = config or EngineConfig()
@@ -233,7 +245,7 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
                      keep_steps=stats is None)
     res = result_of(raw, trace, config, eng, executor=executor, label=label,
                     trace_name=trace_name, wall0=wall0, stub_options=stub_options,
-                    run_id=run_id, sha=sha)
+                    run_id=run_id, sha=sha, rate_scale=rate_scale, arrivals=arrivals)
     if stats is None:
         return res
     steps, tbt = stats.finish()
@@ -242,7 +254,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
 
 def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, executor: str,
               label: str | None, trace_name: str, wall0: float, stub_options: dict | None = None,
-              run_id: str | None = None, sha: str | None = None) -> RunResult:
+              run_id: str | None = None, sha: str | None = None,
+              rate_scale: float | None = None, arrivals: str | None = None) -> RunResult:
     """The result tables of a finished replay of `trace` (sorted) under `config` (resolved:
     `eng`); `run_id` overrides the content hash (a fleet's replicas: replay/fleet.py); `sha`:
     the trace's content hash, if already computed."""
@@ -275,6 +288,9 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
         "hash_block_tokens": hash_block_tokens(trace) if has_prefix_hashes(trace) else None,
         # The vLLM release replayed: 0.10.1.1 (V0), 0.33 or 0.34 (V1).
         "vllm_version": eng.vllm_version,
+        # What was offered: requests per second of arrival span; the multiple of the source
+        # trace's rate (None: not said by the caller) and synthetic arrivals (None: the trace's).
+        "offered_rps": offered_rps(trace), "rate_scale": rate_scale, "arrivals": arrivals,
     }
     res = RunResult(run=run, **tables)
     # Prefill tokens recomputed after preemption over all prefill tokens (replay.results).

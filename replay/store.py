@@ -34,7 +34,7 @@ SCHEMA = {
         kvcap_version VARCHAR, num_steps BIGINT, kv_bytes_per_block BIGINT, abort_s DOUBLE,
         abort_reason VARCHAR, implementation VARCHAR, async_scheduling BOOLEAN,
         kv_offloading BOOLEAN, hash_block_tokens INTEGER, vllm_version VARCHAR,
-        recompute_tax DOUBLE""",
+        recompute_tax DOUBLE, offered_rps DOUBLE, rate_scale DOUBLE, arrivals VARCHAR""",
     "requests": """run_id VARCHAR, request_id BIGINT, arrival_s DOUBLE, priority INTEGER,
         tenant VARCHAR, prompt_tokens INTEGER, output_tokens INTEGER, first_scheduled_s DOUBLE,
         first_token_s DOUBLE, finish_s DOUBLE, status VARCHAR, num_preemptions INTEGER,
@@ -107,7 +107,8 @@ def ensure_schema(con, path: str | Path = "the database") -> None:
 # does not require them.
 _ADDED_LATER = {"runs": {"implementation": "VARCHAR", "async_scheduling": "BOOLEAN",
                          "kv_offloading": "BOOLEAN", "hash_block_tokens": "INTEGER",
-                         "vllm_version": "VARCHAR", "recompute_tax": "DOUBLE"},
+                         "vllm_version": "VARCHAR", "recompute_tax": "DOUBLE",
+                         "offered_rps": "DOUBLE", "rate_scale": "DOUBLE", "arrivals": "VARCHAR"},
                 "requests": {"gpu_hit_tokens": "BIGINT", "cpu_hit_tokens": "BIGINT"},
                 "steps": {"offload_store_blocks": "BIGINT", "offload_load_blocks": "BIGINT"},
                 "events": {"seq": "INTEGER"}}

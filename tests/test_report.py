@@ -83,7 +83,8 @@ def test_index_has_every_section_and_the_flags(report):
     assert report.name == "index.html"
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in html
-    assert "--preemption-mode swap \\\n--swap-space 1" in html
+    assert 'vllm serve "$MODEL" \\\n' in html.replace("&quot;", '"')
+    assert "  --preemption-mode swap \\\n  --swap-space 1" in html
     assert html.count("<img ") == len(json.loads((report.parent / "summary.json").read_text())
                                       ["charts"])
 
@@ -290,6 +291,6 @@ def test_flags_that_miss_the_slos_are_not_offered_as_advice(inputs):
                                expected=dataclasses.replace(ok.expected, meets_slo=False))
     ok_html = recommendations_section(ok, inputs["stab"]).body
     miss_html = recommendations_section(miss, inputs["stab"]).body
-    assert "Append these flags" in ok_html and "MISSES the SLOs" not in ok_html
-    assert "Append these flags" not in miss_html and "MISSES the SLOs" in miss_html
+    assert "Serve with these flags" in ok_html and "MISSES the SLOs" not in ok_html
+    assert "Serve with these flags" not in miss_html and "MISSES the SLOs" in miss_html
     assert "--max-num-seqs 256" in miss_html

@@ -1,6 +1,7 @@
 """Trace layouts: which source column feeds which canonical field, how time is written, and detection.
 
-Owns the known formats (Azure 2023, Mooncake, BurstGPT, Vidur/Splitwise, kvcap's own Parquet), the
+Owns the known formats (Azure 2023, Mooncake, BurstGPT, Vidur/Splitwise, kvcap's own Parquet, and
+the lengths-only layouts: Vidur's arxiv-summarization / BWB files and canonical length columns), the
 generic mapping (`{"source column": "canonical field"}`, CLI `--map col=field`) and the detection
 from header / first JSON keys. An unknown layout raises a `TraceError` that lists the columns found
 and the flags that map them. Must not import replay/ or capacity/.
@@ -15,6 +16,8 @@ from traces.sources import Source
 from traces.timeparse import TIME_UNITS_S
 
 REQUIRED_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+# A file with these and no arrival times is lengths-only (`--arrivals` gives it arrivals).
+LENGTH_FIELDS = ("prompt_tokens", "output_tokens")
 OPTIONAL_FIELDS = ("request_id", "priority", "tenant", "prefix_hashes")
 
 
@@ -31,6 +34,11 @@ class FormatSpec:
     sorted_input: bool = False
     # Make times relative to the first request. kvcap's Parquet is already relative (exact round-trip).
     rebase: bool = True
+
+    @property
+    def lengths_only(self) -> bool:
+        """No arrival times: the loader attaches synthetic ones (traces.arrivals) or refuses."""
+        return "arrival_s" not in self.fields
 
     def present(self, src: Source) -> dict[str, str]:
         """The field -> column pairs this file has; a missing required column is an error."""
@@ -63,12 +71,17 @@ VIDUR = FormatSpec(name="vidur", fields={"arrival_s": "arrived_at", "prompt_toke
 VLLM_BENCH_REQUESTS = FormatSpec(name="vllm_bench_requests",
                                  fields={"arrival_s": "start_time", "prompt_tokens": "prompt_len",
                                          "output_tokens": "output_tokens"}, time_unit="s")
+# Lengths only: Vidur's processed traces (data/processed_traces/arxiv_summarization_stats_*.csv,
+# bwb_stats_*.csv: num_prefill_tokens, num_decode_tokens, num_total_tokens, pd_ratio) hold one
+# request per row and no arrival times; rows keep file order.
+VIDUR_LENGTHS = FormatSpec(name="vidur_lengths", fields={"prompt_tokens": "num_prefill_tokens",
+                                                         "output_tokens": "num_decode_tokens"})
 KVCAP = FormatSpec(name="kvcap", fields={c: c for c in COLUMNS},
                    optional=frozenset({"priority", "tenant", "prefix_hashes"}),
                    time_unit="s", sorted_input=True, rebase=False)
 
 KNOWN: dict[str, FormatSpec] = {s.name: s for s in (AZURE, MOONCAKE, BURSTGPT, VIDUR,
-                                                     VLLM_BENCH_REQUESTS, KVCAP)}
+                                                     VLLM_BENCH_REQUESTS, KVCAP, VIDUR_LENGTHS)}
 GENERIC_NAMES = ("csv", "jsonl", "parquet", "generic")
 VLLM_BENCH = "vllm_bench"        # the result JSON (traces.vllm_bench), not column-mapped
 FORMAT_NAMES = (*KNOWN, VLLM_BENCH, *GENERIC_NAMES)
@@ -86,6 +99,12 @@ def detect(src: Source) -> FormatSpec:
         # Canonical names in any file: seconds, made relative, sorted if needed.
         present = [c for c in COLUMNS if c in cols]
         return generic({c: c for c in present}, src=src, time_unit="s", timestamp_format=None)
+    if {c for c in VIDUR_LENGTHS.fields.values()} <= cols:
+        return VIDUR_LENGTHS
+    if set(LENGTH_FIELDS) <= cols:
+        # Canonical length columns and no arrival_s: lengths only.
+        return generic({c: c for c in COLUMNS if c in cols}, src=src, time_unit=None,
+                       timestamp_format=None)
     raise TraceError(f"{src.path}: unknown trace layout; columns found: {', '.join(src.columns)}. "
                      f"{_HOW_TO_MAP}")
 
@@ -94,7 +113,7 @@ _HOW_TO_MAP = ("Map them with --map COLUMN=FIELD for arrival_s, prompt_tokens, o
                "(optional: request_id, priority, tenant, prefix_hashes) plus --time-unit s|ms|us "
                "or --timestamp-format FMT (in Python: load_trace(path, mapping={'COLUMN': 'arrival_s', "
                "...}, time_unit='s')), or name a format with --format "
-               f"{'|'.join(KNOWN)}.")
+               f"{'|'.join(KNOWN)}; a file of lengths only takes --arrivals poisson:RATE.")
 
 
 def generic(mapping: Mapping[str, str], *, src: Source, time_unit: str | None,
@@ -112,10 +131,15 @@ def generic(mapping: Mapping[str, str], *, src: Source, time_unit: str | None,
             raise TraceError(f"{src.path}, line 1, column '{column}': mapped column not found; "
                              f"columns found: {', '.join(src.columns)}")
         fields[field] = column
-    missing = [f for f in REQUIRED_FIELDS if f not in fields]
+    missing = [f for f in LENGTH_FIELDS if f not in fields]
     if missing:
         raise TraceError(f"{src.path}: mapping lacks {', '.join(missing)}; columns found: "
                          f"{', '.join(src.columns)}. {_HOW_TO_MAP}")
+    if "arrival_s" not in fields:        # lengths only: the loader asks for --arrivals
+        if time_unit is not None or timestamp_format is not None:
+            raise TraceError(f"{src.path}: --time-unit / --timestamp-format without a column "
+                             "mapped to arrival_s; map one (--map COLUMN=arrival_s) or drop them")
+        return FormatSpec(name="lengths", fields=fields)
     if time_unit is not None and time_unit not in TIME_UNITS_S:
         raise TraceError(f"unknown time unit {time_unit!r}; use one of {', '.join(TIME_UNITS_S)}")
     if time_unit is None and timestamp_format is None and fields["arrival_s"] != "arrival_s" \

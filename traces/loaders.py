@@ -10,6 +10,12 @@ request. Failed requests produced no output, so they do not enter the canonical 
 must be > 0); they are counted in `LoadReport.failed_requests`, which `kvcap trace info` prints.
 Their source rows stay identifiable: `request_id` is the 0-based data row of the source file for
 every format without its own id. The tenant of a BurstGPT row is its `Model`.
+
+Lengths-only layouts (Vidur's arxiv-summarization / BWB files; length columns without times) get
+their arrival times from `arrivals` (traces.arrivals: seeded Poisson or gamma) and are refused
+without it, naming `--arrivals`; a file with its own times refuses `arrivals`. `write_trace` keeps
+the synthesised arrivals and the source layout in the Parquet's metadata (`kvcap.arrivals`,
+`kvcap.source_format`), which loading that Parquet reports again.
 Must not import replay/ or capacity/.
 """
 from __future__ import annotations
@@ -26,6 +32,9 @@ from pathlib import Path
 import polars as pl
 
 from traces import formats, validate, vllm_bench
+from traces.arrivals import FLAG as ARRIVALS_FLAG
+from traces.arrivals import HOW as ARRIVALS_HOW
+from traces.arrivals import Arrivals
 from traces.atomic import atomic_path
 from traces.csvread import POLARS_ERRORS
 from traces.schema import (HASH_BLOCK_TOKENS, SCHEMA, TraceError, check_hash_block_tokens,
@@ -43,27 +52,42 @@ class LoadReport:
     failed_requests: int = 0  # BurstGPT failures, excluded (see module docstring)
     rows_reordered: int = 0   # rows moved by the stable sort of an unsorted generic file
     time_origin: str = ""     # the first request's timestamp as written in the file
+    # Synthetic arrivals given a lengths-only trace ("poisson:5 seed 0"), here or when the kvcap
+    # Parquet was written; the layout they were given to (`format`, or the Parquet's source).
+    arrivals: str | None = None
+    source_format: str | None = None
+
+    def metadata(self) -> dict[str, str]:
+        """What kvcap's Parquet keeps of this load (write_trace)."""
+        if self.arrivals is None:
+            return {}
+        return {ARRIVALS_KEY: self.arrivals, SOURCE_KEY: self.source_format or self.format}
+
+
+ARRIVALS_KEY, SOURCE_KEY = "kvcap.arrivals", "kvcap.source_format"
 
 
 def load_trace(path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None,
                time_unit: str | None = None, timestamp_format: str | None = None,
-               hash_block_tokens: int | None = None) -> pl.DataFrame:
+               hash_block_tokens: int | None = None, arrivals: Arrivals | None = None) -> pl.DataFrame:
     """The canonical trace of `path`. `mapping` is `{source column: canonical field}`;
-    `hash_block_tokens`: prompt tokens per prefix hash, overriding the file's (Mooncake: 512)."""
+    `hash_block_tokens`: prompt tokens per prefix hash, overriding the file's (Mooncake: 512);
+    `arrivals`: the arrival times of a lengths-only file (required there, refused elsewhere)."""
     return load_trace_with_report(path, format=format, mapping=mapping, time_unit=time_unit,
                                   timestamp_format=timestamp_format,
-                                  hash_block_tokens=hash_block_tokens)[0]
+                                  hash_block_tokens=hash_block_tokens, arrivals=arrivals)[0]
 
 
 def load_trace_with_report(path: str | Path, format: str | None = None,
                            mapping: Mapping[str, str] | None = None, time_unit: str | None = None,
                            timestamp_format: str | None = None,
-                           hash_block_tokens: int | None = None) -> tuple[pl.DataFrame, LoadReport]:
+                           hash_block_tokens: int | None = None,
+                           arrivals: Arrivals | None = None) -> tuple[pl.DataFrame, LoadReport]:
     if hash_block_tokens is not None:
         check_hash_block_tokens(hash_block_tokens)
     try:
         with _panic_reports_hidden():
-            df, report = _load(Path(path), format, mapping, time_unit, timestamp_format)
+            df, report = _load(Path(path), format, mapping, time_unit, timestamp_format, arrivals)
     except TraceError:
         raise
     except (*POLARS_ERRORS, OSError, UnicodeError, csv.Error, RecursionError) as exc:
@@ -101,10 +125,13 @@ def _panic_reports_hidden():
 
 
 def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
-          time_unit: str | None, timestamp_format: str | None) -> tuple[pl.DataFrame, LoadReport]:
+          time_unit: str | None, timestamp_format: str | None,
+          arrivals: Arrivals | None = None) -> tuple[pl.DataFrame, LoadReport]:
     if format in (None, formats.VLLM_BENCH) and not mapping and path.is_file():
         runs = vllm_bench.read_runs(path, rows=False)
         if runs is not None:
+            if arrivals is not None:
+                raise _timed(path, formats.VLLM_BENCH)
             df, report = vllm_bench.load_result(path, runs)
             return df, LoadReport(**report)
     if format == formats.VLLM_BENCH:
@@ -112,6 +139,12 @@ def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
                          "'output_lens', 'start_times')")
     src = open_source(path)
     spec = _spec(src, format, mapping, time_unit, timestamp_format)
+    if spec.lengths_only and arrivals is None:
+        raise TraceError(f"{src.path}: lengths only ({spec.name} layout: prompt and output "
+                         f"tokens, no arrival times); give it arrivals with {ARRIVALS_FLAG} "
+                         f"{ARRIVALS_HOW}, e.g. {ARRIVALS_FLAG} poisson:5 (seeded by --seed)")
+    if arrivals is not None and not spec.lengths_only:
+        raise _timed(src.path, spec.name)
     present = spec.present(src)
     src, df = read_columns(src, _dtypes(src, spec, present))
     rows_read = len(df)
@@ -130,13 +163,17 @@ def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
         validate.check_unique_ids(src, df, present["request_id"])
     if "prefix_hashes" in present:
         validate.check_hashes(src, df, present["prefix_hashes"])
-    time_col = present["arrival_s"]
-    if spec.rebase:
-        arrival, origin = relative_seconds(src, df, time_col, time_unit=spec.time_unit,
-                                           timestamp_format=spec.timestamp_format)
-    else:  # kvcap Parquet: already seconds from the first request; keep them bit for bit
-        arrival, origin = _exact_seconds(src, df, time_col)
-    order = validate.check_order(src, arrival, df, time_col, sorted_input=spec.sorted_input)
+    if arrivals is not None:          # lengths only: the requests in file order, timed here
+        arrival = pl.Series("arrival_s", arrivals.times(len(df)), dtype=pl.Float64)
+        origin, order = "0 s (synthetic arrivals)", None
+    else:
+        time_col = present["arrival_s"]
+        if spec.rebase:
+            arrival, origin = relative_seconds(src, df, time_col, time_unit=spec.time_unit,
+                                               timestamp_format=spec.timestamp_format)
+        else:  # kvcap Parquet: already seconds from the first request; keep them bit for bit
+            arrival, origin = _exact_seconds(src, df, time_col)
+        order = validate.check_order(src, arrival, df, time_col, sorted_input=spec.sorted_input)
     out = validate.assemble(df, arrival, present)
     if HASH_BLOCK_TOKENS in df.columns:   # kvcap Parquet of a trace with its own granularity
         out = out.with_columns(validate.granularity(src, df))
@@ -144,9 +181,28 @@ def _load(path: Path, format: str | None, mapping: Mapping[str, str] | None,
     if order is not None:
         moved = int((order != pl.int_range(len(order), eager=True, dtype=order.dtype)).sum())
         out = out[order]
+    synthetic, source = (str(arrivals), spec.name) if arrivals is not None else _kept(src, spec)
     report = LoadReport(path=str(src.path), format=spec.name, rows_read=rows_read, requests=len(out),
-                        failed_requests=failed, rows_reordered=moved, time_origin=origin)
+                        failed_requests=failed, rows_reordered=moved, time_origin=origin,
+                        arrivals=synthetic, source_format=source)
     return out, report
+
+
+def _timed(path, layout: str) -> TraceError:
+    return TraceError(f"{ARRIVALS_FLAG}: {path} has its own arrival times ({layout} layout); "
+                      f"{ARRIVALS_FLAG} is for lengths-only traces (Vidur's arxiv-summarization "
+                      "and BWB files); drop it")
+
+
+def _kept(src: Source, spec: formats.FormatSpec) -> tuple[str | None, str | None]:
+    """The synthetic arrivals (and source layout) a kvcap Parquet was written with."""
+    if spec.name != "kvcap":
+        return None, None
+    try:
+        meta = pl.read_parquet_metadata(src.path)
+    except (*POLARS_ERRORS, OSError):
+        return None, None
+    return meta.get(ARRIVALS_KEY), meta.get(SOURCE_KEY)
 
 
 def _spec(src: Source, format: str | None, mapping: Mapping[str, str] | None,
@@ -174,7 +230,8 @@ def _dtypes(src: Source, spec: formats.FormatSpec, present: dict[str, str]) -> d
         time_dtype = None  # keep native Datetime / numbers
     else:
         time_dtype = pl.Utf8() if text_time else pl.Float64()
-    dtypes: dict[str, pl.DataType | None] = {present["arrival_s"]: time_dtype}
+    dtypes: dict[str, pl.DataType | None] = (
+        {} if spec.lengths_only else {present["arrival_s"]: time_dtype})
     for field in ("prompt_tokens", "output_tokens", "priority"):
         if field in present:
             dtypes[present[field]] = pl.Float64()
@@ -220,8 +277,9 @@ def _exact_seconds(src: Source, df: pl.DataFrame, column: str) -> tuple[pl.Serie
     return col.alias("arrival_s"), f"{col[0]} s"
 
 
-def write_trace(df: pl.DataFrame, path: str | Path) -> None:
-    """Write the canonical trace as Parquet; a failure leaves no file (temp file + rename)."""
+def write_trace(df: pl.DataFrame, path: str | Path, *, metadata: Mapping[str, str] | None = None) -> None:
+    """Write the canonical trace as Parquet; a failure leaves no file (temp file + rename).
+    `metadata`: key-value pairs kept in the file (`LoadReport.metadata()`: synthetic arrivals)."""
     path = Path(path)
     missing = [c for c in SCHEMA if c not in df.columns]
     if missing:
@@ -234,4 +292,4 @@ def write_trace(df: pl.DataFrame, path: str | Path) -> None:
     # A disk error propagates as OSError naming `path` (the CLI prints it as one line).
     schema = {**SCHEMA, **({HASH_BLOCK_TOKENS: pl.Int32()} if HASH_BLOCK_TOKENS in df.columns else {})}
     with atomic_path(path) as tmp:
-        df.select(list(schema)).cast(schema).write_parquet(tmp)
+        df.select(list(schema)).cast(schema).write_parquet(tmp, metadata=dict(metadata or {}) or None)

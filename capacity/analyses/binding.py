@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capacity.analyses.headroom import LoadPoint
+from capacity.units import seconds
 
 KNOBS = {"long_prompt_prefill": "--tensor-parallel-size (a faster prefill) or a TTFT SLO per "
                                 "prompt-length class; more replicas do not help",
@@ -67,7 +68,7 @@ def cause(p: LoadPoint, *, slo_ttft_p99_s: float, slo_tbt_p99_s: float) -> str |
 
 
 def _ms(v: float | None) -> str:
-    return "—" if v is None else (f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s")
+    return seconds(v, missing="—")
 
 
 def diagnose(points: tuple[LoadPoint, ...], floor: LoadPoint, *, floor_prompt_tokens: int,

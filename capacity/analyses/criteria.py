@@ -15,6 +15,7 @@ import polars as pl
 from capacity.analyses.classify import classify
 from capacity.analyses.metrics import preemptions_per_minute, summary
 from capacity.analyses.stability import stability
+from capacity.units import limit, seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,9 +95,9 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
     recomputed = int(tables["requests"]["recomputed_tokens"].sum() or 0)
     breaks = []
     if s["ttft_p99_s"] is None or s["ttft_p99_s"] > slo_ttft_s:
-        breaks.append(f"TTFT p99 {s['ttft_p99_s'] or float('nan'):.3g} s > {slo_ttft_s:g} s")
+        breaks.append(f"TTFT p99 {seconds(s['ttft_p99_s'], missing='none')} > {limit(slo_ttft_s)}")
     if s["tbt_p99_s"] is None or s["tbt_p99_s"] > slo_tbt_s:
-        breaks.append(f"TBT p99 {s['tbt_p99_s'] or float('nan'):.3g} s > {slo_tbt_s:g} s")
+        breaks.append(f"TBT p99 {seconds(s['tbt_p99_s'], missing='none')} > {limit(slo_tbt_s)}")
     meets = not breaks
     verdict = classify(tables).verdict
     budget_breaks = []

@@ -58,7 +58,8 @@ def run_point(point: SweepPoint, trace) -> dict:
     df = trace if isinstance(trace, pl.DataFrame) else pl.from_arrow(trace)
     if point.rate_scale != 1.0:
         df = scale_rate(df, point.rate_scale)
-    r = replay(df, point.config, label=point.label, trace_name=point.trace_key)
+    r = replay(df, point.config, label=point.label, trace_name=point.trace_key,
+               rate_scale=point.rate_scale)
     if r.run_id != point.run_id:
         raise RuntimeError(f"point {point.index}: replayed as run {r.run_id}, expected "
                            f"{point.run_id} (the trace differs between driver and worker)")

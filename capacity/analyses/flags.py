@@ -18,6 +18,7 @@ flags (`--kv-offloading-eviction-policy arc`, `--no-offload-prompt-only`,
 from __future__ import annotations
 
 import dataclasses
+import shlex
 
 from replay.config import EngineConfig, resolve
 
@@ -57,6 +58,29 @@ def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
         if config.kv_offloading_store_threshold:
             out += ["--kv-offloading-store-threshold", str(config.kv_offloading_store_threshold)]
     return tuple(out)
+
+
+# The model is the user's to fill in: a shell variable, so that the command pasted as printed
+# runs (vLLM then names the missing model) instead of serving a placeholder word.
+SERVE = 'vllm serve "$MODEL"'
+
+
+def serve_command(flags) -> str:
+    """`vllm serve "$MODEL" FLAGS` on one line, each token quoted for a POSIX shell: printed
+    with soft wrapping only (a terminal's wrap is no newline), it pastes whole at any width."""
+    return " ".join((SERVE, *map(shlex.quote, flags)))
+
+
+def serve_lines(flags) -> str:
+    """The same command as lines joined by backslash continuations, one `--flag value` per line
+    (the report's code block): pasted, the shell reads one command."""
+    lines = [SERVE]
+    for tok in map(shlex.quote, flags):
+        if tok.startswith("--") or len(lines) == 1:
+            lines.append("  " + tok)
+        else:
+            lines[-1] += " " + tok
+    return " \\\n".join(lines)
 
 
 _VALUED = {"--max-num-seqs": ("max_num_seqs", int),

@@ -28,6 +28,7 @@ from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.metrics import GIB, nearest_rank, request_latencies, summary
 from capacity.analyses.planner import Planner
 from capacity.analyses.sweep import Job
+from capacity.units import seconds
 from replay.config import EngineConfig, resolve
 
 VARIANTS = (
@@ -182,7 +183,7 @@ def _host_tier_gib(config_json: str | None) -> float:
 
 
 def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:,.0f} ms"
+    return seconds(x)
 
 
 # Served throughputs within this fraction are the same: they differ by when the last requests end.

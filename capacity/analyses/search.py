@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
+from capacity.units import distinct
+
 PRECISION = 0.05
 STEP = 2.0
 MAX_SCALE = 8.0
@@ -39,7 +41,9 @@ class ScaleSearch:
             return f"below ×{self.failed_at:g} (nothing passes)"
         if self.capped:
             return f"at least ×{self.scale:.2f} (the largest scale searched)"
-        return f"×{self.scale:.2f} (fails at ×{self.failed_at:.2f}; precision {self.precision:.0%})"
+        # Bounds a probe apart never print alike ("×0.14 (fails at ×0.14)").
+        ok, failed = distinct(self.scale, self.failed_at)
+        return f"×{ok} (fails at ×{failed}; precision {self.precision:.0%})"
 
     def as_dict(self) -> dict:
         return {"scale": self.scale, "failed_at": self.failed_at, "precision": self.precision,

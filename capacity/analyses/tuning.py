@@ -20,6 +20,7 @@ from capacity.analyses.headroom import ok, search_loads
 from capacity.analyses.planner import Planner
 from capacity.analyses.search import PRECISION, ScaleSearch
 from capacity.analyses.sweep import Job
+from capacity.units import seconds
 from replay.config import EngineConfig, resolve
 
 __all__ = ["Budget", "Candidate", "Tuning", "evaluate", "choose", "tune"]
@@ -80,7 +81,7 @@ def choose(cands: list[Candidate], margins: list[ScaleSearch | None]) -> tuple[C
     words = [f"max_num_seqs={pick.max_num_seqs} meets the SLOs up to {pm.words()} today's "
              f"traffic (its margin), the largest margin of the feasible values (a tie goes to the "
              f"higher goodput, then the smaller value); at today's load: "
-             f"TTFT p99 {pick.ttft_p99_s:.3g} s, TBT p99 {pick.tbt_p99_s:.3g} s, "
+             f"TTFT p99 {seconds(pick.ttft_p99_s)}, TBT p99 {seconds(pick.tbt_p99_s)}, "
              f"{pick.slo_share:.0%} of requests within both SLOs (preemption: "
              f"{pick.preemption_verdict})"]
     others = [f"{c.max_num_seqs}: ×{m.scale:.2f}" for c, m in feasible if c is not pick and m]

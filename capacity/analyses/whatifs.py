@@ -23,6 +23,7 @@ from capacity.analyses.modes import ModeResult, mode_reducer, mode_result
 from capacity.analyses.noise import Noise, gain
 from capacity.analyses.planner import Planner
 from capacity.analyses.sweep import Job
+from capacity.units import seconds as seconds_words
 from replay.config import EngineConfig, resolve
 from traces.schema import has_prefix_hashes
 
@@ -50,10 +51,6 @@ class WhatIf:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def seconds_words(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
 
 
 def _numbers(r: ModeResult) -> dict:

@@ -17,13 +17,19 @@ from collections.abc import MutableMapping
 import typer
 from typer.core import TyperGroup
 
-from capacity.cli import values
+try:                        # typer >= 0.2x carries its own click
+    from typer._click.exceptions import ClickException
+except ImportError:         # a typer on the click package
+    from click.exceptions import ClickException
+
+from capacity.cli import helpfmt, values
 
 # name -> (module, attribute): a command function or, for `trace`, a sub-app. The order is the
 # order `kvcap --help` lists them in (typer lists commands before sub-apps).
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("capacity.cli.replay", "replay_cmd"),
     "runs": ("capacity.cli.replay", "runs_cmd"),
+    "export": ("capacity.cli.runs", "export_cmd"),
     "calibrate": ("capacity.cli.calibrate", "calibrate_cmd"),
     "size-swap": ("capacity.cli.plan", "size_swap_cmd"),
     "size-offload": ("capacity.cli.offload", "size_offload_cmd"),
@@ -55,7 +61,7 @@ def click_command(name: str):
     """Command `name` converted by typer exactly as if it had been registered on `app`: through
     a one-command app of the same settings (typer's public conversion, no private helpers)."""
     obj = command_object(name)
-    one = typer.Typer(add_completion=False)
+    one = typer.Typer(add_completion=False, rich_markup_mode=None)
     if isinstance(obj, typer.Typer):
         one.add_typer(obj, name=name)
         return typer.main.get_command(one).commands[name]
@@ -71,11 +77,13 @@ class LazyCommands(MutableMapping):
         self.loaded = dict(loaded)
         for cmd in self.loaded.values():
             values.install(cmd)
+            helpfmt.install(cmd)
 
     def __getitem__(self, name: str):
         if name not in self.loaded and name in COMMANDS:
             self.loaded[name] = cmd = click_command(name)
             values.install(cmd)
+            helpfmt.install(cmd)
         return self.loaded[name]
 
     def __setitem__(self, name: str, cmd) -> None:
@@ -98,15 +106,45 @@ class LazyGroup(TyperGroup):
         super().__init__(**kwargs)
         self.commands = LazyCommands(self.commands)
         values.install(self)
+        self.context_class = helpfmt.Context
 
     def list_commands(self, ctx) -> list[str]:
         return list(self.commands)      # names only (typer's own walks the values)
 
 
+# Plain (click) help, not typer's rich panels: those cut flag names to fit 80 columns
+# (`--num-gpu-blocks-o…`); click's puts a long name on a line of its own and never cuts it.
+# `-h` everywhere: subcommands inherit the group's help option names.
+HELP = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(cls=LazyGroup, no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None, context_settings=HELP,
                   help="Replay LLM request traces through a paged-KV engine model and plan KV capacity.")
 for _name in EAGER:
     app.command(_name)(command_object(_name))
+
+
+def version() -> str:
+    """kvcap's version: the installed package's, else the one replays record (a source tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+    try:
+        return installed("kvcap")
+    except PackageNotFoundError:
+        from replay.run import KVCAP_VERSION
+        return KVCAP_VERSION
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"kvcap {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(_version: bool = typer.Option(False, "--version", is_eager=True,
+                                                 callback=_print_version,
+                                                 help="Print kvcap's version and exit.")) -> None:
+    """Replay LLM request traces through a paged-KV engine model and plan KV capacity."""
 
 
 def main() -> None:
@@ -114,7 +152,29 @@ def main() -> None:
     # numpy is loaded: ~0.1 s of CPU per `kvcap replay`, taken from the replay and the DuckDB
     # writer on a small machine, for BLAS calls kvcap does not make (its fits are tiny).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    app()
+    try:
+        code = app(standalone_mode=False)
+    except ClickException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":     # bare `kvcap` / `kvcap trace`: the help
+            e.show()
+        else:
+            typer.echo(usage_error_line(e), err=True)
+        raise SystemExit(e.exit_code) from None
+    except typer.Abort:
+        typer.echo("kvcap: aborted", err=True)
+        raise SystemExit(1) from None
+    # Not standalone: an Exit's code comes back as the value (a command itself returns None).
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def usage_error_line(e) -> str:
+    """click's usage error (unknown option, bad value, missing argument) as one line naming the
+    command's help, instead of click's three (usage, hint, error)."""
+    from traces.schema import printable
+    message = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    where = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
+    return f"kvcap: error: {printable(message)}{where}"
 
 
 def console() -> None:

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from capacity.cli.common import emit_json, guarded
+from capacity.cli.common import emit_json, guarded, trace_flags
+from capacity.units import number
 
 err = Console(stderr=True)
 # Above this held-out step-time error a stub calibration is not worth using (say so, exit 1).
@@ -21,6 +22,7 @@ MAX_LOG_STEP_ERROR_PCT = 15.0
 
 
 @guarded
+@trace_flags
 def calibrate_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Profile JSON to write."),
     device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda when present)."),
@@ -79,9 +81,9 @@ def calibrate_cmd(
     Console().print(f"wrote {output}: held-out step-time error {f['mape_heldout_pct']:.1f} % "
                     f"(train {f['mape_train_pct']:.1f} %, {f['num_train']}+{f['num_heldout']} shapes)")
     for k, v in profile["constants"].items():
-        Console().print(f"  {k:<24} {v:.4g}")
+        Console().print(f"  {k:<24} {number(v, digits=4)}")
     for k, v in bw.items():
-        Console().print(f"  {k:<24} {v:.4g}")
+        Console().print(f"  {k:<24} {number(v, digits=4)}")
 
 
 def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_tokens,
@@ -117,8 +119,8 @@ def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_toke
             f"{report['median_tpot_ms_observed']:.2f} ms ({report['median_tpot_error_pct']:.1f} %); "
             f"per-request TPOT error median {report['tpot_median_error_pct']:.1f} % / p90 "
             f"{report['tpot_p90_error_pct']:.1f} %, TTFT median {report['ttft_median_error_pct']:.1f} %"
-            f" / p90 {report['ttft_p90_error_pct']:.1f} %; overhead_s {fitted.overhead_s:.4g}, "
-            f"kernel_scale {fitted.kernel_scale:.4g}")
+            f" / p90 {report['ttft_p90_error_pct']:.1f} %; overhead_s {number(fitted.overhead_s, digits=4)}, "
+            f"kernel_scale {number(fitted.kernel_scale, digits=4)}")
     if bad:
         typer.echo(f"kvcap calibrate: the fitted profile misses the bench's median TPOT by "
                    f"{report['median_tpot_error_pct']:.1f} % (more than "
@@ -202,8 +204,8 @@ def _from_logs(paths, trace_path, trace_format, output, model, gpu, tp, max_num_
             f"running, the replay runs {report['running_mean_replay']:.2f} on average (log "
             f"{report['running_mean_log']:.2f}; shipped profile off by "
             f"{report['running_sum_error_pct_shipped']:.1f} %), per line median error "
-            f"{report['running_median_error_pct']:.1f} %; kernel_scale {fitted.kernel_scale:.4g} "
-            f"(overhead_s {fitted.overhead_s:.4g} kept)")
+            f"{report['running_median_error_pct']:.1f} %; kernel_scale {number(fitted.kernel_scale, digits=4)} "
+            f"(overhead_s {number(fitted.overhead_s, digits=4)} kept)")
     if bad:
         why = ("no kernel_scale in the profile's range makes the replay run as many requests as "
                "the log" if not report["bracketed"] else

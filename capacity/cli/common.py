@@ -1,10 +1,12 @@
 """Shared pieces of the CLI: errors, JSON output, the engine flags (vLLM spellings).
 
 `engine_flags` adds every engine flag of DESIGN §7 to a typer command and hands the command one
-`EngineConfig` (argument `engine`), so all commands parse the flags the same way.
+`EngineConfig` (argument `engine`), so all commands parse the flags the same way; `trace_flags`
+adds `--arrivals` / `--seed`, which every trace the command loads then gets (a lengths-only one).
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
@@ -128,9 +130,10 @@ LIST_RULES: dict[str, tuple[str, type, tuple]] = {
                                     (lambda x: 1 <= x < 2**31, "whole numbers >= 1, e.g. 2048,8192")),
 }
 # Commands whose --db is only read: it must exist.
-_READS_DB = {"attribute_cmd", "validate_cmd"}
+_READS_DB = {"attribute_cmd", "validate_cmd", "export_cmd", "runs_cmd"}
 # Output paths: parameter -> (flag, what it must be). report writes a folder, the others a file.
-_OUTPUT_DIR_COMMANDS = {"report_cmd"}
+_OUTPUT_DIR_COMMANDS = {"report_cmd": "the report (index.html, figures)",
+                        "export_cmd": "the export (one file per table)"}
 
 
 def check_flags(command: str, kwargs: dict) -> None:
@@ -171,8 +174,8 @@ def _check_paths(command: str, kwargs: dict) -> None:
             continue
         if command in _OUTPUT_DIR_COMMANDS:
             if out.exists() and not out.is_dir():
-                raise CliError(f"{flag} {out}: is a file; the report is a folder (index.html, "
-                               "figures); pass a folder name")
+                raise CliError(f"{flag} {out}: is a file; {_OUTPUT_DIR_COMMANDS[command]} is a "
+                               "folder; pass a folder name")
         elif out.is_dir():
             raise CliError(f"{flag} {out}: is a folder; pass a file name")
         elif not (out.parent if str(out.parent) else Path(".")).is_dir():
@@ -255,13 +258,51 @@ HASH_BLOCK_TOKENS_OPTION = typer.Option(
     None, "--hash-block-tokens", help="Prompt tokens per prefix hash of the trace "
     "(default: the trace's own, Mooncake hash_ids: 512).")
 
+# Every command that loads a trace: synthetic arrivals for a lengths-only trace (`trace_flags`).
+ARRIVALS_HELP = ("A lengths-only trace's arrivals (Vidur arxiv-summarization, BWB): poisson:RATE "
+                 "or gamma:RATE:CV, RATE in req/s.")
+SEED_HELP = "Seed of --arrivals (default 0): the same seed, the same arrival times."
+_ARRIVALS: contextvars.ContextVar = contextvars.ContextVar("kvcap_arrivals", default=None)
+
+
+def trace_flags(fn):
+    """Decorator: add `--arrivals SPEC` and `--seed N` to a command that loads a trace; the
+    traces it loads (`load_trace_file`, `trace_input`) get those arrivals while it runs."""
+    sig = inspect.signature(fn)
+    extra = [inspect.Parameter("arrivals", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                               default=typer.Option(None, "--arrivals", help=ARRIVALS_HELP)),
+             inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[int],
+                               default=typer.Option(None, "--seed", help=SEED_HELP))]
+
+    @functools.wraps(fn)
+    def wrapper(*args, arrivals: str | None = None, seed: int | None = None, **kwargs):
+        from traces.arrivals import parse_arrivals
+        if arrivals is None and seed is not None:
+            raise CliError(f"--seed {seed}: seeds --arrivals (a lengths-only trace's arrival "
+                           "times); give --arrivals too, or drop --seed")
+        token = _ARRIVALS.set(None if arrivals is None else parse_arrivals(arrivals, seed or 0))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _ARRIVALS.reset(token)
+
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    return wrapper
+
 
 def load_trace_file(path: Path, *, trace_format: str | None = None,
                     hash_block_tokens: int | None = None):
-    from traces.loaders import load_trace
+    return load_trace_report(path, trace_format=trace_format, hash_block_tokens=hash_block_tokens)[0]
+
+
+def load_trace_report(path: Path, *, trace_format: str | None = None,
+                      hash_block_tokens: int | None = None):
+    """(trace, LoadReport) of `path`, with the command's --arrivals when it has them."""
+    from traces.loaders import load_trace_with_report
     if not Path(path).exists():
         raise CliError(f"{path}: no such file")
-    return load_trace(path, format=trace_format, hash_block_tokens=hash_block_tokens)
+    return load_trace_with_report(path, format=trace_format, hash_block_tokens=hash_block_tokens,
+                                  arrivals=_ARRIVALS.get())
 
 
 # The planning analyses bin simulated time in 60-s windows (classify, preemptions per minute):
@@ -292,18 +333,33 @@ def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: f
     """The trace a command works on (the built-in default scenario when no file), rate-scaled,
     and a name for it; `binned`: the command bins time (`check_span`); `hash_block_tokens`:
     `--hash-block-tokens`, the trace's tokens per prefix hash."""
+    trace, name, _ = trace_input_arrivals(file, trace_format, rate_scale, binned=binned,
+                                          hash_block_tokens=hash_block_tokens)
+    return trace, name
+
+
+def trace_input_arrivals(file: Optional[Path], trace_format: Optional[str],
+                         rate_scale: float = 1.0, *, binned: bool = True,
+                         hash_block_tokens: int | None = None):
+    """`trace_input` and the synthetic arrivals its trace has (None: its own times); the name
+    says them ('arxiv.csv, poisson:5 seed 0 arrivals')."""
     if file is None:
+        if _ARRIVALS.get() is not None:
+            raise CliError("--arrivals: the built-in scenario has its own arrival times; give a "
+                           "lengths-only trace file")
         from traces.synth import DEFAULT_SCENARIO, default_trace
-        trace, name = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}"
+        trace, name, arrivals = default_trace(), f"built-in scenario {DEFAULT_SCENARIO}", None
     else:
-        trace, name = load_trace_file(file, trace_format=trace_format,
-                                      hash_block_tokens=hash_block_tokens), file.name
+        trace, report = load_trace_report(file, trace_format=trace_format,
+                                          hash_block_tokens=hash_block_tokens)
+        arrivals = report.arrivals
+        name = file.name + (f", {arrivals} arrivals" if arrivals else "")
     if rate_scale != 1.0:
         from traces.transforms import scale_rate
         trace = scale_rate(trace, rate_scale)
     if binned:
         check_span(trace, name)
-    return trace, name
+    return trace, name, arrivals
 
 
 def store_runs(db: Optional[Path], runs) -> None:
@@ -315,8 +371,15 @@ def store_runs(db: Optional[Path], runs) -> None:
         write_run(db, r.tables())
 
 
+def print_flags(console, flags, what: str = "vLLM flags") -> None:
+    """The `vllm serve` command of `flags` under a heading, on one line of its own whatever the
+    terminal's width (soft wrap: no newline is inserted), so that it pastes whole."""
+    from capacity.analyses.flags import serve_command
+    console.print(f"{what} (set MODEL to your model):", markup=False, highlight=False)
+    console.print(serve_command(flags), soft_wrap=True, markup=False, highlight=False)
+
+
 def seconds_text(v: float | None) -> str:
     """Seconds for a terminal table: ms below 1 s, thousands separators, never 1.27e+03."""
-    if v is None:
-        return "-"
-    return f"{v * 1000:,.0f} ms" if v < 1 else f"{v:,.2f} s"
+    from capacity.units import seconds
+    return seconds(v)

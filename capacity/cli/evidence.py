@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capacity.cli.common import CliError, emit_json, guarded
+from capacity.units import number
 
 err = Console(stderr=True)
 
@@ -181,7 +182,8 @@ def _validate_prometheus(db: Path, run: str, *, offset_s: float, server: Optiona
     for d in c.divergences:
         out.print(f"parts ways: {d.metric} over {d.windows} window(s), {d.from_s - c.start_s:.0f} s to "
                   f"{d.to_s - c.start_s:.0f} s after {c.start} "
-                  f"(production {d.production_mean:.3g}, replay {d.replay_mean:.3g}, max |error| {d.max_abs_error:.3g})")
+                  f"(production {number(d.production_mean)}, replay {number(d.replay_mean)}, "
+                  f"max |error| {number(d.max_abs_error)})")
 
 
 def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optional[int],

@@ -11,7 +11,7 @@ from rich.table import Table
 from capacity.analyses.defaults import DEFAULTS
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, emit_json, engine_flags, guarded,
-                                 seconds_text, trace_input)
+                                 seconds_text, trace_input, trace_flags)
 
 err = Console(stderr=True)
 
@@ -41,6 +41,7 @@ def replica_rich_table(s) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def fleet_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (default: the built-in scenario)."),
     replicas: int = typer.Option(..., "--replicas", help="Identical engine replicas (>= 1)."),
@@ -134,7 +135,7 @@ def plan_rich_table(p) -> Table:
                     f"TBT p99 ≤ {p.slo_tbt_p99_s:g} s)")
     for c in ("GPU", "model", "TP", "replicas (searched)", "linear estimate", "one fewer",
               "$/hour"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     cheapest = p.cheapest
     for c in p.plans:
         fewer = "-" if c.one_fewer is None else c.one_fewer.candidate.breaks or "passes"
@@ -149,6 +150,7 @@ def plan_rich_table(p) -> Table:
 
 @guarded
 @candidate_flags
+@trace_flags
 def plan_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (default: the built-in scenario)."),
     router: str = typer.Option(DEFAULTS.router, "--router", help="lor | rr | prefix (the fleets replayed)."),

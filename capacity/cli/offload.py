@@ -14,7 +14,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, store_runs, trace_input)
+                                 guarded, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 
 err = Console(stderr=True)
@@ -32,7 +32,7 @@ def points_table(z) -> Table:
     t = Table(title=f"--kv-offloading-size sweep ({z.engine_words()})")
     for c in ("size (GiB)", "CPU-hit tokens", "prefill computed", "recomputed", "TTFT p50",
               "TTFT p99", "TBT p99", "stalls", "host RAM"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     for i, p in enumerate(z.points):
         mark = " *" if i == z.knee.index else ""
         t.add_row(f"{p.kv_offloading_size_gib:g}{mark}", f"{p.cpu_hit_tokens:,}",
@@ -61,6 +61,7 @@ def write_chart(z, path: Path) -> None:
 
 @guarded
 @engine_flags
+@trace_flags
 def size_offload_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     sizes: str = typer.Option("", "--sizes", help="GiB (all TP ranks) to sweep, e.g. 0,16,32,64; "

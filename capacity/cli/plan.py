@@ -10,7 +10,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, store_runs, trace_input)
+                                 guarded, print_flags, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
@@ -19,6 +19,8 @@ err = Console(stderr=True)
 
 def sizing_table(s) -> Table:
     t = Table(title="swap-space sizing (per GPU)", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column()
     at = "-" if s.peak_at_s is None else f"{s.peak_at_s:,.1f} s"
     t.add_row("peak concurrently swapped", f"{s.peak_swapped_gib:.2f} GiB "
               f"({s.peak_swapped_requests} requests) at {at}")
@@ -41,6 +43,7 @@ def sizing_table(s) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def size_swap_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (not with --from-logs)."),
     headroom: float = typer.Option(0.2, "--headroom", help="Fraction added to the measured peak."),
@@ -91,6 +94,7 @@ def size_swap_cmd(
 
 @guarded
 @engine_flags
+@trace_flags
 def compare_modes_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     rate_scale: float = typer.Option(1.0, "--rate-scale"),
@@ -128,10 +132,11 @@ def compare_modes_cmd(
 
 def modes_table(cmp) -> Table:
     v1 = cmp.scheduler == "v1"
-    t = Table(title=f"preemption modes ({cmp.engine_words()})")
+    t = Table(title=f"preemption modes ({cmp.engine_words()})",
+              caption="stall p99: the P99 stall of the preempted requests; *: recommended")
     for c in ("mode", "host tier", "preempt", "recomputed", "CPU hits" if v1 else "swapped",
-              "TTFT p99", "TBT p99", "stall p99 (preempted)", "req/s", "SLO"):
-        t.add_column(c, overflow="fold")
+              "TTFT p99", "TBT p99", "stall p99", "req/s", "SLO"):
+        t.add_column(c, no_wrap=True)
     for r in cmp.results:
         moved = f"{r.cpu_hit_tokens:,} tok" if v1 else f"{r.swapped_gib:,.1f} GiB"
         t.add_row(r.variant + (" *" if r.variant == cmp.recommended else ""),
@@ -144,6 +149,7 @@ def modes_table(cmp) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def report_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file; none = the built-in default scenario."),
     out: Path = typer.Option(Path("report"), "-o", "--out", help="Output directory."),
@@ -271,8 +277,6 @@ def print_plan(plan, result: dict) -> None:
     for line in rec.lines:
         c.print(f"  - {line}")
     if rec.flags:
-        # One line whatever the terminal's width (soft_wrap): pasted, it runs whole.
-        c.print("vLLM flags: vllm serve MODEL " + " ".join(rec.flags), soft_wrap=True,
-                markup=False, highlight=False)
+        print_flags(c, rec.flags)
     else:
         c.print("[bold]vLLM flags:[/bold] none (overloaded: fix the capacity first)")

@@ -9,13 +9,14 @@ from rich.console import Console
 from rich.table import Table
 
 from capacity.cli.common import (CliError, emit_json, engine_flags, guarded, load_trace_file,
-                                 seconds_text)
+                                 seconds_text, trace_flags)
 
 err = Console(stderr=True)
 
 
 @guarded
 @engine_flags
+@trace_flags
 def sweep_cmd(
     file: Optional[Path] = typer.Argument(None, help="Trace file (or `trace` in the grid)."),
     grid: Optional[str] = typer.Option(None, "--grid", help="'max_num_seqs=64,128;rate_scale=1,2' (any engine field, rate_scale, trace)."),

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from capacity.cli.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, store_runs, trace_input)
+                                 guarded, print_flags, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
@@ -32,7 +32,7 @@ def tuning_table(tn) -> Table:
                     f"TBT p99 ≤ {tn.slo_tbt_p99_s:g} s)")
     for c in ("max-num-seqs", "batched tok", "margin", "goodput", "in SLO", "TTFT p99",
               "TBT p99", "preempt/min", "verdict"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     rec = tn.recommended
     for c, m in sorted(zip(tn.candidates, tn.margins),
                        key=lambda cm: (cm[0].max_num_batched_tokens, cm[0].max_num_seqs)):
@@ -46,6 +46,7 @@ def tuning_table(tn) -> Table:
 
 @guarded
 @engine_flags
+@trace_flags
 def tune_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
@@ -94,11 +95,12 @@ def tune_cmd(
     c.print(tuning_table(tn))
     c.print(f"[bold]recommendation:[/bold] {tn.explanation}")
     if tn.flags:
-        c.print("[bold]vLLM flags:[/bold] " + " ".join(tn.flags))
+        print_flags(c, tn.flags)
 
 
 @guarded
 @engine_flags
+@trace_flags
 def headroom_cmd(
     file: Path = typer.Argument(..., help="Trace file."),
     slo_ttft_p99: float = typer.Option(DEFAULTS.slo_ttft_p99_s, "--slo-ttft-p99", help="Seconds."),
@@ -143,7 +145,7 @@ def headroom_cmd(
     t = Table(title="capacity search (the searched loads, recommended flags)")
     for c in ("load", "offered req/s", "served req/s", "TTFT p99", "TBT p99", "preempt",
               "preemption", "ok"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, no_wrap=True)
     for p in h.points:
         t.add_row(f"{'flash crowd ' if p.surge else ''}×{p.rate_scale:g}", f"{p.offered_rps:,.2f}",
                   f"{p.served_rps:,.2f}", _t(p.ttft_p99_s), _t(p.tbt_p99_s), f"{p.preemptions:,}",
@@ -152,12 +154,12 @@ def headroom_cmd(
     c = Console()
     c.print(f"[bold]{plan.recommendation.headline}[/bold]")
     if plan.recommendation.flags:
-        c.print("flags: " + " ".join(plan.recommendation.flags), soft_wrap=True, markup=False,
-                highlight=False)
+        print_flags(c, plan.recommendation.flags)
 
 
 @guarded
 @engine_flags
+@trace_flags
 def alerts_cmd(
     file: Path = typer.Argument(..., help="Trace of normal traffic."),
     out: Path = typer.Option(Path("kvcap-preemption-rules.yml"), "-o", "--out"),

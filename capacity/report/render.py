@@ -26,7 +26,10 @@ import vl_convert as vlc
 from capacity.views import charts
 from capacity.analyses.modes import ModeComparison
 from capacity.analyses.metrics import summary as run_summary
+from capacity.analyses.flags import serve_lines
 from capacity.analyses.sizing import SwapSizing
+from capacity import units
+from capacity.units import number
 from replay.results import RunResult
 from traces import atomic
 
@@ -94,14 +97,14 @@ def fmt(v: object) -> str:
     if isinstance(v, float):
         a = abs(v)
         return (f"{v:,.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 1
-                else "0" if a == 0 else f"{v:.3g}")
+                else "0" if a == 0 else number(v))
     return str(v)
 
 
 def seconds(v: float | None) -> str:
     if v is None:
         return "—"
-    return f"{v * 1000:.1f}\u00a0ms" if v < 1 else f"{v:,.2f}\u00a0s"   # no break before the unit
+    return units.seconds(v, missing="—", nbsp=True)    # no break before the unit
 
 
 def pct(v: float | None) -> str:
@@ -122,9 +125,9 @@ def recommendations_section(rec, stab) -> Section:
         intro = ("These flags reproduce the replay quoted here, which MISSES the SLOs or the "
                  "preemption budget: following them is not enough (the lines below say what "
                  "binds and how many replicas it takes):" if misses else
-                 "Append these flags to your `vllm serve` command (they reproduce the replay "
+                 "Serve with these flags (set MODEL to your model; they reproduce the replay "
                  "whose numbers are quoted here):")
-        block = text(intro) + code_block(" \\\n".join(_flag_lines(rec.flags)))
+        block = text(intro) + code_block(serve_lines(rec.flags))
     else:
         block = text("No flags: the run is overloaded, so no configuration is derived from it.")
     exp = rec.expected
@@ -141,17 +144,6 @@ def recommendations_section(rec, stab) -> Section:
     body = (f'<p class="headline">{inline(rec.headline)}</p>' + block
             + (table(rows, ["with these flags", "value"]) if rows else "") + bullets(rec.lines))
     return Section(title="Recommendation", body=body, anchor="recommendations")
-
-
-def _flag_lines(flags) -> list[str]:
-    """argv tokens -> one `--flag value` per line."""
-    out: list[str] = []
-    for tok in flags:
-        if tok.startswith("--") or not out:
-            out.append(tok)
-        else:
-            out[-1] += " " + tok
-    return out
 
 
 def stability_section(st) -> Section:

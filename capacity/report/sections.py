@@ -15,6 +15,7 @@ from capacity.analyses.priority import Interference
 from capacity.report.render import Figure, Section, bullets, code_block, pct, seconds, table, text
 from capacity.analyses.stalls import StallAttribution, StallBatches
 from capacity.analyses.tuning import Tuning
+from capacity.units import number
 
 
 def _margin(m) -> str:
@@ -146,12 +147,13 @@ def attribution_section(a: Attribution):
 
 def production_section(c: ProductionComparison):
     """The report section for `kvcap validate --prometheus` (replay vs. the production series)."""
-    fmt = lambda v: "—" if v is None else f"{v:,.3g}"        # noqa: E731
+    fmt = lambda v: number(v, missing="—")        # noqa: E731
     rows = [[k, m.n, fmt(m.log_mean), fmt(m.replay_mean), fmt(m.mae),
              "—" if m.relative_error is None else pct(m.relative_error), fmt(m.bias)]
             for k, m in c.metrics.items()]
     parts = [f"{d.metric}: {d.windows} window(s) from {d.from_s - c.start_s:.0f} s "
-             f"(production {d.production_mean:,.3g}, replay {d.replay_mean:,.3g})" for d in c.divergences]
+             f"(production {number(d.production_mean)}, replay {number(d.replay_mean)})"
+             for d in c.divergences]
     lead = (f"The baseline replay against the Prometheus series of {c.server} (engine {c.engine or '-'}), "
             f"{c.windows} windows of {c.window_s:g} s from {c.start} (offset {c.offset_s:g} s). "
             + ("They part ways in: " if parts else "They part ways nowhere (within the tolerances)."))

@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from capacity.analyses.metrics import GIB, preemptions_per_minute
+from capacity.units import seconds
 
 MAX_ROWS = 5000          # Altair's default limit; every chart stays under it
 MAX_BINS = 1200          # time bins per series (3 series x 1200 < MAX_ROWS)
@@ -329,7 +330,7 @@ def _cdf_chart(points: pl.DataFrame, *, title: str, x_title: str, color: str, p9
 
 
 def _seconds(x: float) -> str:
-    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+    return seconds(x)
 
 
 def ttft_cdf(requests: pl.DataFrame, p99: float | None = None):

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from capacity.views.charts import COLORS, HEIGHT, MAX_ROWS, WIDTH, bin_seconds, time_unit
+from capacity.units import number
 from replay.config import EngineConfig
 from replay.results import RunResult
 from replay.run import replay
@@ -104,7 +105,7 @@ def _fmt(v) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return number(v, digits=4) if abs(v) < 1e4 else f"{v:,.0f}"
     return str(v)
 
 
