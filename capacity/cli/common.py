@@ -362,13 +362,17 @@ def trace_input_arrivals(file: Optional[Path], trace_format: Optional[str],
     return trace, name, arrivals
 
 
-def store_runs(db: Optional[Path], runs) -> None:
-    """Write each distinct run once (analyses share replays)."""
+def store_runs(db: Optional[Path], runs, *, without_steps: set[str] = frozenset()) -> None:
+    """Write each distinct run once (analyses share replays); the runs in `without_steps` go
+    without their per-step tables (steps, tbt, batches)."""
     if db is None:
         return
     from replay.store import write_run
     for r in {r.run_id: r for r in runs}.values():
-        write_run(db, r.tables())
+        tables = r.tables()
+        if r.run_id in without_steps:
+            tables = {k: v for k, v in tables.items() if k not in ("steps", "tbt", "batches")}
+        write_run(db, tables)
 
 
 def print_flags(console, flags, what: str = "vLLM flags") -> None:

@@ -14,6 +14,10 @@ from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, 
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
 
+# The report folder's DuckDB keeps a run's per-step tables up to this many steps (about four hours
+# of busy traffic, some 40 MB for the two runs); `--db FILE` keeps every table of every replay.
+FOLDER_MAX_STEPS = 1_000_000
+
 err = Console(stderr=True)
 
 
@@ -221,6 +225,7 @@ def report_cmd(
         out.mkdir(parents=True, exist_ok=True)
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
                                      priority_note=prio_note, production=production)
+    omitted: list[str] = []
     if no_db:
         db_path, stored = None, []
     elif db is not None:
@@ -228,11 +233,17 @@ def report_cmd(
     else:
         db_path = out / "kvcap.duckdb"
         stored = [r for r in (plan.baseline, plan.recommended_run) if r is not None]
+        # A day of traffic is millions of steps per run: the folder keeps those runs' requests,
+        # events and stalls, not their per-step tables (the charts are drawn already).
+        omitted = sorted({r.run_id for r in stored if (r.run.get("num_steps") or 0)
+                          > FOLDER_MAX_STEPS})
     if db_path is not None:
-        store_runs(db_path, list({r.run_id: r for r in stored}.values()))
+        store_runs(db_path, list({r.run_id: r for r in stored}.values()),
+                   without_steps=set(omitted))
     result |= {"report": str(index), "db": None if db_path is None else str(db_path),
                # every distinct replay: in full (planner.runs) or reduced where it ran
                "runs": len(planner.runs) + len(planner.reduced), "runs_stored": len(stored),
+               "steps_omitted": omitted,
                "wall_seconds": time.perf_counter() - wall0}
     if as_json:
         emit_json(result)
@@ -273,6 +284,10 @@ def print_plan(plan, result: dict) -> None:
     if result["db"] is not None and result["runs_stored"] < result["runs"]:
         c.print(f"[bold]runs:[/bold] {result['db']} holds the baseline and recommended replays "
                 f"({result['runs_stored']} of {result['runs']}); --db FILE keeps every one")
+    if result.get("steps_omitted"):
+        c.print(f"[bold]runs:[/bold] their per-step tables (steps, tbt) are left out of the "
+                f"folder for runs over {FOLDER_MAX_STEPS:,} steps "
+                f"({', '.join(result['steps_omitted'])}); --db FILE keeps them")
     c.print(f"[bold]{rec.headline}[/bold]")
     for line in rec.lines:
         c.print(f"  - {line}")
