@@ -96,3 +96,24 @@ def test_a_constant_run_id_is_written_as_given_and_a_mixed_one_row_by_row(tmp_pa
         assert con.execute("SELECT replica, run_id FROM fleets").fetchall() == [(0, "a"), (1, "b")]
 
 
+
+
+def test_store_runs_without_steps_keeps_everything_else(tmp_path):
+    """The report folder's rule for day-long runs: no steps/tbt rows, the rest in full."""
+    import duckdb
+
+    from capacity.cli.common import store_runs
+    from replay.config import EngineConfig
+    from replay.run import replay
+    from traces.synth import synthesize
+    trace = synthesize("poisson", rate_rps=2.0, duration_s=10.0)
+    a = replay(trace, EngineConfig(), label="kept")
+    b = replay(trace, EngineConfig(max_num_seqs=4), label="omitted")
+    db = tmp_path / "k.duckdb"
+    store_runs(db, [a, b], without_steps={b.run_id})
+    with duckdb.connect(str(db), read_only=True) as con:
+        def count(table, run):
+            return con.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run]).fetchall()[0][0]
+        assert count("steps", a.run_id) == a.run["num_steps"] > 0 and count("tbt", a.run_id) > 0
+        assert count("steps", b.run_id) == 0 and count("tbt", b.run_id) == 0
+        assert count("requests", b.run_id) == trace.height and count("runs", b.run_id) == 1
