@@ -33,7 +33,7 @@ def db(tmp_path_factory):
     write_trace(load_trace(CONV).head(300), trace)
     path = d / "k.duckdb"
     over = json.loads(kvcap("replay", trace, "--db", path, "--json",
-                            "--num-gpu-blocks-override", "600").stdout)
+                            "--num-gpu-blocks-override", "600", "--block-size", "16").stdout)
     fine = json.loads(kvcap("replay", trace, "--db", path, "--json", "--rate-scale", "2",
                             "--max-num-seqs", "64").stdout)
     return {"path": path, "trace": trace, "over": over, "fine": fine}
@@ -54,11 +54,11 @@ def test_replay_json_names_the_deployment_and_the_verdict(db):
 
 def test_replay_summary_says_overloaded_not_completed(db, tmp_path):
     res = kvcap("replay", db["trace"], "--db", tmp_path / "t.duckdb",
-                "--num-gpu-blocks-override", "600", columns=80)
+                "--num-gpu-blocks-override", "600", "--block-size", "16", columns=80)
     out = res.stdout
     assert res.returncode == 0
     assert f"run {db['over']['run_id']}: overloaded" in out and "completed" not in out
-    for words in ("vLLM V1 (0.33), async loop", "llama-3.1-8b / h100 / 1", "GPU 600 of 16 tokens",
+    for words in ("vLLM 0.34 (V1,", "16-token blocks),", "llama-3.1-8b / h100 / 1", "GPU 600 of 16 tokens",
                   "3.57 req/s"):
         assert words in out, words
     assert out.strip().splitlines()[-1].startswith("overloaded: serves")

@@ -181,7 +181,7 @@ def test_notebook_capacity_is_the_cli_capacity(executed, tmp_path):
     path = tmp_path / "flash.parquet"
     write_trace(synthesize("flash-crowd", **SMALL_FLASH), path)
     kvcap = str(Path(sys.executable).with_name("kvcap"))
-    res = subprocess.run([kvcap, "headroom", str(path), "--num-gpu-blocks-override", "2500", "--block-size", "16",
+    res = subprocess.run([kvcap, "headroom", str(path), "--num-gpu-blocks-override", "625",
                           "--max-num-seqs-grid", "32,64", "--workers", "1", "--json"],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr

@@ -43,8 +43,10 @@ def test_defaults_are_vllms_and_leave_old_run_ids_alone():
     arc = resolve(EngineConfig(kv_offloading_size=4, kv_offloading_eviction_policy="arc",
                                offload_prompt_only=False)).spec
     assert arc.offload_eviction_policy == "arc" and not arc.offload_prompt_only
-    # store_threshold: vLLM's default 0 (no counting), and 0.33's counting rule.
-    assert spec.offload_store_threshold == 0 and spec.store_counting == "every_offer"
+    # store_threshold: vLLM's default 0 (no counting); 0.34 counts each key once per request,
+    # 0.33 every offer.
+    assert spec.offload_store_threshold == 0 and spec.store_counting == "once_per_request"
+    assert resolve(EngineConfig(vllm_version="0.33")).spec.store_counting == "every_offer"
     thr = EngineConfig(kv_offloading_size=4, kv_offloading_store_threshold=2)
     assert resolve(thr).spec.offload_store_threshold == 2
     assert '"kv_offloading_store_threshold":2' in thr.config_json()

@@ -65,6 +65,6 @@ def test_migration_section_puts_both_answers_side_by_side():
     sec = migration_section(m)
     assert "V0 --swap-space today" in sec.body and "V1 --kv-offloading-size after migrating" in sec.body
     assert "--swap-space 2.5 GiB per GPU" in sec.body and "--kv-offloading-size 32 GiB" in sec.body
-    assert "async scheduling loop" in sec.body and "(twin)" in sec.body
+    assert "async scheduling (the default)" in sec.body and "(twin)" in sec.body
     none = dataclasses.replace(m, v0=None, v0_note="V0 twin not sized: overloaded")
     assert "V0 twin not sized: overloaded" in migration_section(none).body

@@ -51,7 +51,7 @@ def test_a_missed_slo_reads_in_ms_and_s():
     from replay.run import replay
     from traces.loaders import load_trace
     conv = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
-    tables = replay(load_trace(conv).head(300), EngineConfig(num_gpu_blocks_override=600)).tables()
+    tables = replay(load_trace(conv).head(300), EngineConfig(num_gpu_blocks_override=600, block_size=16)).tables()
     c = evaluate(tables, slo_ttft_s=0.5, slo_tbt_s=0.005, budget=Budget.parse("any"))
     assert "TTFT p99 13.30 s > 500 ms" in c.breaks          # was "TTFT p99 13.3 s > 0.5 s"
     assert "TBT p99 23.6 ms > 5 ms" in c.breaks             # was "TBT p99 0.0236 s > 0.005 s"

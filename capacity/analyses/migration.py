@@ -20,7 +20,8 @@ import polars as pl
 from capacity.analyses.offload import OffloadSizing, size_offload
 from capacity.analyses.planner import Planner
 from capacity.analyses.sizing import SwapSizing, size_swap
-from replay.config import EngineConfig, resolve
+from replay.config import (DEFAULT_BLOCK_SIZE, DEFAULT_VLLM_VERSION, V0_VLLM_VERSION, EngineConfig,
+                           resolve)
 
 # What carries over between engines (the rest is version-specific or a default).
 SHARED = ("model", "gpu", "tensor_parallel_size", "block_size", "gpu_memory_utilization",
@@ -33,6 +34,12 @@ def twin(config: EngineConfig, scheduler: str) -> EngineConfig:
     """`config` on the other engine: V0 in swap mode with the same --swap-space, or V1 with
     recompute (and no CPU tier: the sizing sweeps it). ValueError if that engine refuses it."""
     kw = {n: getattr(config, n) for n in SHARED}
+    if config.block_size is None and config.num_gpu_blocks_override is not None:
+        # The block size follows the engine's default (16 on V0, 64 on vLLM 0.34); a KV pool set
+        # in blocks keeps its tokens, not its block count.
+        here = resolve(config).block_size
+        there = DEFAULT_BLOCK_SIZE[V0_VLLM_VERSION if scheduler == "v0" else DEFAULT_VLLM_VERSION]
+        kw["num_gpu_blocks_override"] = max(2, config.num_gpu_blocks_override * here // there)
     if scheduler == "v0":
         return EngineConfig(scheduler="v0", preemption_mode="swap", swap_space=config.swap_space,
                             on_swap_full=config.on_swap_full, **kw)

@@ -62,7 +62,7 @@ class Expected:
     tbt_p99_s: float | None
     preemptions: int
     # Prefill tokens recomputed after preemption over all prefill tokens computed.
-    recompute_tax: float
+    recompute_tax: float = 0.0
     throughput_rps: float
     goodput_rps: float
     slo_share: float
@@ -132,7 +132,7 @@ class Plan:
     departures: tuple[Departure, ...]
     # Settings measured against the recommended flags but never made flags (capacity/analyses/
     # whatifs.py): the LCF victim (in no release), 0.34's cache-aware admission.
-    what_ifs: tuple[WhatIf, ...]
+    what_ifs: tuple[WhatIf, ...] = ()
     recommended_run: RunResult | None
     # The recommended replay's worst-stalled request, its batches around each stall (None when
     # nothing stalled or the baseline is overloaded).
