@@ -131,6 +131,14 @@ LIST_RULES: dict[str, tuple[str, type, tuple]] = {
 _READS_DB = {"attribute_cmd", "validate_cmd"}
 # Output paths: parameter -> (flag, what it must be). report writes a folder, the others a file.
 _OUTPUT_DIR_COMMANDS = {"report_cmd"}
+# The format each file-writing command writes (traces.atomic.FORMATS; its -o extension must agree).
+_OUTPUT_FORMATS = {"alerts_cmd": "YAML", "calibrate_cmd": "JSON"}
+
+
+def _output_format(command: str, out: Path) -> str | None:
+    if command == "size_offload_cmd":   # the chart's format is the extension's; anything else: PNG
+        return {".svg": "SVG", ".html": "HTML", ".htm": "HTML"}.get(out.suffix.lower(), "PNG")
+    return _OUTPUT_FORMATS.get(command)
 
 
 def check_flags(command: str, kwargs: dict) -> None:
@@ -177,6 +185,12 @@ def _check_paths(command: str, kwargs: dict) -> None:
             raise CliError(f"{flag} {out}: is a folder; pass a file name")
         elif not (out.parent if str(out.parent) else Path(".")).is_dir():
             raise CliError(f"{flag} {out}: folder {out.parent} does not exist; create it first")
+        else:
+            from traces.atomic import check_output
+            check_output(out, flag=flag, fmt=_output_format(command, out),
+                         inputs=[p for k, v in kwargs.items() if k != name
+                                 for p in (v if isinstance(v, (list, tuple)) else [v])
+                                 if isinstance(p, Path)])
 
 
 # name -> (annotation, typer.Option). Defaults None mean "vLLM's version/hardware default".

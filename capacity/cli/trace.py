@@ -38,6 +38,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def _check_output(output: Path, *inputs: Path) -> None:
+    """Before any work: -o must be a regular file or absent, not an input, named .parquet-like."""
+    from traces.atomic import OutputRefused, check_output
+    try:
+        check_output(output, fmt="Parquet", inputs=inputs)
+    except OutputRefused as exc:
+        _fail(str(exc))
+
+
 def _mapping(pairs: list[str] | None) -> dict[str, str] | None:
     if not pairs:
         return None
@@ -122,6 +131,7 @@ def synth(scenario: str = typer.Argument(DEFAULT_SCENARIO, help=f"one of: {', '.
                                                     "scenario parameter, e.g. --param cv=4"),
           json_: bool = typer.Option(False, "--json")) -> None:
     """Write a seeded synthetic scenario as a canonical Parquet trace."""
+    _check_output(output)
     overrides: dict[str, object] = {}
     for pair in param or []:
         key, sep, value = pair.partition("=")
@@ -135,7 +145,7 @@ def synth(scenario: str = typer.Argument(DEFAULT_SCENARIO, help=f"one of: {', '.
         params = make_params(scenario, **overrides)
         df = synthesize(scenario, params)
         write_trace(df, output)
-    except TraceError as exc:
+    except (TraceError, OSError, ValueError) as exc:
         _fail(str(exc))
     if json_:
         typer.echo(json.dumps({"output": str(output), "scenario": scenario, "requests": len(df),
@@ -152,10 +162,11 @@ def convert(file: Path = typer.Argument(..., help="trace file to convert"),
             hash_block_tokens: Optional[int] = HbtOpt,
             json_: bool = typer.Option(False, "--json")) -> None:
     """Write a trace in kvcap's canonical Parquet form (keeping --hash-block-tokens)."""
+    _check_output(output, file)
     df, report = _load(file, format, map_, time_unit, timestamp_format, hash_block_tokens)
     try:
         write_trace(df, output)
-    except (TraceError, OSError) as exc:
+    except (TraceError, OSError, ValueError) as exc:
         _fail(str(exc))
     result = {"output": str(output), "format": report.format, "requests": report.requests,
               "failed_requests": report.failed_requests, "rows_reordered": report.rows_reordered}
