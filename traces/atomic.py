@@ -41,7 +41,8 @@ FORMATS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (from its st_mode)."""
     for test, what in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISDIR, "a folder")):
@@ -67,7 +68,7 @@ def check_output(path: str | Path, *, flag: str = "-o", fmt: str | None = None,
             raise OutputRefused(f"{flag} {path}: is a symbolic link (to {os.readlink(path)}); "
                                 "kvcap replaces only regular files: pass the target itself")
         if not stat.S_ISREG(st.st_mode):
-            raise OutputRefused(f"{flag} {path}: is {_kind(st.st_mode)}; kvcap writes regular "
+            raise OutputRefused(f"{flag} {path}: is {file_kind(st.st_mode)}; kvcap writes regular "
                                 "files only (it never replaces a device, pipe or socket)")
         for src in inputs:
             if src is not None and _same(path, Path(src)):
