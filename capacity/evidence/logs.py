@@ -57,7 +57,25 @@ def ddl(schema: dict) -> str:
     return ", ".join(f"{c} {_DUCK[t]}" for c, t in schema.items())
 
 
-def ensure_evidence_schema(con) -> None:
+def check_evidence_schema(con, path: str | Path = "the database") -> None:
+    """Read-only: an evidence (or run) table that lacks our columns means the file is not this
+    kvcap's; refused before anything is written to it."""
+    from replay.store import StoreError, check_schema
+    check_schema(con, path)
+    found: dict[str, set[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                     "WHERE table_schema = 'main'").fetchall():
+        found.setdefault(table, set()).add(column)
+    for table, schema in EVIDENCE_TABLES.items():
+        missing = [c for c in schema if table in found and c not in found[table]
+                   and (table, c) != ("log_sources", "path")]
+        if missing:
+            raise StoreError(f"database {path}: table {table} lacks columns {', '.join(missing[:5])}; "
+                             "it was not written by this kvcap; pass another --db")
+
+
+def ensure_evidence_schema(con, path: str | Path = "the database") -> None:
+    check_evidence_schema(con, path)
     for table, schema in EVIDENCE_TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({ddl(schema)})")
     # DBs from before `path` existed: the column is added (NULL = path not recorded).
@@ -177,7 +195,7 @@ def _client_year(db: Path, frames: list[pl.DataFrame]) -> int | None:
     if not Path(db).exists():
         return None
     with connect(db) as con:
-        ensure_evidence_schema(con)
+        ensure_evidence_schema(con, db)
         (y,), = con.execute("SELECT min(year(send_time)) FROM client_tokens").fetchall()
     return int(y) if y is not None else None
 
@@ -279,7 +297,7 @@ def _ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind:
         year, year_source = datetime.now().year, "assumed (current year; pass --year)"
     results, now = [], datetime.now()
     with connect(db) as con:
-        ensure_evidence_schema(con)
+        ensure_evidence_schema(con, db)
         keys = source_keys(paths, con)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -375,6 +393,7 @@ def read_evidence(db: Path, *tables: str) -> dict[str, pl.DataFrame]:
 def replace_table(db: Path, table: str, df: pl.DataFrame) -> None:
     """Write a derived table (e.g. `attribution`) whole, replacing the previous one."""
     with connect(db) as con:
+        check_evidence_schema(con, db)
         con.register("_incoming", df.to_arrow())
         con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM _incoming")
         con.unregister("_incoming")
