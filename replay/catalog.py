@@ -80,6 +80,11 @@ class GpuSpec:
         return self.nvlink_bandwidth_bytes_per_s / 2
 
 
+
+def _printable(text: str) -> str:
+    """`text` with control characters escaped (traces.schema.printable, without importing polars)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
 def vllm_hardware_tier(memory_bytes: int, device_name: str) -> HardwareTier:
     """vLLM 0.33's rule: >=160 GiB; >=70 GiB and not an A100; everything else (reference B9)."""
     if memory_bytes >= 160 * GIB:
@@ -289,7 +294,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     if num_params is None:
         num_params, estimated = estimate_num_params(cfg), True
     return ModelSpec(
-        name=str(cfg.get("_name_or_path") or cfg_path.parent.name or cfg_path.stem),
+        # escaped: the name is echoed in warnings and tables (an ESC in a config must not reach
+        # the terminal)
+        name=_printable(str(cfg.get("_name_or_path") or cfg_path.parent.name or cfg_path.stem)),
         hf_ids=(), num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
         num_attention_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),

@@ -28,6 +28,15 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def shown(value) -> str:
+    """Text from data (file names, labels, tenants, stored run labels) as a terminal shows it:
+    control characters escaped (traces.schema.printable: an ESC from a file must not drive the
+    terminal) and Rich markup escaped (a `[bold]` in a label is text, not style)."""
+    from rich.markup import escape
+    from traces.schema import printable
+    return escape(printable(str(value)))
+
+
 def emit_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, default=_json_default, sort_keys=False) + "\n")
 
@@ -141,11 +150,22 @@ def _output_format(command: str, out: Path) -> str | None:
     return _OUTPUT_FORMATS.get(command)
 
 
+# Text flags that end up inside a generated file (a PromQL selector in YAML rules): printable
+# characters only. NEL (U+0085) and LS/PS (U+2028/9) are line breaks to YAML, so a label value
+# holding one would make the rule watch another value.
+TEXT_FLAGS = {"model_name": "--model-name"}
+
+
 def check_flags(command: str, kwargs: dict) -> None:
-    """Apply FLAG_RULES / LIST_RULES and the path checks to a command's arguments."""
+    """Apply FLAG_RULES / LIST_RULES / TEXT_FLAGS and the path checks to a command's arguments."""
     for name, value in kwargs.items():
         if value is None or isinstance(value, bool):
             continue
+        if name in TEXT_FLAGS and isinstance(value, str) and not value.isprintable():
+            bad = next(c for c in value if not c.isprintable())
+            raise CliError(f"{TEXT_FLAGS[name]}: holds the character U+{ord(bad):04X}, which is not "
+                           "printable (a line break or control character); give the label value "
+                           "as Prometheus shows it")
         if name in FLAG_RULES and isinstance(value, (int, float)):
             flag, (ok, what) = FLAG_RULES[name]
             if not ok(value):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, trace_input)
+                                 guarded, shown, trace_input)
 
 # rich is imported where a terminal is drawn on: `kvcap replay --json` never loads it.
 if TYPE_CHECKING:
@@ -169,5 +169,5 @@ def runs_cmd(db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
     for c in df.columns:
         t.add_column(c)
     for row in df.iter_rows():
-        t.add_row(*["" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in row])
+        t.add_row(*["" if v is None else (f"{v:.2f}" if isinstance(v, float) else shown(v)) for v in row])
     Console().print(t)

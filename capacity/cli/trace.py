@@ -87,7 +87,8 @@ def info(file: Path = typer.Argument(..., help="trace file (CSV, JSONL or Parque
 
 
 def _table(s: dict, report: LoadReport) -> Table:
-    t = Table(title=f"{Path(report.path).name} ({report.format})", show_header=False,
+    from capacity.cli.common import shown
+    t = Table(title=f"{shown(Path(report.path).name)} ({report.format})", show_header=False,
               caption="token lengths: mean / p50 / p90 / p99 / max / min (nearest rank)")
     t.add_column("statistic")
     t.add_column("value", justify="right")
@@ -96,7 +97,7 @@ def _table(s: dict, report: LoadReport) -> Table:
         t.add_row("failed requests (excluded)", f"{report.failed_requests:,}")
     if report.rows_reordered:
         t.add_row("rows reordered by time", f"{report.rows_reordered:,}")
-    t.add_row("first request at", report.time_origin)
+    t.add_row("first request at", shown(report.time_origin))
     t.add_row("duration (s)", f"{s['duration_s']:,.1f}")
     t.add_row("mean req/s | req/min", f"{s['mean_rps'] or 0:,.2f} | {s['mean_rpm']:,.1f}")
     t.add_row("peak req/min (bins)", f"{s['peak_rpm']:,} (minute {s['peak_rpm_minute']})")
@@ -109,7 +110,7 @@ def _table(s: dict, report: LoadReport) -> Table:
                   f"{d['mean']:,.1f} / {d['p50']:,} / {d['p90']:,} / {d['p99']:,} / {d['max']:,} / {d['min']:,}")
     if len(s["priorities"]) > 1 or s["tenants"]:
         t.add_row("priorities", ", ".join(f"{k}: {v:,}" for k, v in s["priorities"].items()))
-        t.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in s["tenants"].items()) or "-")
+        t.add_row("tenants", ", ".join(f"{shown(k)}: {v:,}" for k, v in s["tenants"].items()) or "-")
     p = s["prefix"]
     if p:
         t.add_row("tokens per prefix hash", f"{p['hash_block_tokens']:,}")
