@@ -119,6 +119,33 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def write_files(files: dict) -> None:
+    """Several files (path -> text or bytes), all or none: every one is written to a temp file
+    first (a full disk stops here, and no file is replaced), then each is renamed into place."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            check_output(path, flag="cannot write")
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            staged.append((Path(tmp), path))
+            try:
+                if isinstance(data, bytes):
+                    Path(tmp).write_bytes(data)
+                else:
+                    Path(tmp).write_text(data, encoding="utf-8")
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+            os.chmod(tmp, 0o666 & ~_umask())
+        for tmp, path in staged:
+            check_output(path, flag="cannot write")
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -123,6 +123,9 @@ _PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
 def _init_worker(parent_pid: int, status_dir: str) -> None:
     global _STATUS_DIR
     _STATUS_DIR = status_dir
+    # Ctrl-C reaches the whole process group: the command stops its workers itself (a worker
+    # interrupted while sending its result left half a pickle in the pool's pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
 
 

@@ -78,6 +78,11 @@ def guarded(fn):
             raise typer.Exit(130)
         except Exception as e:
             from concurrent.futures.process import BrokenProcessPool
+            if isinstance(e, RuntimeError) and "interrupted" in str(e).lower():
+                # Ctrl-C inside a DuckDB query arrives as "Query interrupted": nothing was
+                # committed by that query (a transaction in flight is rolled back)
+                typer.echo("kvcap: interrupted; nothing was written for the unfinished work", err=True)
+                raise typer.Exit(130)
             if isinstance(e, BrokenProcessPool):
                 # A worker died (the out-of-memory killer, a crash): capacity/analyses/sweep.py's
                 # WorkerDied names the replay and the likely cause in its one line.
@@ -102,10 +107,14 @@ def _finite(x: float) -> bool:
 _POSITIVE = (lambda x: _finite(x) and x > 0, "a finite number > 0")
 _NON_NEGATIVE = (lambda x: _finite(x) and x >= 0, "a finite number >= 0")
 FLAG_RULES: dict[str, tuple[str, tuple]] = {
-    "rate_scale": ("--rate-scale", _POSITIVE),
+    # A rate scaled beyond this makes a trace of seconds span more than a lifetime (or a day's
+    # requests arrive within a nanosecond): the replay's times lose their meaning.
+    "rate_scale": ("--rate-scale", (lambda x: _finite(x) and 1e-6 <= x <= 1e6,
+                                    "a finite factor from 1e-6 to 1e6")),
     "headroom": ("--headroom", (lambda x: _finite(x) and 0 <= x <= 10, "a fraction from 0 to 10 (0.2 = 20 %)")),
     "what_if": ("--what-if", (lambda x: _finite(x) and 0 < x <= 1, "a fraction > 0 and <= 1")),
-    "host_ram_gib": ("--host-ram-gib", _POSITIVE),
+    "host_ram_gib": ("--host-ram-gib", (lambda x: _finite(x) and 0 < x <= 2**20,
+                                        "GiB > 0 and at most 1048576 (1 PiB)")),
     "context_tokens": ("--context-tokens", (lambda x: x >= 1, "a whole number >= 1")),
     "slo_ttft_p99": ("--slo-ttft-p99", _POSITIVE),
     "slo_tbt_p99": ("--slo-tbt-p99", _POSITIVE),
@@ -123,8 +132,11 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
                                   "a fraction from 0 to below 1 (0.05 = 5 %)")),
     "precision": ("--precision", (lambda x: _finite(x) and 0.001 <= x <= 0.5,
                                   "a relative precision from 0.001 to 0.5 (0.05 = 5 %)")),
-    "hash_block_tokens": ("--hash-block-tokens", (lambda x: x >= 1, "a whole number of prompt "
-                                                  "tokens per prefix hash >= 1 (Mooncake: 512)")),
+    "max_error_pct": ("--max-error-pct", (lambda x: _finite(x) and 0 <= x <= 1000,
+                                          "a percentage from 0 to 1000")),
+    "hash_block_tokens": ("--hash-block-tokens", (lambda x: 1 <= x < 2**31, "a whole number of "
+                                                  "prompt tokens per prefix hash from 1 to "
+                                                  "2147483647 (Mooncake: 512)")),
 }
 # Comma lists: parameter -> (flag, element type, rule).
 LIST_RULES: dict[str, tuple[str, type, tuple]] = {
