@@ -229,6 +229,11 @@ def estimate_num_params(cfg: dict) -> int:
     """
     hidden, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
+    kv_heads = cfg.get("num_key_value_heads")
+    if kv_heads is not None and not (isinstance(kv_heads, int) and 1 <= kv_heads <= heads):
+        # 0 is no KV head at all, not "as many as the attention heads" (MHA is the field left out)
+        raise ValueError(f"model: {cfg_path} has num_key_value_heads {kv_heads!r}; expected a whole "
+                         f"number from 1 to num_attention_heads ({heads}), or the field left out (MHA)")
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     vocab = int(cfg["vocab_size"])
@@ -290,6 +295,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
                          f"{', '.join(_DTYPE_BYTES)}")
     dtype_bytes = _DTYPE_BYTES[dtype]
     heads = int(cfg["num_attention_heads"])
+    kv_heads = cfg.get("num_key_value_heads")
+    if kv_heads is not None and not (isinstance(kv_heads, int) and 1 <= kv_heads <= heads):
+        # 0 is no KV head at all, not "as many as the attention heads" (MHA is the field left out)
+        raise ValueError(f"model: {cfg_path} has num_key_value_heads {kv_heads!r}; expected a whole "
+                         f"number from 1 to num_attention_heads ({heads}), or the field left out (MHA)")
     num_params, estimated = _params_from_index(cfg_path.parent, dtype_bytes), False
     if num_params is None:
         num_params, estimated = estimate_num_params(cfg), True

@@ -98,3 +98,12 @@ def test_write_files_is_all_or_nothing(tmp_path):
                             tmp_path: "a folder"})
     assert (tmp_path / "a.txt").read_text() == "old a" and not (tmp_path / "b.txt").exists()
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_zero_kv_heads_is_not_mha(tmp_path, trace):
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 512, "num_hidden_layers": 2,
+           "num_attention_heads": 8, "num_key_value_heads": 0, "intermediate_size": 1024,
+           "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, err = kvcap("replay", trace, "--model", tmp_path / "config.json")
+    assert code == 2 and "num_key_value_heads 0" in err and len(err.strip().splitlines()) == 1
