@@ -86,6 +86,19 @@ def read_bench(path: str | Path) -> Bench:
     itl_sum = np.add.reduceat(np.append(run.itl_s, 0.0), run.itl_offsets[:-1])
     itl_sum = np.where(np.diff(run.itl_offsets) > 0, itl_sum, 0.0)
     tpot = np.where(out > 1, itl_sum / np.maximum(out - 1, 1), np.nan)
+    # The fit is over TPOT: it needs requests that streamed at least two tokens, some time apart.
+    if (ok & (out >= 2) & np.isfinite(tpot) & (tpot > 0)).sum() < 2:
+        raise ValueError(f"--from-bench: {path}: fewer than 2 successful requests with 2 or more "
+                         "output tokens and a time between them (TPOT); rerun the benchmark with "
+                         "longer outputs (e.g. --random-output-len 128)")
+    if not (run.input_len[ok] >= 1).any():
+        raise ValueError(f"--from-bench: {path}: every input length is 0; a benchmark sends prompts "
+                         "(check input_lens)")
+    if ("start_times" in run.saved and np.ptp(start[ok]) == 0
+            and run.raw.get("request_rate") not in ("inf", None)):
+        raise ValueError(f"--from-bench: {path}: every start time is the same, yet the run had a "
+                         f"request rate of {run.raw.get('request_rate')}; the start_times are not "
+                         "the requests' send times")
     order = np.argsort(start[ok], kind="stable")
     arrival = start[ok][order]
     tpot = tpot[ok][order]

@@ -95,6 +95,10 @@ DEFAULT_CUDA_GRAPH_BYTES = int(0.84 * GIB)
 CUDA_GRAPH_BYTES: dict[tuple[str, str, int], int] = {}
 
 
+def _printable(text: str) -> str:
+    """`text` with control characters escaped (traces.schema.printable, without importing polars)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
 def vllm_hardware_tier(memory_bytes: int, device_name: str) -> HardwareTier:
     """vLLM 0.33's rule: >=160 GiB; >=70 GiB and not an A100; everything else (reference B9)."""
     if memory_bytes >= 160 * GIB:
@@ -239,6 +243,11 @@ def estimate_num_params(cfg: dict) -> int:
     """
     hidden, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
+    kv_heads = cfg.get("num_key_value_heads")
+    if kv_heads is not None and not (isinstance(kv_heads, int) and 1 <= kv_heads <= heads):
+        # 0 is no KV head at all, not "as many as the attention heads" (MHA is the field left out)
+        raise ValueError(f"model: {cfg_path} has num_key_value_heads {kv_heads!r}; expected a whole "
+                         f"number from 1 to num_attention_heads ({heads}), or the field left out (MHA)")
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     vocab = int(cfg["vocab_size"])
@@ -300,11 +309,18 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
                          f"{', '.join(_DTYPE_BYTES)}")
     dtype_bytes = _DTYPE_BYTES[dtype]
     heads = int(cfg["num_attention_heads"])
+    kv_heads = cfg.get("num_key_value_heads")
+    if kv_heads is not None and not (isinstance(kv_heads, int) and 1 <= kv_heads <= heads):
+        # 0 is no KV head at all, not "as many as the attention heads" (MHA is the field left out)
+        raise ValueError(f"model: {cfg_path} has num_key_value_heads {kv_heads!r}; expected a whole "
+                         f"number from 1 to num_attention_heads ({heads}), or the field left out (MHA)")
     num_params, estimated = _params_from_index(cfg_path.parent, dtype_bytes), False
     if num_params is None:
         num_params, estimated = estimate_num_params(cfg), True
     return ModelSpec(
-        name=str(cfg.get("_name_or_path") or cfg_path.parent.name or cfg_path.stem),
+        # escaped: the name is echoed in warnings and tables (an ESC in a config must not reach
+        # the terminal)
+        name=_printable(str(cfg.get("_name_or_path") or cfg_path.parent.name or cfg_path.stem)),
         hf_ids=(), num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
         num_attention_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),

@@ -6,6 +6,8 @@ of it.
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 DEFAULT_DB = "kvcap.duckdb"
@@ -38,6 +40,18 @@ def check_db_file(path: str | Path, *, must_exist: bool) -> None:
     p = Path(path)
     if p.is_dir():
         raise StoreError(f"database {p} is a directory; pass a file path such as {p / DEFAULT_DB}")
+    if p.is_symlink() and not p.exists():
+        raise StoreError(f"database {p} is a symbolic link to {os.readlink(p)}, which does not exist; "
+                         "pass the target path itself (kvcap does not create a database through a link)")
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise StoreError(f"database {p}: cannot read it ({exc.strerror or exc})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        # Opening a FIFO blocks until someone writes to it; a device is no database either.
+        raise StoreError(f"database {p} is {_kind(mode)}, not a DuckDB file; pass a file path")
     if not p.exists():
         if must_exist:
             raise StoreError(f"{p}: no such database; write it first with --db (`kvcap replay`, "
@@ -57,6 +71,31 @@ def check_db_file(path: str | Path, *, must_exist: bool) -> None:
         raise StoreError(f"database {p} is a SQLite file, not a DuckDB database; pass another --db")
     if head[8:12] != _DUCKDB_MAGIC:
         raise StoreError(f"database {p} is not a DuckDB database file; pass another --db")
+    _check_length(p)
+
+
+# DuckDB's storage layout starts with a 4 KiB file header and two 4 KiB database headers.
+_HEADERS_END = 3 * 4096
+
+
+def _check_length(p: Path) -> None:
+    """Refuse a file cut short before its blocks even start (replay/store.py checks the blocks)."""
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return
+    if size < _HEADERS_END:
+        raise StoreError(truncated(p, size, _HEADERS_END))
+
+
+def truncated(p: str | Path, size: int, want: int) -> str:
+    return (f"database {p} is truncated ({size:,} bytes, its data reaches byte {want:,}); "
+            "restore it from a copy or pass another --db")
+
+
+def _kind(mode: int) -> str:
+    from traces.atomic import file_kind
+    return file_kind(mode)
 
 
 def remove_db(path: str | Path) -> None:

@@ -20,7 +20,7 @@ import polars as pl
 # The file checks and the store's errors live in replay.dbfile (no DuckDB import: the command
 # line checks --db and reports errors without loading DuckDB); they are the store's API too.
 from replay.dbfile import (DEFAULT_DB, StoreError, StoreLocked, WriteInterrupted,  # noqa: F401
-                           check_db_file, remove_db)
+                           check_db_file, remove_db, truncated)
 
 WRITE_MEMORY_LIMIT = "512MB"
 
@@ -81,16 +81,54 @@ def connect(path: str | Path, *, read_only: bool = False):
 
 def _open(path: str | Path, *, read_only: bool):
     check_db_file(path, must_exist=read_only)
+    if not read_only and Path(path).exists():
+        _connect(path, read_only=True).close()     # checked before anything may write to it
+    return _connect(path, read_only=read_only)
+
+
+def _connect(path: str | Path, *, read_only: bool):
     try:
-        return duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+        con = duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
     except duckdb.Error as e:
         if "lock" in str(e).lower():
             raise StoreLocked(f"database {path} is locked by another process; "
                               "wait for it to finish or use another --db") from None
         raise StoreError(f"database {path}: cannot open it ({_one_line(e)})") from None
+    if read_only:
+        try:
+            _check_blocks(con, path)
+        except BaseException:
+            con.close()
+            raise
+    return con
+
+
+def _check_blocks(con, path: str | Path) -> None:
+    """Refuse a file cut short (a partial copy, a full disk): a block its tables or metadata use
+    lies beyond the end of the file. DuckDB reads such a file until a query touches the missing
+    part and appends to it meanwhile; every command refuses it instead."""
+    try:
+        (block_size,), = con.execute("SELECT block_size FROM pragma_database_size()").fetchall()
+        used = [b for (b,) in con.execute("SELECT block_id FROM pragma_metadata_info()").fetchall()]
+        for (table,) in con.execute("SELECT table_name FROM information_schema.tables WHERE "
+                                    "table_schema = 'main' AND table_type = 'BASE TABLE'").fetchall():
+            (top,), = con.execute("SELECT max(block_id) FROM pragma_storage_info(?) WHERE persistent",
+                                  [table]).fetchall()
+            used.append(top)
+    except duckdb.Error:
+        return                      # a file this check cannot inspect: DuckDB's own errors decide
+    top = max((b for b in used if b is not None and b >= 0), default=None)
+    if top is None or not block_size:
+        return
+    want, size = 3 * 4096 + (top + 1) * int(block_size), Path(path).stat().st_size
+    if size < want:
+        raise StoreError(truncated(path, size, want))
 
 
 def ensure_schema(con, path: str | Path = "the database") -> None:
+    # Read-only check first: a file that is not ours is refused before any table or column is
+    # added to it (a refused command changes nothing).
+    check_schema(con, path)
     for table, cols in SCHEMA.items():
         try:
             con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")

@@ -61,3 +61,65 @@ def test_cli_says_which_replay_died(conv800):                 # noqa: F811
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kvcap: error")]
     assert len(lines) == 1 and "worker process was killed" in lines[0], res.stderr
     assert "'tune max_num_seqs=8 max_num_batched_tokens=1024'" in lines[0]
+
+
+# Issue 34 item 2: a worker killed while sending its result left half a message in CPython's
+# shared result pipe: the pool never noticed and `kvcap sweep` waited forever (no CPU, no DB).
+# Each case runs in a subprocess with a timeout, so a hang fails the test instead of the suite.
+SWEEP_HALF_MESSAGE = """
+import polars as pl
+from capacity.analyses import distributed
+from capacity.analyses.sweep import WorkerDied
+from replay.config import EngineConfig
+from dead_worker_helpers import sweep_work
+trace = pl.DataFrame({"arrival_s": [0.0], "prompt_tokens": [10], "output_tokens": [5]})
+pts = [distributed.SweepPoint(index=i, config=EngineConfig(), rate_scale=1.0, trace_key="t",
+                              label=lab, run_id=str(i))
+       for i, lab in enumerate(["a", "b", "doomed c", "d"])]
+try:
+    distributed._run_local(pts, {"t": trace}, work=sweep_work, address=None, workers=2,
+                           retries=1, on_result=lambda *a: None)
+except WorkerDied as e:
+    print("DIED", e)
+"""
+
+POOL_HALF_MESSAGE = """
+from capacity.analyses import sweep
+from dead_worker_helpers import task
+try:
+    sweep.execute_on(2, task, [(k, (k,)) for k in ("a", "b", "doomed", "d")],
+                     on_result=lambda k, v: None)
+except sweep.WorkerDied as e:
+    print("DIED", e)
+print("FRESH", sweep.in_worker(task, "x"))
+"""
+
+
+@pytest.mark.parametrize("script", [SWEEP_HALF_MESSAGE, POOL_HALF_MESSAGE], ids=["sweep", "pool"])
+def test_worker_killed_mid_send_ends_the_command_within_seconds(script):
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}"), timeout=60)
+    assert res.returncode == 0, res.stderr
+    died = [ln for ln in res.stdout.splitlines() if ln.startswith("DIED")]
+    assert len(died) == 1 and "killed (SIGKILL)" in died[0], res.stdout
+    assert "Traceback" not in res.stderr, res.stderr
+    if script is SWEEP_HALF_MESSAGE:
+        assert "'doomed c'" in died[0]
+    else:
+        assert "FRESH x" in res.stdout          # the broken pool was replaced
+
+
+def test_cli_sweep_with_a_killed_worker_is_one_line(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_s,prompt_tokens,output_tokens\n" +
+                 "".join(f"{i * 0.1},{100 + i},{20 + i % 7}\n" for i in range(200)))
+    db = tmp_path / "k.duckdb"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{sweep._KILL_ENV: "max_num_seqs=16"})
+    res = subprocess.run([sys.executable, "-c", KVCAP_MAIN, "sweep", str(f), "--grid",
+                          "max_num_seqs=8,16,32", "--workers", "2", "--db", str(db)],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kvcap: error")]
+    assert len(lines) == 1 and "'sweep max_num_seqs=16'" in lines[0], res.stderr
+    assert "--workers (now 2)" in lines[0]

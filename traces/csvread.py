@@ -5,11 +5,12 @@
    is the header's (`\\n`, `\\r\\n` or CR-only `\\r`).
 2. Text scan (tier 1 failed: e.g. a padded `, 500 ,`): the same scan as text, values stripped of
    blanks and cast; the first value that is not a number is an error at its line.
-3. Python's csv module (tier 2 failed, or a needed value holds a quote): quoted fields, ragged rows
-   and mixed line endings. A record whose fields run over several lines (a stray quote) or whose
-   field count differs from the header's is an error at its line; extra fields that are empty
-   (a trailing comma) are accepted. Only this tier loops over rows in Python, and only damaged or
-   quoted files reach it.
+3. Python's csv module (tier 2 failed, a needed value holds a quote, or a row has no value in the
+   header's last column): quoted fields (newlines inside quotes included), ragged rows and mixed
+   line endings. A record whose field count differs from the header's is an error at its line
+   naming the first field it lacks (never read shifted), a misshapen one over several lines is a
+   stray quote; extra fields that are empty (a trailing comma) are accepted. Only this tier loops
+   over rows in Python, and only damaged, quoted or sparse files reach it.
 Blank lines at the end of a file are not requests. Must not import replay/ or capacity/.
 """
 from __future__ import annotations
@@ -33,21 +34,36 @@ def read_csv_columns(src, dtypes: dict[str, pl.DataType]):
     scan = dict(infer_schema=False, quote_char=None, eol_char=eol, encoding="utf8-lossy",
                 with_column_names=lambda cols: [c.strip() for c in cols])
     text_cols = [n for n, t in dtypes.items() if t == pl.Utf8]
+    # The header's last named column is read too: a row with fewer fields than the header has no
+    # value there (polars fills it with null and shifts nothing back), so such a file goes to
+    # tier 3, which names the line and the missing field.
+    last = next((c for c in reversed(src.columns) if c), None)
+    extra = [last] if last is not None and last not in names else []
     try:
-        df = pl.scan_csv(src.path, schema_overrides=dtypes, **scan).select(names) \
+        df = pl.scan_csv(src.path, schema_overrides=dtypes, **scan).select(names + extra) \
             .with_row_index("_row").collect()
-        if not _has_quotes(df, text_cols):
-            return src, _drop_trailing_blank(df, names)
+        if not _has_quotes(df, text_cols) and not _short_rows(df, names, last):
+            return src, _drop_trailing_blank(df, names).select("_row", *names)
     except POLARS_ERRORS:
         pass
     try:
-        text = pl.scan_csv(src.path, **scan).select(names).with_row_index("_row").collect()
+        text = pl.scan_csv(src.path, **scan).select(names + extra).with_row_index("_row").collect()
     except POLARS_ERRORS:
         text = None
-    if text is not None and not _has_quotes(text, names):
-        return src, cast_text(src, _drop_trailing_blank(text, names), dtypes)
+    if text is not None and not _has_quotes(text, names) and not _short_rows(text, names, last):
+        return src, cast_text(src, _drop_trailing_blank(text, names).select("_row", *names), dtypes)
     src, text = _python_csv(src, names)
     return src, cast_text(src, text, dtypes)
+
+
+def _short_rows(df: pl.DataFrame, names: list[str], last: str | None) -> bool:
+    """Whether a row (other than the blank lines at the end) has no value in the header's last
+    column: it may be one with fewer fields than the header, or just an empty last value;
+    tier 3 tells them apart."""
+    if last is None:
+        return False
+    kept = _drop_trailing_blank(df, names)
+    return bool(kept[last].is_null().any())
 
 
 def _has_quotes(df: pl.DataFrame, columns: list[str]) -> bool:
@@ -97,19 +113,29 @@ def _python_csv(src, names: list[str]):
             start = reader.line_num + 1
             for record in reader:
                 end = reader.line_num
-                if end > start:
-                    raise src.at_line(start, "a quoted field runs over several lines "
-                                      f"(to line {end}); a stray quote?")
                 if record and any(f.strip() for f in record):
-                    if len(record) != width and not (len(record) > width
-                                                     and not any(f.strip() for f in record[width:])):
+                    shaped = len(record) == width or (len(record) > width and not any(
+                        f.strip() for f in record[width:]))
+                    if end > start and not shaped:
+                        # A quoted value may hold newlines (RFC 4180); one that swallows the
+                        # lines after it and leaves the record misshapen is a stray quote.
+                        raise src.at_line(start, "a quoted field runs over several lines "
+                                          f"(to line {end}); a stray quote?")
+                    if len(record) < width:
+                        header = ", ".join(src.columns)
+                        header = header if len(header) <= 160 else header[:157] + "..."
+                        raise src.at_line(start, f"{len(record)} fields, the header has {width} "
+                                          f"({header}): a value is missing, so none is read "
+                                          "shifted; write every field (an empty one as ,,)")
+                    if not shaped:
                         raise src.at_line(start, f"{len(record)} fields, the header has {width}")
                     for out, j in zip(cols, want):
                         out.append(record[j] if j < len(record) else None)
                     lines.append(start)
                 start = end + 1
         except csv.Error as exc:
-            raise src.at_line(start, f"malformed CSV ({exc})") from None
+            stray = "; a stray quote?" if "end of data" in str(exc) else ""
+            raise src.at_line(start, f"malformed CSV ({exc}){stray}") from None
     if not lines:
         return src, pl.DataFrame({"_row": pl.Series([], dtype=pl.UInt32),
                                   **{n: pl.Series([], dtype=pl.Utf8) for n in names}})

@@ -291,5 +291,10 @@ def write_trace(df: pl.DataFrame, path: str | Path, *, metadata: Mapping[str, st
         raise TraceError(f"cannot write {path}: folder {path.parent} does not exist")
     # A disk error propagates as OSError naming `path` (the CLI prints it as one line).
     schema = {**SCHEMA, **({HASH_BLOCK_TOKENS: pl.Int32()} if HASH_BLOCK_TOKENS in df.columns else {})}
-    with atomic_path(path) as tmp:
-        df.select(list(schema)).cast(schema).write_parquet(tmp, metadata=dict(metadata or {}) or None)
+    try:
+        with atomic_path(path) as tmp:
+            df.select(list(schema)).cast(schema).write_parquet(
+                tmp, metadata=dict(metadata or {}) or None)
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:  # full disk, read-only
+        what = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TraceError(f"cannot write {path}: {what[:200]}; nothing was written") from None

@@ -47,8 +47,8 @@ def printable(text: str) -> str:
 
 def check_hash_block_tokens(n: object, where: str = "hash_block_tokens") -> int:
     """`n` as tokens per prefix hash (a whole number >= 1), else a one-line TraceError."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise TraceError(f"{where}: {n!r} is not a whole number of tokens >= 1; it is how many "
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < 2**31:
+        raise TraceError(f"{where}: {n!r} is not a whole number of tokens from 1 to {2**31 - 1}; it is how many "
                          f"prompt tokens one prefix hash stands for (Mooncake: "
                          f"{DEFAULT_HASH_BLOCK_TOKENS})")
     return n

@@ -234,9 +234,16 @@ def synthesize(scenario: str = DEFAULT_SCENARIO, params: Params | None = None, *
     if not isinstance(params, cls):
         raise TraceError(f"scenario {scenario!r} takes {cls.__name__}, got {type(params).__name__}")
     _check_params(scenario, params)
-    return build(params)
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            return build(params)
+    except (OverflowError, FloatingPointError, ValueError) as exc:
+        # A parameter in range one by one, out of range together (a shape that underflows).
+        raise TraceError(f"scenario {scenario!r}: its parameters give numbers out of range "
+                         f"({type(exc).__name__}: {str(exc)[:80]}); use smaller values") from None
 
 
+MAX_CV = 100.0      # gamma gaps: shape 1/cv^2 underflows far beyond this
 # At most this many requests expected (rate x duration): memory is sized by the requests.
 MAX_EXPECTED_REQUESTS = 100_000_000
 # Fields that may be 0 (the rest of the floats must be > 0); amplitude is a fraction.
@@ -256,6 +263,9 @@ def _check_params(scenario: str, params: Params) -> None:
                                  f"finite number {bound}")
         elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
             raise TraceError(f"scenario {scenario!r}, parameter {f.name}: {value} must be >= 0")
+    if getattr(params, "cv", 1.0) > MAX_CV:
+        raise TraceError(f"scenario {scenario!r}, parameter cv: {params.cv!r} must be <= {MAX_CV:g} "  # type: ignore[union-attr]
+                         "(the coefficient of variation of the gaps; Poisson is 1)")
     if getattr(params, "amplitude", 0.0) > 1:
         raise TraceError(f"scenario {scenario!r}, parameter amplitude: {params.amplitude} must be "  # type: ignore[union-attr]
                          "<= 1 (a rate cannot go negative)")

@@ -22,8 +22,11 @@ of the trace's content and the config, known before anything runs). A task that 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import traceback
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -200,22 +203,24 @@ def _error_text(exc: BaseException) -> str:
 _TRACES: dict = {}
 
 
-def _init_worker(traces: dict, parent_pid: int) -> None:
-    from capacity.analyses.sweep import _die_with_parent
-    _die_with_parent(parent_pid)
+def _init_worker(traces: dict, parent_pid: int, status_dir: str) -> None:
+    from capacity.analyses import sweep
+    sweep._init_worker(parent_pid, status_dir)
     _TRACES.clear()
     _TRACES.update(traces)
 
 
 def _local_task(work: Work, point: SweepPoint) -> dict:
+    from capacity.analyses.sweep import _mark
+    _mark(point.label)          # what this worker runs, for the line if it dies
     return work(point, _TRACES[point.trace_key])
 
 
 def _run_local(todo, traces, *, work, address, workers, retries, on_result) -> None:
-    from concurrent.futures import ProcessPoolExecutor, wait, FIRST_COMPLETED
+    from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from capacity.analyses.sweep import default_workers
+    from capacity.analyses.sweep import default_workers, died_message
     workers = min(workers or default_workers(), len(todo))
     if workers <= 1:
         for p in todo:
@@ -230,20 +235,37 @@ def _run_local(todo, traces, *, work, address, workers, retries, on_result) -> N
                 break
         return
     arrow = {k: t.to_arrow() for k, t in traces.items()}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=_init_worker, initargs=(arrow, os.getpid())) as pool:
-        pending = {pool.submit(_local_task, work, p): (p, 0) for p in todo}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                p, attempt = pending.pop(fut)
-                exc = fut.exception()
-                if exc is None:
-                    on_result(p, fut.result())
-                elif attempt < retries:
-                    pending[pool.submit(_local_task, work, p)] = (p, attempt + 1)
-                else:
-                    on_result(p, None, _error_text(exc))
+    status = tempfile.mkdtemp(prefix="kvcap-sweep-")
+    procs: dict = {}
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                 initializer=_init_worker,
+                                 initargs=(arrow, os.getpid(), status)) as pool:
+            _pool_loop(pool, procs, todo, work=work, retries=retries, on_result=on_result)
+    except BrokenProcessPool:
+        # A worker died (kill -9, the out-of-memory killer): stop the sweep with one line; what
+        # finished is stored by the caller.
+        raise died_message(list(procs.values()), status, workers) from None
+    finally:
+        shutil.rmtree(status, ignore_errors=True)
+
+
+def _pool_loop(pool, procs: dict, todo, *, work, retries, on_result) -> None:
+    from capacity.analyses.sweep import wait_alive
+    pending = {pool.submit(_local_task, work, p): (p, 0) for p in todo}
+    procs.update(getattr(pool, "_processes", None) or {})
+    while pending:
+        for fut in wait_alive(pool, pending, procs):
+            p, attempt = pending.pop(fut)
+            exc = fut.exception()
+            if isinstance(exc, BrokenProcessPool):
+                raise exc
+            if exc is None:
+                on_result(p, fut.result())
+            elif attempt < retries:
+                pending[pool.submit(_local_task, work, p)] = (p, attempt + 1)
+            else:
+                on_result(p, None, _error_text(exc))
 
 
 # ------------------------------------------------------------------ Ray

@@ -20,7 +20,7 @@ import resource
 import shutil
 import signal
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -82,7 +82,15 @@ def _mark(label: str) -> None:
     if _STATUS_DIR is None:
         return
     _note(label)
-    if (hook := os.environ.get(_KILL_ENV)) and hook in label:
+    kill_hook(label)
+
+
+def kill_hook(label: str) -> None:
+    """Tests only: a worker process given a replay whose label holds $KVCAP_TEST_KILL_LABEL
+    kills itself, as the out-of-memory killer would."""
+    import multiprocessing
+    if ((hook := os.environ.get(_KILL_ENV)) and hook in label
+            and multiprocessing.parent_process() is not None):     # never the command itself
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -115,6 +123,9 @@ _PR_SET_PDEATHSIG = 1           # <linux/prctl.h>
 def _init_worker(parent_pid: int, status_dir: str) -> None:
     global _STATUS_DIR
     _STATUS_DIR = status_dir
+    # Ctrl-C reaches the whole process group: the command stops its workers itself (a worker
+    # interrupted while sending its result left half a pickle in the pool's pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
 
 
@@ -191,27 +202,76 @@ def execute_on(workers: int, fn: Callable, calls, *, on_result) -> None:
         for key, args in calls:
             futures[pool.submit(fn, *args)] = key
             _PROCS[workers].update(getattr(pool, "_processes", None) or {})
-        for fut in as_completed(futures):
-            on_result(futures[fut], fut.result())
+        pending = set(futures)
+        while pending:
+            for fut in wait_alive(pool, pending, _PROCS[workers]):
+                pending.discard(fut)
+                on_result(futures[fut], fut.result())
     except BrokenProcessPool:
         died = _worker_died(workers)
         _discard(workers)
         raise died from None
 
 
+_POLL_S = 0.5   # how often a waiting caller looks for a dead worker
+_KILLED: set[int] = set()       # pids of live workers that break_pool stopped
+
+
+def wait_alive(pool: ProcessPoolExecutor, pending, procs: dict) -> set:
+    """The futures of `pending` that are done (at least one), like `wait(FIRST_COMPLETED)`, but
+    a worker that dies without the pool noticing breaks the pool (BrokenProcessPool) instead of
+    waiting forever: CPython's pool blocks for good when a worker is killed (kill -9, the
+    out-of-memory killer) while sending its result, the shared result pipe holding half a
+    message that the live workers keep open. `procs` collects the pool's processes as seen."""
+    while True:
+        done, _ = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+        if done:
+            return done
+        procs.update(getattr(pool, "_processes", None) or {})
+        if any(p.exitcode is not None for p in list(procs.values())):
+            break_pool(pool, procs)
+            raise BrokenProcessPool("a worker process died")
+
+
+def break_pool(pool: ProcessPoolExecutor, procs: dict) -> None:
+    """Stop a pool one of whose workers died: kill the others, then close this process's end of
+    the result pipe so that the pool's thread reads end-of-file (not half a message, forever),
+    marks the pool broken and ends; then nothing is left waiting at exit."""
+    for p in list(procs.values()):
+        if p.exitcode is None:
+            _KILLED.add(p.pid)          # not the one that died (died_message)
+            p.kill()
+    for p in list(procs.values()):
+        p.join(5.0)
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    try:
+        if writer is not None:
+            writer.close()
+    except OSError:
+        pass
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _worker_died(workers: int) -> WorkerDied:
     """Which worker of the broken pool died, running what, and the likely cause."""
-    procs = list(_PROCS.get(workers, {}).values())
-    dead = [p for p in procs if p.exitcode not in (None, -signal.SIGTERM)]
+    return died_message(list(_PROCS.get(workers, {}).values()), _STATUS.get(workers), workers)
+
+
+def died_message(procs: list, status_dir: str | None, workers: int) -> WorkerDied:
+    """Which of the processes `procs` of a broken pool died, running what (its note in
+    `status_dir`), and the likely cause, as one line."""
+    def died(p) -> bool:        # neither alive nor stopped by the pool or break_pool
+        return p.exitcode not in (None, -signal.SIGTERM) and p.pid not in _KILLED
+    dead = [p for p in procs if died(p)]
     if not dead:                    # not reaped yet: the others are being terminated meanwhile
         for p in procs:
             p.join(3.0)
-        dead = [p for p in procs if p.exitcode not in (None, -signal.SIGTERM)] or procs[:1]
+        dead = [p for p in procs if died(p)] or procs[:1]
     label, kib = "", 0
     code = dead[0].exitcode if dead else None
     if dead:
         try:
-            with open(os.path.join(_STATUS[workers], str(dead[0].pid))) as f:
+            with open(os.path.join(status_dir or "", str(dead[0].pid))) as f:
                 rss, _, label = f.read().partition("\n")
             kib = int(rss)
         except (OSError, ValueError):

@@ -30,6 +30,15 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def shown(value) -> str:
+    """Text from data (file names, labels, tenants, stored run labels) as a terminal shows it:
+    control characters escaped (traces.schema.printable: an ESC from a file must not drive the
+    terminal) and Rich markup escaped (a `[bold]` in a label is text, not style)."""
+    from rich.markup import escape
+    from traces.schema import printable
+    return escape(printable(str(value)))
+
+
 def emit_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, default=_json_default, sort_keys=False) + "\n")
 
@@ -71,6 +80,11 @@ def guarded(fn):
             raise typer.Exit(130)
         except Exception as e:
             from concurrent.futures.process import BrokenProcessPool
+            if isinstance(e, RuntimeError) and "interrupted" in str(e).lower():
+                # Ctrl-C inside a DuckDB query arrives as "Query interrupted": nothing was
+                # committed by that query (a transaction in flight is rolled back)
+                typer.echo("kvcap: interrupted; nothing was written for the unfinished work", err=True)
+                raise typer.Exit(130)
             if isinstance(e, BrokenProcessPool):
                 # A worker died (the out-of-memory killer, a crash): capacity/analyses/sweep.py's
                 # WorkerDied names the replay and the likely cause in its one line.
@@ -95,10 +109,14 @@ def _finite(x: float) -> bool:
 _POSITIVE = (lambda x: _finite(x) and x > 0, "a finite number > 0")
 _NON_NEGATIVE = (lambda x: _finite(x) and x >= 0, "a finite number >= 0")
 FLAG_RULES: dict[str, tuple[str, tuple]] = {
-    "rate_scale": ("--rate-scale", _POSITIVE),
+    # A rate scaled beyond this makes a trace of seconds span more than a lifetime (or a day's
+    # requests arrive within a nanosecond): the replay's times lose their meaning.
+    "rate_scale": ("--rate-scale", (lambda x: _finite(x) and 1e-6 <= x <= 1e6,
+                                    "a finite factor from 1e-6 to 1e6")),
     "headroom": ("--headroom", (lambda x: _finite(x) and 0 <= x <= 10, "a fraction from 0 to 10 (0.2 = 20 %)")),
     "what_if": ("--what-if", (lambda x: _finite(x) and 0 < x <= 1, "a fraction > 0 and <= 1")),
-    "host_ram_gib": ("--host-ram-gib", _POSITIVE),
+    "host_ram_gib": ("--host-ram-gib", (lambda x: _finite(x) and 0 < x <= 2**20,
+                                        "GiB > 0 and at most 1048576 (1 PiB)")),
     "context_tokens": ("--context-tokens", (lambda x: x >= 1, "a whole number >= 1")),
     "slo_ttft_p99": ("--slo-ttft-p99", _POSITIVE),
     "slo_tbt_p99": ("--slo-tbt-p99", _POSITIVE),
@@ -116,8 +134,11 @@ FLAG_RULES: dict[str, tuple[str, tuple]] = {
                                   "a fraction from 0 to below 1 (0.05 = 5 %)")),
     "precision": ("--precision", (lambda x: _finite(x) and 0.001 <= x <= 0.5,
                                   "a relative precision from 0.001 to 0.5 (0.05 = 5 %)")),
-    "hash_block_tokens": ("--hash-block-tokens", (lambda x: x >= 1, "a whole number of prompt "
-                                                  "tokens per prefix hash >= 1 (Mooncake: 512)")),
+    "max_error_pct": ("--max-error-pct", (lambda x: _finite(x) and 0 <= x <= 1000,
+                                          "a percentage from 0 to 1000")),
+    "hash_block_tokens": ("--hash-block-tokens", (lambda x: 1 <= x < 2**31, "a whole number of "
+                                                  "prompt tokens per prefix hash from 1 to "
+                                                  "2147483647 (Mooncake: 512)")),
 }
 # Comma lists: parameter -> (flag, element type, rule).
 LIST_RULES: dict[str, tuple[str, type, tuple]] = {
@@ -134,13 +155,32 @@ _READS_DB = {"attribute_cmd", "validate_cmd", "export_cmd", "runs_cmd"}
 # Output paths: parameter -> (flag, what it must be). report writes a folder, the others a file.
 _OUTPUT_DIR_COMMANDS = {"report_cmd": "the report (index.html, figures)",
                         "export_cmd": "the export (one file per table)"}
+# The format each file-writing command writes (traces.atomic.FORMATS; its -o extension must agree).
+_OUTPUT_FORMATS = {"alerts_cmd": "YAML", "calibrate_cmd": "JSON"}
+
+
+def _output_format(command: str, out: Path) -> str | None:
+    if command == "size_offload_cmd":   # the chart's format is the extension's; anything else: PNG
+        return {".svg": "SVG", ".html": "HTML", ".htm": "HTML"}.get(out.suffix.lower(), "PNG")
+    return _OUTPUT_FORMATS.get(command)
+
+
+# Text flags that end up inside a generated file (a PromQL selector in YAML rules): printable
+# characters only. NEL (U+0085) and LS/PS (U+2028/9) are line breaks to YAML, so a label value
+# holding one would make the rule watch another value.
+TEXT_FLAGS = {"model_name": "--model-name"}
 
 
 def check_flags(command: str, kwargs: dict) -> None:
-    """Apply FLAG_RULES / LIST_RULES and the path checks to a command's arguments."""
+    """Apply FLAG_RULES / LIST_RULES / TEXT_FLAGS and the path checks to a command's arguments."""
     for name, value in kwargs.items():
         if value is None or isinstance(value, bool):
             continue
+        if name in TEXT_FLAGS and isinstance(value, str) and not value.isprintable():
+            bad = next(c for c in value if not c.isprintable())
+            raise CliError(f"{TEXT_FLAGS[name]}: holds the character U+{ord(bad):04X}, which is not "
+                           "printable (a line break or control character); give the label value "
+                           "as Prometheus shows it")
         if name in FLAG_RULES and isinstance(value, (int, float)):
             flag, (ok, what) = FLAG_RULES[name]
             if not ok(value):
@@ -180,6 +220,12 @@ def _check_paths(command: str, kwargs: dict) -> None:
             raise CliError(f"{flag} {out}: is a folder; pass a file name")
         elif not (out.parent if str(out.parent) else Path(".")).is_dir():
             raise CliError(f"{flag} {out}: folder {out.parent} does not exist; create it first")
+        else:
+            from traces.atomic import check_output
+            check_output(out, flag=flag, fmt=_output_format(command, out),
+                         inputs=[p for k, v in kwargs.items() if k != name
+                                 for p in (v if isinstance(v, (list, tuple)) else [v])
+                                 if isinstance(p, Path)])
 
 
 # name -> (annotation, typer.Option). Defaults None mean "vLLM's version/hardware default".

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.cli.common import CliError, emit_json, guarded
+from capacity.cli.common import CliError, emit_json, guarded, shown
 from capacity.units import number
 
 err = Console(stderr=True)
@@ -54,11 +54,12 @@ def logs_cmd(
     log_preemptions, log_unparsed, log_engine, log_events, client_tokens, prom_samples, prom_windows). A file that cannot be read is skipped
     with a warning; exit 2 only when none could be read."""
     from capacity.evidence.logs import ingest_files
+    from traces.schema import printable
     rep = ingest_files(list(files), db, year=year, kind=kind, client_start=_client_start(client_start),
                        window_s=window_s)
     results, used_year, year_source = rep.files, rep.year, rep.year_source
     for s in rep.skipped:  # one plain line each (rich would wrap it)
-        print(f"kvcap: warning: {s.path}: skipped: {s.reason}", file=sys.stderr)
+        print(printable(f"kvcap: warning: {s.path}: skipped: {s.reason}"), file=sys.stderr)
     unparsed = sum(r.unparsed for r in results)
     out = {"db": str(db), "year": used_year, "year_source": year_source,
            "files": [r.as_dict() for r in results],
@@ -74,12 +75,12 @@ def logs_cmd(
     if as_json:
         emit_json(out)
         return
-    t = Table(title=f"evidence in {db} (log year {used_year}: {year_source})")
+    t = Table(title=f"evidence in {shown(db)} (log year {used_year}: {year_source})")
     for c in ("file", "kind", "era", "lines", "rows", "warnings", "engine", "events", "unparsed lines"):
         t.add_column(c)
     for r in results:
         bad = ", ".join(map(str, r.unparsed_lines[:10])) + (" …" if len(r.unparsed_lines) > 10 else "")
-        t.add_row(r.source_file, r.kind, r.era or "-", str(r.lines or "-"), str(r.rows),
+        t.add_row(shown(r.source_file), r.kind, r.era or "-", str(r.lines or "-"), str(r.rows),
                   str(r.preemption_warnings), str(r.engine_lines), str(r.events),
                   f"{r.unparsed}" + (f" ({bad})" if bad else ""))
     Console().print(t)
@@ -87,7 +88,7 @@ def logs_cmd(
         err.print(f"[yellow]{unparsed} candidate line(s) did not parse; see table log_unparsed")
     for r in results:
         if r.kind == "client" and not r.anchored:
-            err.print(f"[yellow]{r.source_file}: no wall-clock anchor; pass --client-start to line it up with logs")
+            err.print(f"[yellow]{shown(r.source_file)}: no wall-clock anchor; pass --client-start to line it up with logs")
 
 
 @guarded
@@ -110,8 +111,8 @@ def attribute_cmd(
     for c in ("time", "request", "token", "ITL s", "verdict", "mode", "evidence"):
         t.add_column(c)
     for r in a.table.head(200).iter_rows(named=True):
-        t.add_row(str(r["spike_time"])[:23], r["request_id"], str(r["token_index"]), f"{r['itl_s']:.3f}",
-                  r["verdict"], r["mode"] or "-", r["evidence"] or "-")
+        t.add_row(str(r["spike_time"])[:23], shown(r["request_id"]), str(r["token_index"]),
+                  f"{r['itl_s']:.3f}", r["verdict"], r["mode"] or "-", shown(r["evidence"] or "-"))
     c = Console()
     c.print(t)
     c.print(" · ".join(f"{k}: {v}" for k, v in a.verdicts.items()))
@@ -170,7 +171,7 @@ def _validate_prometheus(db: Path, run: str, *, offset_s: float, server: Optiona
     if as_json:
         emit_json(c.as_dict())
         return
-    t = Table(title=f"replay {c.run_id} vs Prometheus {c.server} engine {c.engine or '-'} "
+    t = Table(title=f"replay {c.run_id} vs Prometheus {shown(c.server)} engine {shown(c.engine or '-')} "
                     f"({c.windows} windows of {c.window_s:g} s from {c.start})")
     for col in ("metric", "n", "production mean", "replay mean", "MAE", "relative error", "bias"):
         t.add_column(col)
@@ -198,7 +199,7 @@ def size_swap_from_logs_cli(db: Optional[Path], engine, *, context_tokens: Optio
         return
     t = Table(title="swap-space sizing from production logs (per GPU)", show_header=False)
     t.add_row(f"peak concurrently swapped ({s.evidence})",
-              f"{s.peak_swapped_requests} requests at {s.peak_at or '-'} ({s.peak_source_file or '-'})")
+              f"{s.peak_swapped_requests} requests at {s.peak_at or '-'} ({shown(s.peak_source_file or '-')})")
     t.add_row("KV per swapped request", f"{s.context_tokens:,} tokens ({s.context_source}) x "
               f"{s.kv_bytes_per_token:,} B/token ({s.model}, TP {s.tensor_parallel_size})")
     t.add_row("peak swapped KV", f"{s.peak_swapped_gib:.2f} GiB")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
-                                 guarded, trace_flags, trace_input_arrivals)
+                                 guarded, shown, trace_flags, trace_input_arrivals)
 
 # rich is imported where a terminal is drawn on: `kvcap replay --json` never loads it.
 if TYPE_CHECKING:

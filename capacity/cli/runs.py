@@ -23,7 +23,7 @@ RUN_COLUMNS = ("run_id", "created_at", "label", "trace_name", "num_requests", "s
                "async_scheduling", "model", "gpu", "tp", "block_size", "num_gpu_blocks",
                "num_cpu_blocks", "kv_offloading", "max_num_seqs", "max_num_batched_tokens",
                "preemption_mode", "swap_space_gib", "executor", "implementation", "status",
-               "sim_seconds", "offered_rps", "rate_scale", "arrivals")
+               "sim_seconds", "offered_rps", "rate_scale", "arrivals", "vllm_version")
 # The tables of one run that `export` writes (the last two only when the run has rows there).
 EXPORT_TABLES = ("runs", "requests", "steps", "events", "stalls", "tbt", "batches", "fleets")
 FORMATS = ("csv", "parquet")
@@ -71,12 +71,12 @@ def stored_runs(db: Path) -> list[dict]:
 
 
 def _engine(r: dict) -> str:
-    """'V1 async', 'V1 sync+cpu' (CPU offloading), 'V0 swap', 'V0 recompute'; '+queue' for
+    """'V1 0.34 async', 'V1 0.33 sync+cpu' (CPU offloading), 'V0 swap', 'V0 recompute'; '+queue' for
     queue-only admission."""
     if r["scheduler"] == "v0":
         text = "V0 " + ("queue" if r["preemption_mode"] == "none" else r["preemption_mode"] or "?")
     else:
-        text = "V1 " + ("async" if r["async_scheduling"] else "sync")
+        text = f"V1 {r.get('vllm_version') or '0.33'} " + ("async" if r["async_scheduling"] else "sync")
         if r["preemption_mode"] == "none":
             text += "+queue"
     return text + ("+cpu" if r["kv_offloading"] else "")
@@ -103,9 +103,10 @@ def runs_table(rows: list[dict], title: str, *, width: int = 100):
     token limit and the KV blocks are left out."""
     from rich.table import Table
 
+    from capacity.cli.common import shown
     from capacity.units import seconds
     cols = {"run": [r["run_id"][:8] for r in rows],
-            "trace": [r["trace_name"] or "-" for r in rows],
+            "trace": [shown(r["trace_name"]) if r["trace_name"] else "-" for r in rows],
             "engine": [_engine(r) for r in rows],
             "seqs": [_count(r["max_num_seqs"]) for r in rows],
             "tokens": [_count(r["max_num_batched_tokens"]) for r in rows],

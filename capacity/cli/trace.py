@@ -44,6 +44,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def _check_output(output: Path, *inputs: Path) -> None:
+    """Before any work: -o must be a regular file or absent, not an input, named .parquet-like."""
+    from traces.atomic import OutputRefused, check_output
+    try:
+        check_output(output, fmt="Parquet", inputs=inputs)
+    except OutputRefused as exc:
+        _fail(str(exc))
+
+
 def _mapping(pairs: list[str] | None) -> dict[str, str] | None:
     if not pairs:
         return None
@@ -94,8 +103,9 @@ def info(file: Path = typer.Argument(..., help="trace file (CSV, JSONL or Parque
 
 
 def _table(s: dict, report: LoadReport) -> Table:
+    from capacity.cli.common import shown
     # No cell wraps at 80 columns: short labels, the length percentiles on two rows.
-    t = Table(title=f"{Path(report.path).name} ({report.format})", show_header=False,
+    t = Table(title=f"{shown(Path(report.path).name)} ({report.format})", show_header=False,
               caption="percentiles: nearest rank")
     t.add_column("statistic", no_wrap=True)
     t.add_column("value", justify="right", no_wrap=True)
@@ -109,7 +119,7 @@ def _table(s: dict, report: LoadReport) -> Table:
         t.add_row("failed requests (excluded)", f"{report.failed_requests:,}")
     if report.rows_reordered:
         t.add_row("rows reordered by time", f"{report.rows_reordered:,}")
-    t.add_row("first request at", report.time_origin)
+    t.add_row("first request at", shown(report.time_origin))
     t.add_row("duration (s)", f"{s['duration_s']:,.1f}")
     t.add_row("mean req/s | req/min", f"{s['mean_rps'] or 0:,.2f} | {s['mean_rpm']:,.1f}")
     t.add_row("peak req/min (bins)", f"{s['peak_rpm']:,} (minute {s['peak_rpm_minute']})")
@@ -123,7 +133,7 @@ def _table(s: dict, report: LoadReport) -> Table:
         t.add_row(f"{name.replace('_', ' ')} p99 / max / min", f"{d['p99']:,} / {d['max']:,} / {d['min']:,}")
     if len(s["priorities"]) > 1 or s["tenants"]:
         t.add_row("priorities", ", ".join(f"{k}: {v:,}" for k, v in s["priorities"].items()))
-        t.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in s["tenants"].items()) or "-")
+        t.add_row("tenants", ", ".join(f"{shown(k)}: {v:,}" for k, v in s["tenants"].items()) or "-")
     p = s["prefix"]
     if p:
         t.add_row("tokens per prefix hash", f"{p['hash_block_tokens']:,}")
@@ -145,6 +155,7 @@ def synth(scenario: str = typer.Argument(DEFAULT_SCENARIO, help=f"one of: {', '.
                                                     "scenario parameter, e.g. --param cv=4"),
           json_: bool = typer.Option(False, "--json")) -> None:
     """Write a seeded synthetic scenario as a canonical Parquet trace."""
+    _check_output(output)
     overrides: dict[str, object] = {}
     for pair in param or []:
         key, sep, value = pair.partition("=")
@@ -158,7 +169,7 @@ def synth(scenario: str = typer.Argument(DEFAULT_SCENARIO, help=f"one of: {', '.
         params = make_params(scenario, **overrides)
         df = synthesize(scenario, params)
         write_trace(df, output)
-    except TraceError as exc:
+    except (TraceError, OSError, ValueError) as exc:
         _fail(str(exc))
     if json_:
         typer.echo(json.dumps({"output": str(output), "scenario": scenario, "requests": len(df),
@@ -177,11 +188,12 @@ def convert(file: Path = typer.Argument(..., help="trace file to convert"),
             json_: bool = typer.Option(False, "--json")) -> None:
     """Write a trace in kvcap's canonical Parquet form (keeping --hash-block-tokens, and
     --arrivals in the file's metadata)."""
+    _check_output(output, file)
     df, report = _load(file, format, map_, time_unit, timestamp_format, hash_block_tokens,
                        arrivals, seed)
     try:
         write_trace(df, output, metadata=report.metadata())
-    except (TraceError, OSError) as exc:
+    except (TraceError, OSError, ValueError) as exc:
         _fail(str(exc))
     result = {"output": str(output), "format": report.format, "requests": report.requests,
               "failed_requests": report.failed_requests, "rows_reordered": report.rows_reordered,

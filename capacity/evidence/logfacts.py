@@ -16,9 +16,13 @@ import re
 
 import polars as pl
 
-# Where a logger record starts: an optional process tag, then vLLM's "LEVEL MM-DD HH:MM:SS".
-RECORD_START = re.compile(r"(?:\(?[\w.-]+ pid=\d+\)\s*)?\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
-                          r"\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}")
+# Where a logger record starts: vLLM's "LEVEL MM-DD HH:MM:SS", anywhere in a line (a lost newline
+# glues it to whatever came before, a digit or a letter included: "...preemption=51INFO 01-25 ...",
+# "...out of memoryINFO 01-25 ..."); a process tag "(Proc pid=N) " right before it belongs to it
+# (`_tag_start`, a bounded look back: a regex that tries the tag at every position of a long run of
+# word characters costs quadratic time).
+RECORD_START = re.compile(r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}")
+_TAG_MAX = 100          # characters of a process name / pid / spaces looked back over
 _PREFIXES = (
     re.compile(r"^\W{0,2}\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s*(?:\|\s*)?"),
     re.compile(r"^[\w.-]+\s+\|\s"),                         # docker compose: "vllm-1  | "
@@ -69,12 +73,47 @@ ENGINE_MARKS = ("GPU blocks", "num_gpu_blocks", "KV cache size", "Maximum concur
 
 
 def split_records(line: str) -> list[str]:
-    """A physical line -> the logger records glued into it (usually one: the line itself)."""
-    starts = [m.start() for m in RECORD_START.finditer(line)]
-    if len(starts) < 2:
+    """A physical line -> the logger records glued into it (usually one: the line itself). Linear
+    in the line's length."""
+    starts = [_tag_start(line, m.start()) for m in RECORD_START.finditer(line)]
+    if not starts:
         return [line]
-    cuts = [0, *starts[1:], len(line)]
-    return [line[a:b].rstrip() for a, b in zip(cuts, cuts[1:])]
+    if starts[0] <= _line_prefix_end(line):
+        starts = starts[1:]         # the line's own record, after its ISO time / docker name
+    if not starts:
+        return [line]
+    cuts = [0, *starts, len(line)]
+    return [line[a:b].rstrip() for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _line_prefix_end(line: str) -> int:
+    """Where a line's own record starts: after the prefixes a collector adds (ISO time, docker
+    compose name, process tag)."""
+    pos = 0
+    for rx in _PREFIXES[:3]:
+        m = rx.match(line[pos:pos + 200])
+        if m:
+            pos += m.end()
+    return pos
+
+
+def _tag_start(line: str, s: int) -> int:
+    """Where the record whose level word starts at `s` begins: at its "(Name pid=N) " tag when one
+    ends right before `s`, else at `s`."""
+    j = s
+    while j > 0 and s - j < _TAG_MAX and line[j - 1].isspace():
+        j -= 1
+    if j == 0 or line[j - 1] != ")":
+        return s
+    k = line.rfind(" pid=", max(0, j - _TAG_MAX), j)
+    if k < 0 or not line[k + 5:j - 1].isdigit():
+        return s
+    i = k
+    while i > 0 and k - i < _TAG_MAX and (line[i - 1].isalnum() or line[i - 1] in "._-"):
+        i -= 1
+    if i == k:
+        return s
+    return i - 1 if i > 0 and line[i - 1] == "(" else i
 
 
 def message(record: str) -> str:
@@ -87,20 +126,41 @@ def message(record: str) -> str:
     return _ENGINE_TAG.sub("", text.lstrip())
 
 
+class FactError(ValueError):
+    """An engine-configuration line whose value kvcap cannot store (the reason, one line)."""
+
+
+_MAX_COUNT = 2**53      # blocks, tokens: far above any real engine; the columns are 64-bit
+# "# GPU blocks: N" glued right after other text (a traceback line that lost its newline:
+# "...out of memory# GPU blocks: 1478"); after a blank or a bracket it is prose quoting one.
+_GLUED_BLOCKS = re.compile(rf"(?<=[^\s(\[\"'])#\s*GPU blocks:\s*{_INT}(?:,\s*#?\s*CPU blocks:\s*{_INT})?")
+
+
 def engine_fields(record: str) -> dict | None:
-    """The `log_engine` fields a record states, or None when it is no engine-configuration line."""
+    """The `log_engine` fields a record states, or None when it is no engine-configuration line;
+    FactError for a value out of range."""
     if not any(mark in record for mark in ENGINE_MARKS):
         return None
     msg = message(record)
     for rx, cols in ENGINE_LINES:
         m = rx.match(msg)
         if m:
-            out = {}
-            for col, v in zip(cols, m.groups()):
-                if v is not None:
-                    out[col] = float(v) if col in _FLOAT_COLS else int(v.replace(",", ""))
-            return out
-    return None
+            return _values(cols, m)
+    m = _GLUED_BLOCKS.search(msg)
+    return _values(ENGINE_LINES[0][1], m) if m else None
+
+
+def _values(cols: tuple, m: re.Match) -> dict:
+    out = {}
+    for col, v in zip(cols, m.groups()):
+        if v is None:
+            continue
+        if len(v) > 24:
+            raise FactError(f"{col}: {v[:24]}... is out of range")
+        out[col] = float(v) if col in _FLOAT_COLS else int(v.replace(",", ""))
+        if not 0 <= out[col] <= _MAX_COUNT:
+            raise FactError(f"{col}: {v} is out of range (0 to {_MAX_COUNT:,})")
+    return out
 
 
 def event_kind(record: str) -> str | None:
@@ -112,6 +172,13 @@ def event_kind(record: str) -> str | None:
 
 def looks_like_server_output(text: str) -> bool:
     """Whether text holds a line this module reads (an engine line or an engine error)."""
-    return any(engine_fields(r) is not None or event_kind(r) in ("swap_abort", "kv_cache_too_small",
-                                                               "no_kv_cache_memory", "engine_dead")
+    return any(_is_engine_line(r) or event_kind(r) in ("swap_abort", "kv_cache_too_small",
+                                                       "no_kv_cache_memory", "engine_dead")
                for line in text.splitlines() for r in split_records(line))
+
+
+def _is_engine_line(record: str) -> bool:
+    try:
+        return engine_fields(record) is not None
+    except FactError:
+        return True

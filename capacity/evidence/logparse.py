@@ -17,7 +17,8 @@ from typing import Iterable
 import numpy as np
 import polars as pl
 
-from capacity.evidence.logfacts import ENGINE_SCHEMA, EVENT_SCHEMA, engine_fields, event_kind, split_records
+from capacity.evidence.logfacts import (ENGINE_SCHEMA, EVENT_SCHEMA, FactError, engine_fields, event_kind,
+                                        split_records)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # kubectl --timestamps, journald exports, Python's default logging format ...: a full date first.
@@ -146,6 +147,8 @@ def parse_stats_body(body: str) -> dict:
         if not m:
             raise StatsLineError(f"bad value for {name.strip()!r}: {value.strip()!r}")
         v = m.group(1)
+        if len(v) > 24:     # int() of thousands of digits raises; no real value has this many
+            raise StatsLineError(f"{name.strip()!r}: {v[:24]}... is out of range")
         row[col] = float(v) / 100.0 if kind == "pct" else kind(float(v) if kind is float else v)
         if kind is int and not 0 <= row[col] <= _INT32_MAX:
             raise StatsLineError(f"{name.strip()!r}: {v} is out of range (0 to {_INT32_MAX})")
@@ -203,7 +206,23 @@ def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> Parse
 
 def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
     is_stats, is_prefix, is_warn = STATS_MARK in line, V0_PREFIX_MARK in line, WARNING_MARK in line
-    facts = None if (is_stats or is_warn) else engine_fields(line)
+    if is_stats and is_warn:
+        # A warning and a stats record glued without a logger prefix between them: each is read
+        # (the stats record keeps the warning's time, the only one on the line).
+        i, j = line.index(STATS_MARK), line.index(WARNING_MARK)
+        if j < i:
+            prefix = VLLM_PREFIX.search(line[:j])
+            _parse_record(line[:i], n, source_file, acc)
+            _parse_record((line[:prefix.end()] + " " if prefix else "") + line[i:], n, source_file, acc)
+            return
+        _parse_record(line[:j], n, source_file, acc)    # stats first: the warning has no time
+        _parse_record(line[j:], n, source_file, acc)
+        return
+    try:
+        facts = None if (is_stats or is_warn) else engine_fields(line)
+    except FactError as e:
+        acc.bad.append((source_file, n, f"engine line: {e}", line[:300]))
+        return
     kind = None if (is_stats or is_warn or facts) else event_kind(line)
     if not (is_stats or is_prefix or is_warn or facts or kind):
         return
@@ -219,6 +238,10 @@ def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
         m = WARNING.search(line)
         if not m or m.group(2).lower() not in ("recompute", "swap"):
             acc.bad.append((source_file, n, "preemption warning does not parse", line[:300]))
+            return
+        if m.group(3) and len(m.group(3)) > 15:   # far beyond any server's life (Int64 column)
+            acc.bad.append((source_file, n, f"preemption counter {m.group(3)[:20]}... is out of range",
+                            line[:300]))
             return
         acc.warns.append((source_file, n, t, when["epoch_s"], m.group(1), m.group(2).lower(),
                           int(m.group(3)) if m.group(3) else None))

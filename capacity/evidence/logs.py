@@ -24,6 +24,7 @@ Tables (times are naive UTC-or-as-logged datetimes plus `*epoch_s`, seconds on t
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -56,7 +57,25 @@ def ddl(schema: dict) -> str:
     return ", ".join(f"{c} {_DUCK[t]}" for c, t in schema.items())
 
 
-def ensure_evidence_schema(con) -> None:
+def check_evidence_schema(con, path: str | Path = "the database") -> None:
+    """Read-only: an evidence (or run) table that lacks our columns means the file is not this
+    kvcap's; refused before anything is written to it."""
+    from replay.store import StoreError, check_schema
+    check_schema(con, path)
+    found: dict[str, set[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                     "WHERE table_schema = 'main'").fetchall():
+        found.setdefault(table, set()).add(column)
+    for table, schema in EVIDENCE_TABLES.items():
+        missing = [c for c in schema if table in found and c not in found[table]
+                   and (table, c) != ("log_sources", "path")]
+        if missing:
+            raise StoreError(f"database {path}: table {table} lacks columns {', '.join(missing[:5])}; "
+                             "it was not written by this kvcap; pass another --db")
+
+
+def ensure_evidence_schema(con, path: str | Path = "the database") -> None:
+    check_evidence_schema(con, path)
     for table, schema in EVIDENCE_TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({ddl(schema)})")
     # DBs from before `path` existed: the column is added (NULL = path not recorded).
@@ -127,11 +146,36 @@ def detect_kind(path: Path) -> str:
     first = stripped.splitlines()[0].lower() if stripped else ""
     if "token_time" in first and ("send" in first or "request" in first):
         return "client"
-    text = strip_ansi(head)
-    if STATS_MARK in text or WARNING_MARK in text or VLLM_PREFIX.search(text) or looks_like_server_output(text):
+    if _server_marks(path):
         return "server"
     raise ClientFormatError(f"{path}: not a vLLM server log nor client results kvcap reads (no stats, "
                             "preemption, engine or error line); pass --kind server or --kind client")
+
+
+def _server_marks(path: Path) -> bool:
+    """Whether any line of the file is one a server log has (a stats, preemption, engine or error
+    line, or vLLM's logger prefix), line by line to the first one: a server log may open with
+    thousands of access-log lines."""
+    with open(path, errors="replace") as f:
+        for raw in f:
+            line = strip_ansi(raw)
+            if (STATS_MARK in line or WARNING_MARK in line or VLLM_PREFIX.search(line)
+                    or looks_like_server_output(line)):
+                return True
+    return False
+
+
+def _not_a_file(p: Path) -> str:
+    """Why `p`, neither a file nor a folder, is not read: missing, or a FIFO, device or socket
+    (reading one would block or never end)."""
+    from traces.atomic import file_kind
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return f"is {file_kind(mode)}, not a file; save its content to a file and pass that"
 
 
 def _write(con, table: str, source: str, df: pl.DataFrame) -> None:
@@ -151,7 +195,7 @@ def _client_year(db: Path, frames: list[pl.DataFrame]) -> int | None:
     if not Path(db).exists():
         return None
     with connect(db) as con:
-        ensure_evidence_schema(con)
+        ensure_evidence_schema(con, db)
         (y,), = con.execute("SELECT min(year(send_time)) FROM client_tokens").fetchall()
     return int(y) if y is not None else None
 
@@ -197,7 +241,7 @@ def _triage(paths: list[Path], kind: str | None, client_start) -> tuple[dict, di
     kinds, parsed, skipped = {}, {}, []
     for p in paths:
         if not (Path(p).is_file() or Path(p).is_dir()):
-            skipped.append(Skipped(path=str(p), reason="no such file"))
+            skipped.append(Skipped(path=str(p), reason=_not_a_file(Path(p))))
             continue
         try:
             k = kind or detect_kind(Path(p))
@@ -253,7 +297,7 @@ def _ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind:
         year, year_source = datetime.now().year, "assumed (current year; pass --year)"
     results, now = [], datetime.now()
     with connect(db) as con:
-        ensure_evidence_schema(con)
+        ensure_evidence_schema(con, db)
         keys = source_keys(paths, con)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -279,20 +323,22 @@ def _ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind:
                                  requests=df["request_id"].n_unique(),
                                  anchored=df["send_time"].null_count() == 0 and df.height > 0)
                 else:
+                    # `log`, not `parsed`: that dict still holds the Prometheus and client
+                    # frames of the files after this one
                     with open(p, errors="replace") as f:
-                        parsed = parse_server_log(f, name, _year_for(p, year, year_source, now))
-                    eras = sorted(set(parsed.stats["era"].to_list())) or (["v0"] if parsed.preemptions.height else [])
-                    for table, df in (("log_stats", parsed.stats), ("log_preemptions", parsed.preemptions),
-                                      ("log_unparsed", parsed.unparsed), ("log_engine", parsed.engine),
-                                      ("log_events", parsed.events)):
+                        log = parse_server_log(f, name, _year_for(p, year, year_source, now))
+                    eras = sorted(set(log.stats["era"].to_list())) or (["v0"] if log.preemptions.height else [])
+                    for table, df in (("log_stats", log.stats), ("log_preemptions", log.preemptions),
+                                      ("log_unparsed", log.unparsed), ("log_engine", log.engine),
+                                      ("log_events", log.events)):
                         _write(con, table, name, df)
                     r = Ingested(source_file=name, kind="server", era="+".join(eras) or None,
-                                 lines=parsed.lines, rows=parsed.stats.height,
-                                 preemption_warnings=parsed.preemptions.height,
-                                 unparsed=parsed.unparsed.height,
-                                 unparsed_lines=parsed.unparsed["line"].to_list(),
-                                 requests=0, anchored=True, engine_lines=parsed.engine.height,
-                                 events=parsed.events.height)
+                                 lines=log.lines, rows=log.stats.height,
+                                 preemption_warnings=log.preemptions.height,
+                                 unparsed=log.unparsed.height,
+                                 unparsed_lines=log.unparsed["line"].to_list(),
+                                 requests=0, anchored=True, engine_lines=log.engine.height,
+                                 events=log.events.height)
                 src = pl.DataFrame([{"source_file": name, "kind": r.kind, "era": r.era,
                                      "lines": r.lines, "rows": r.rows, "unparsed": r.unparsed,
                                      "year": year if r.kind == "server" else None,
@@ -347,6 +393,7 @@ def read_evidence(db: Path, *tables: str) -> dict[str, pl.DataFrame]:
 def replace_table(db: Path, table: str, df: pl.DataFrame) -> None:
     """Write a derived table (e.g. `attribution`) whole, replacing the previous one."""
     with connect(db) as con:
+        check_evidence_schema(con, db)
         con.register("_incoming", df.to_arrow())
         con.execute(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM _incoming")
         con.unregister("_incoming")

@@ -44,9 +44,13 @@ class PromFormatError(ValueError):
     """Prometheus input kvcap cannot read (one line naming the file and what is wrong)."""
 
 
+# A label set: quoted values may hold any character, `}` and escaped quotes included.
+_LABELS = r'\{(?:[^"}]|"(?:[^"\\\n]|\\.)*")*\}'
+
+
 def looks_like_exposition(head: str) -> bool:
     return head.lstrip().startswith(("# HELP ", "# TYPE ")) or bool(
-        re.search(r"^vllm:\w+(?:\{[^}]*\})?\s+[-+0-9.eEInfNa]+", head, re.M))
+        re.search(rf"^vllm:\w+(?:{_LABELS})?\s+[-+0-9.eEInfNa]+", head, re.M))
 
 
 def looks_like_query_range(head: str) -> bool:
@@ -184,11 +188,19 @@ def parse_query_range(path: Path, *, source: str) -> pl.DataFrame:
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             raise PromFormatError(f"{source}, export {i}: not a query_range result (data.resultType must be "
                                   "'matrix')")
-        series += data.get("result") or []
-    names = {s.get("metric", {}).get("__name__") for s in series}
+        result = data.get("result") or []
+        if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
+            raise PromFormatError(f"{source}, export {i}: data.result must be a list of series "
+                                  "objects ({\"metric\": ..., \"values\": [[t, v], ...]})")
+        series += result
+    for k, s in enumerate(series):
+        if not isinstance(s.get("metric") or {}, dict) or not isinstance(s.get("values") or [], list):
+            raise PromFormatError(f"{source}, series {k}: 'metric' must be an object of labels and "
+                                  "'values' a list of [time, value] pairs")
+    names = {(s.get("metric") or {}).get("__name__") for s in series}
     rows: list[tuple] = []
     for k, s in enumerate(series):
-        labels = dict(s.get("metric") or {})
+        labels = {str(a): str(b) for a, b in (s.get("metric") or {}).items()}
         name = labels.pop("__name__", None)
         if name is None:
             raise PromFormatError(f"{source}, series {k}: no __name__; export the raw metrics (e.g. "

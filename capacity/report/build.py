@@ -101,14 +101,14 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
         result["production"] = production.as_dict()
     rules = out / RULES_FILE
     if plan.alert is not None:
-        write_atomic(rules, plan.alert.yaml)
-        result["rules"] = str(rules)
+        result["rules"] = str(rules)       # written with the report's files, all or none
     elif rules.exists():
         rules.unlink()         # a rule file from an earlier run must not look like this one's
     index = write_report(out, title=f"kvcap capacity report — {name}", trace_summary=trace_info(trace),
                          run=plan.baseline, sizing=plan.sizing, modes=plan.modes,
                          recommendation=plan.recommendation, stability=plan.stability,
                          extra_sections=extra, host_tier_sections=host_tier_sections(plan),
+                         extra_files={RULES_FILE: plan.alert.yaml} if plan.alert is not None else None,
                          extra_summary={**plan.contract(),
                                         "trace_has_prefix_hashes": result["trace_has_prefix_hashes"],
                                         **{k: result[k] for k in ("recommended_mode",

@@ -471,7 +471,8 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
                  sizing: SwapSizing | None, modes: ModeComparison | None, recommendation,
                  stability, extra_sections: Sequence[Section] = (),
                  extra_summary: dict | None = None,
-                 host_tier_sections: Sequence[Section] | None = None) -> Path:
+                 host_tier_sections: Sequence[Section] | None = None,
+                 extra_files: dict[str, str] | None = None) -> Path:
     """Write `out_dir/index.html`, `out_dir/<chart>.png` and `out_dir/summary.json`; return the
     path of index.html. `recommendation` (capacity.analyses.plan.Recommendation) is the top of
     the page and of summary.json; `stability` (capacity.analyses.stability.Stability) follows."""
@@ -481,20 +482,22 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
     sections = build_sections(trace_summary=trace_summary, run=run, run_sum=run_sum,
                               sizing=sizing, modes=modes, rec=recommendation, stab=stability,
                               extra_sections=extra_sections, host_tier_sections=host_tier_sections)
-    svgs = {}
+    svgs, files = {}, {}
     for fig in (f for s in sections for f in s.charts):
-        svgs[fig.name], png = render_chart(fig.chart)
-        atomic.write_bytes(out / f"{fig.name}.png", png)
+        svgs[fig.name], files[out / f"{fig.name}.png"] = render_chart(fig.chart)
     r = run.run
     subtitle = (f"{r.get('model')} on {r.get('gpu')} × {r.get('tp', 1)}, scheduler "
                 f"{r.get('scheduler')}; {run_sum['requests']:,} requests over "
                 f"{seconds(run_sum['sim_seconds'])} simulated")
     footer = f"kvcap {r.get('kvcap_version', '')} · run {run.run_id} · offline report"
     index = out / "index.html"
-    # Each file whole or not at all (temp + rename): a full disk leaves no truncated index.html.
-    atomic.write_text(index, render_html(title, subtitle, sections, svgs, footer))
+    files[index] = render_html(title, subtitle, sections, svgs, footer)
     doc = summary_dict(title=title, trace_summary=trace_summary, run=run, run_sum=run_sum,
                        sizing=sizing, modes=modes, rec=recommendation, stab=stability,
                        sections=sections, extra=extra_summary)
-    atomic.write_text(out / "summary.json", json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    files[out / "summary.json"] = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    files.update({out / name: text for name, text in (extra_files or {}).items()})
+    # The whole report or none of it (all written to temp files, then renamed): a full disk
+    # leaves no PNGs without their index.html.
+    atomic.write_files(files)
     return index
