@@ -76,7 +76,7 @@ def test_runs_tell_runs_apart_in_100_columns(db):
     fine = next(line for line in lines if line.startswith(db["fine"]["run_id"][:8]))
     assert "overloaded" in over and "sustainable" in fine
     assert "×2" in fine and "×" not in over
-    assert "conv300.parquet" in over and " 600 " in over and "V1 async" in over
+    assert "conv300.parquet" in over and " 600 " in over and "0.34 async" in over
     narrow = kvcap("runs", "--db", db["path"], columns=80).stdout.splitlines()
     assert max(map(len, narrow)) <= 80
     assert any(line.startswith(db["over"]["run_id"][:8]) and "overloaded" in line for line in narrow)

@@ -80,7 +80,7 @@ def test_loader_override_and_parquet_round_trip(tmp_path):
 
 @pytest.mark.parametrize("bad", [0, -512, 1.5, True, "512"])
 def test_a_bad_granularity_is_one_line(tmp_path, bad):
-    with pytest.raises(TraceError, match=r"^hash_block_tokens: .* whole number of tokens >= 1"):
+    with pytest.raises(TraceError, match=r"^hash_block_tokens: .* whole number of tokens from 1 to"):
         with_hash_block_tokens(two_requests(), bad)
 
 

@@ -56,7 +56,7 @@ def test_logs_file_names(tmp_path):
 
 
 def test_runs_stored_labels_and_config_name(tmp_path):
-    t = tmp_path / "t.csv"
+    t = tmp_path / f"t{ESC}.csv"
     t.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,3\n")
     cfg = {"_name_or_path": f"org/m{ESC}", "architectures": ["LlamaForCausalLM"], "hidden_size": 512,
            "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
@@ -66,7 +66,7 @@ def test_runs_stored_labels_and_config_name(tmp_path):
     db = tmp_path / "k.duckdb"
     kvcap("replay", t, "--model", tmp_path / "config.json", "--label", f"run{ESC}", "--db", db)
     out = kvcap("runs", "--db", db).stdout
-    assert "\\x1b" in out
+    assert "\\x1b" in out and ESC not in out
 
 
 def test_validate_prometheus_server_label(tmp_path):

@@ -71,12 +71,12 @@ def stored_runs(db: Path) -> list[dict]:
 
 
 def _engine(r: dict) -> str:
-    """'V1 0.34 async', 'V1 0.33 sync+cpu' (CPU offloading), 'V0 swap', 'V0 recompute'; '+queue' for
+    """'0.34 async', '0.33 sync+cpu' (V1 and its release; CPU offloading), 'V0 swap', 'V0 recompute'; '+queue' for
     queue-only admission."""
     if r["scheduler"] == "v0":
         text = "V0 " + ("queue" if r["preemption_mode"] == "none" else r["preemption_mode"] or "?")
     else:
-        text = f"V1 {r.get('vllm_version') or '0.33'} " + ("async" if r["async_scheduling"] else "sync")
+        text = f"{r.get('vllm_version') or '0.33'} " + ("async" if r["async_scheduling"] else "sync")
         if r["preemption_mode"] == "none":
             text += "+queue"
     return text + ("+cpu" if r["kv_offloading"] else "")
