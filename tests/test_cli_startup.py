@@ -125,3 +125,20 @@ def test_the_executable_still_runs_exit_handlers(tmp_path):
             "sys.argv = ['kvcap', '--help']\nconsole()\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0 and (tmp_path / "ran").exists()
+
+
+def test_the_command_line_skips_the_uri_grammar_import():
+    """`kvcap` blocks rfc3987_syntax (2.5 s of lark grammars under altair's jsonschema), which no
+    command needs; a chart still renders without it."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from capacity.cli import console\n"
+            "sys.argv = ['kvcap', '--version']\n"
+            "try:\n    console()\nexcept SystemExit:\n    pass\n")
+    # console() exits the process itself: check in a child that it set the block before main().
+    probe = code.replace("console()", "import capacity.cli as c; c.main = lambda: print("
+                         "'blocked' if sys.modules.get('rfc3987_syntax', 0) is None else 'no'); "
+                         "console()")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.stdout.strip() == "blocked", out.stderr

@@ -191,6 +191,11 @@ def console() -> None:
     import sys
     import threading
     gc.set_threshold(50_000, 20, 20)
+    # jsonschema (under altair) imports rfc3987_syntax when it is installed (JupyterLab's
+    # jsonschema[format-nongpl] brings it), which builds 38 lark grammars at import: 2.5 of
+    # altair's 3 s. No kvcap command validates URI formats, so the command line goes without
+    # (jsonschema then skips that format checker). Notebooks keep the user's modules untouched.
+    sys.modules.setdefault("rfc3987_syntax", None)
     try:
         main()
         code = 0
