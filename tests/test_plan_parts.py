@@ -149,3 +149,14 @@ def test_keep_tables_gives_the_same_values_and_keeps_every_replay():
     assert a == b
     assert lean.runs == [] and len(lean.reduced) == len(a[0].probes)
     assert len(full.runs) == len(b[0].probes) and full.reduced == []
+
+
+def test_migration_block_words_need_no_v0_twin():
+    """A V1 priority deployment has no V0 swap twin (vLLM V0 crashes there); the block-size
+    words of the migration still come (16 on V0, 64 on 0.34), without replaying anything."""
+    from capacity.analyses.migration import block_change
+    from replay.config import EngineConfig
+    from traces.synth import synthesize
+    trace = synthesize("poisson", rate_rps=1.0, duration_s=5.0)
+    words, hits = block_change(trace, EngineConfig(scheduling_policy="priority"), planner=None)
+    assert "16 tokens on V0, 64 on vLLM 0.34" in words and hits is None

@@ -101,10 +101,17 @@ def block_change(trace: pl.DataFrame, config: EngineConfig, planner: Planner
     from capacity.analyses.planner import summary_reducer
     from capacity.analyses.sweep import Job
     from traces.schema import has_prefix_hashes
-    v0 = resolve(twin(config, "v0") if config.scheduler == "v1" else config)
-    v1_cfg = twin(config, "v1") if config.scheduler == "v0" else config
+    try:
+        v1_cfg = twin(config, "v1") if config.scheduler == "v0" else config
+    except ValueError:
+        return "", None                   # no V1 twin: the section says why already
     v1 = resolve(v1_cfg)
-    old, new = v0.block_size, v1.block_size
+    # V0's block: what the user set, else its default (no twin needed: V0 may refuse one, e.g.
+    # swap with priority scheduling).
+    old = (resolve(config).block_size if config.scheduler == "v0" else
+           config.block_size if config.block_size is not None else
+           DEFAULT_BLOCK_SIZE[V0_VLLM_VERSION])
+    new = v1.block_size
     if old == new:
         return "", None
     head = (f"the block size changes with the upgrade: {old} tokens on V0, {new} on vLLM "
