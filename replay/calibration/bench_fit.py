@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from replay.config import EngineConfig, resolve
-from replay.cost_model import CostModel
-from replay.executors import catalog_constants, model_shape
-from replay.prefix import UniqueBlockKeys
-from replay.state import RequestState
-from replay import step_profile
+from replay.engine.prefix import UniqueBlockKeys
+from replay.engine.state import RequestState
+from replay.timing import step_profile
+from replay.timing.cost_model import CostModel
+from replay.timing.executors import catalog_constants, model_shape
 
 MAX_ROUNDS = 8
 

@@ -22,10 +22,10 @@ import math
 
 import numpy as np
 
-from replay import step_profile
-from replay.bench_fit import replay_state
+from replay.calibration.bench_fit import replay_state
 from replay.config import EngineConfig
-from replay.state import RequestState
+from replay.engine.state import RequestState
+from replay.timing import step_profile
 
 
 

@@ -30,15 +30,15 @@ import numpy as np
 import torch
 
 from replay.config import EngineConfig, resolve
-from replay.cost_model import CostModel, ModelShape
-from replay.executors import catalog_constants
-from replay.plan import StepPlan
-from replay.prefix import UniqueBlockKeys
-from replay.spec import cdiv
-from replay.state import RequestState
-from replay.stub import StubExecutor, compute_dtype, kv_dtype
-from replay.stub_kv import KVLayout, PagedKV
-from replay.stub_model import StubShape, StubShapeName, WeightlessModel
+from replay.engine.plan import StepPlan
+from replay.engine.prefix import UniqueBlockKeys
+from replay.engine.spec import cdiv
+from replay.engine.state import RequestState
+from replay.stub.executor import StubExecutor, compute_dtype, kv_dtype
+from replay.stub.kv import KVLayout, PagedKV
+from replay.stub.model import StubShape, StubShapeName, WeightlessModel
+from replay.timing.cost_model import CostModel, ModelShape
+from replay.timing.executors import catalog_constants
 from traces import atomic
 
 

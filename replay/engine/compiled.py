@@ -1,8 +1,8 @@
-"""The one Python adapter for both compiled replay cores (replay/v1/_core.c, replay/v0/_core.c;
-their shared C is replay/kvcore.h): what a core cannot run (`unavailable`), the arguments it takes
-(request arrays, the resolved spec as a dict read by field name, cost constants, block keys),
-driving it in chunks of steps (progress, Ctrl-C) and turning its columns into the `RawRun` the
-reference loop (replay/loop.py) returns for the same replay.
+"""The one Python adapter for both compiled replay cores (replay/engine/v1/_core.c,
+replay/engine/v0/_core.c; their shared C is replay/engine/kvcore.h): what a core cannot run
+(`unavailable`), the arguments it takes (request arrays, the resolved spec as a dict read by field
+name, cost constants, block keys), driving it in chunks of steps (progress, Ctrl-C) and turning its
+columns into the `RawRun` the reference loop (replay/engine/loop.py) returns for the same replay.
 
 No silent fallback: a core removes every spec field it reads from the dict it is given, and
 `run` fails on any field left that `NOT_APPLICABLE` does not list for that core, so a new knob
@@ -16,27 +16,28 @@ from typing import Callable
 
 import numpy as np
 
-from replay.cost_model import CostModel
-from replay.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys, row_offsets
-from replay.raw import (BATCH_COLUMNS, EVENT_KINDS, OFFLOAD_STEP_COLUMNS, STEP_COLUMNS,
-                        TBT_COLUMNS, ColumnChunks, ColumnSpill, RawRun, abort_reason)
-from replay.spec import SchedulerSpec
-from replay.state import RequestState
+from replay.engine.prefix import TokenBlockKeys, TraceBlockKeys, UniqueBlockKeys, row_offsets
+from replay.engine.raw import (BATCH_COLUMNS, EVENT_KINDS, OFFLOAD_STEP_COLUMNS, STEP_COLUMNS,
+                               TBT_COLUMNS, ColumnChunks, ColumnSpill, RawRun, abort_reason)
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState
+from replay.timing.cost_model import CostModel
 
 try:
-    from replay.v1 import _core as _v1_core
+    from replay.engine.v1 import _core as _v1_core
 except ImportError:             # not built (no C compiler at install time)
     _v1_core = None
 try:
-    from replay.v0 import _core as _v0_core
+    from replay.engine.v0 import _core as _v0_core
 except ImportError:
     _v0_core = None
 
 CORES = {"v1": _v1_core, "v0": _v0_core}
 SPILL_EVERY_STEPS = 1 << 20      # ~100 MB of step and TBT columns between two spills
 # Steps per chunk handed to a sink: the store writer inserts each while the core runs on
-# (replay/writer.py), so what is left to insert after the loop is at most this many. A quarter
-# of DuckDB's row group: smaller chunks cost the writer thread more per row (~20% at 16,384).
+# (replay/results/writer.py), so what is left to insert after the loop is at most this many.
+# A quarter of DuckDB's row group: smaller chunks cost the writer thread more per row (~20% at
+# 16,384).
 SINK_EVERY_STEPS = 30_720
 
 # sink(steps, tbt): the STEP_COLUMNS and TBT_COLUMNS of one chunk, in step order.
@@ -62,7 +63,7 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
 
 
 # The CPU KV offloading knobs (#16): the compiled V1 core models vLLM's OffloadingConnector
-# (replay/v1/_connector.h; its module constant `KV_OFFLOADING = 1`) and reads them all.
+# (replay/engine/v1/_connector.h; its module constant `KV_OFFLOADING = 1`) and reads them all.
 OFFLOAD_FIELDS = ("kv_offloading", "offload_prompt_only", "offload_eviction_policy",
                   "offload_blocks_per_chunk", "offload_store_threshold",
                   "offload_store_tracker_size", "offload_store_counting", "offload_transfer_steps",
@@ -114,7 +115,7 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
     """(core handle, the spec fields it did not read) for one replay; raises if the core left a
     field unread that it does not declare not applicable (`fields_in` overrides the spec dict:
     tests; `keys_in`: the keys already in `keys_args` form, arrays the caller fills in place as
-    rows arrive: replay/fleet.py)."""
+    rows arrive: replay/fleet/run.py)."""
     ext = CORES[engine]
     if keys is not None and type(keys) is TraceBlockKeys and keys.block_size != spec.block_size:
         raise ValueError("trace keys were built for another block size")
@@ -131,8 +132,8 @@ def new_core(engine: str, state: RequestState, spec: SchedulerSpec, executor: Co
     unread = sorted(set(left) - set(NOT_APPLICABLE[engine]))
     if unread:
         raise AssertionError(f"the compiled {engine} core does not read spec field(s) {unread}: "
-                             f"read them in replay/{engine}/_core.c or declare them in "
-                             "replay.compiled.NOT_APPLICABLE")
+                             f"read them in replay/engine/{engine}/_core.c or declare them in "
+                             "replay.engine.compiled.NOT_APPLICABLE")
     return core, left
 
 
@@ -170,7 +171,7 @@ def run(engine: str, state: RequestState, spec: SchedulerSpec, executor: CostMod
     the end, and `sink(steps, tbt)` gets each chunk while the core runs on without the GIL
     (`kvcap replay`'s store writer appends it meanwhile); the run keeps the chunks
     (`RawRun.spilled`: in memory, moved to files once past `spill_every_steps` with
-    `spill_dir`). `keep_steps=False` (with a sink: a summary replay, replay/summary.py): the
+    `spill_dir`). `keep_steps=False` (with a sink: a summary replay, replay/results/summary.py): the
     chunks go to the sink only and the run keeps none (its `steps` and TBT columns are empty,
     `num_steps` counts them)."""
     if not keep_steps and sink is None:
@@ -317,8 +318,8 @@ def _raw(state, out, first_sched, first_tok, finish, max_tbt, kv_bytes_per_block
 
 class StepCore:
     """A compiled core driven one step at a time through the reference scheduler's contract
-    (`replay.plan.Scheduler` plus the oracle hooks `abort_request` and `snapshot`): the oracle
-    and golden scenarios run on both implementations with it. `run` is the same steps without
+    (`replay.engine.plan.Scheduler` plus the oracle hooks `abort_request` and `snapshot`): the
+    oracle and golden scenarios run on both implementations with it. `run` is the same steps without
     the round trips. The request counters live in `state` (the core writes its arrays in place).
     V0 plans carry the swap block pairs; V1 has no swap."""
 
@@ -354,7 +355,7 @@ class StepCore:
         self._ext.abort(self._core, row)
 
     def schedule(self):
-        from replay.plan import Preemption, Rejection, StepPlan, SwapAbort
+        from replay.engine.plan import Preemption, Rejection, StepPlan, SwapAbort
         p = self._ext.schedule(self._core)
         if "abort" in p:
             row, needed, free = p["abort"]
@@ -390,7 +391,7 @@ class StepCore:
                         offload=_offload_plan(p.get("offload")))
 
     def update(self, plan):
-        from replay.plan import StepOutput
+        from replay.engine.plan import StepOutput
         sampled, fin, *done = self._ext.update(self._core)
         sampled = plan.rows[np.frombuffer(sampled, np.uint8) != 0]
         return StepOutput(sampled=tuple(sampled.tolist()),
@@ -456,7 +457,7 @@ class StepCore:
 
 def _offload_plan(off: dict | None):
     """StepPlan.offload from a V1 core's schedule() (NO_OFFLOAD without the connector)."""
-    from replay.plan import NO_OFFLOAD, OffloadPlan, OffloadTransfer
+    from replay.engine.plan import NO_OFFLOAD, OffloadPlan, OffloadTransfer
     if off is None:
         return NO_OFFLOAD
 

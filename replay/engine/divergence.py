@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.raw import RawRun
+from replay.engine.raw import RawRun
 
 _REQUEST_FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "max_tbt_s")
 _STATE_FIELDS = ("status", "num_computed", "num_output", "num_preemptions", "num_swaps",

@@ -1,8 +1,8 @@
-/* What the two compiled replay cores (replay/v1/_core.c, replay/v0/_core.c) share: growable
- * columns, the tables a replay produces (steps, events, stalls, fleet TBT samples: the columns of
- * replay.raw.RawRun), the hash that spreads block keys, and the Python glue (buffer views of the
- * request arrays, columns handed back as bytearrays). Header-only: each core is one translation
- * unit, so everything here is static.
+/* What the two compiled replay cores (replay/engine/v1/_core.c, replay/engine/v0/_core.c) share:
+ * growable columns, the tables a replay produces (steps, events, stalls, fleet TBT samples: the
+ * columns of replay.engine.raw.RawRun), the hash that spreads block keys, and the Python glue
+ * (buffer views of the request arrays, columns handed back as bytearrays). Header-only: each core
+ * is one translation unit, so everything here is static.
  */
 #ifndef KVCAP_KVCORE_H
 #define KVCAP_KVCORE_H
@@ -98,14 +98,14 @@ static inline uint64_t mix64(uint64_t x) {
 }
 
 /* ------------------------------------------------------------------ the run's tables */
-/* Event kinds: indices into replay.raw.EVENT_KINDS. */
+/* Event kinds: indices into replay.engine.raw.EVENT_KINDS. */
 enum { EV_PREEMPT_RECOMPUTE = 0, EV_PREEMPT_SWAP = 1, EV_SWAP_IN = 2, EV_SWAP_FULL_FALLBACK = 3,
        EV_SWAP_FULL_ABORT = 4, EV_REJECT = 5, EV_OFFLOAD_STORE = 6, EV_OFFLOAD_LOAD = 7 };
-/* Batch kinds: indices into replay.raw.BATCH_KINDS. */
+/* Batch kinds: indices into replay.engine.raw.BATCH_KINDS. */
 enum { BK_NEW = 0, BK_RESUMED = 1, BK_RUNNING = 2, BK_PREFILL = 3, BK_DECODE = 4 };
 
 typedef struct {
-    /* One row per step: replay.raw.STEP_COLUMNS. */
+    /* One row per step: replay.engine.raw.STEP_COLUMNS. */
     vecd start_s, duration_s;
     veci32 num_running, num_waiting, num_swapped, swap_out_blocks, swap_in_blocks, num_preempted,
         evicted_requests;
@@ -117,8 +117,9 @@ typedef struct {
     veci sl_row; vecd sl_pre, sl_res, sl_stall; veci8 sl_mode;
     /* Fleet TBT samples as (value, weight). */
     vecd tbt_v; veci tbt_w;
-    /* Per-step batch records (Loop.record_batches only; replay/compiled.py expands them to
-     * replay.raw.BATCH_COLUMNS): rows per step, then each step's plan arrays back to back. */
+    /* Per-step batch records (Loop.record_batches only; replay/engine/compiled.py expands them to
+     * replay.engine.raw.BATCH_COLUMNS): rows per step, then each step's plan arrays back to back.
+     */
     veci32 b_count, b_row; veci b_new, b_ctx; veci8 b_kind;
 } Tables;
 
@@ -193,8 +194,8 @@ static inline PyObject *list_i32(const int32_t *p, int64_t n) {
     return l;
 }
 
-/* The columns as a dict of bytearrays (replay/compiled.py turns them into numpy); the core adds
- * its own scalars (final time, abort) to it. Each column's C buffer is freed as soon as it is
+/* The columns as a dict of bytearrays (replay/engine/compiled.py turns them into numpy); the core
+ * adds its own scalars (final time, abort) to it. Each column's C buffer is freed as soon as it is
  * copied, so a long run never holds both copies of all its columns (peak memory); the columns
  * are handed over once (a second call returns them empty). */
 static int col_move(PyObject *d, const char *name, void **p, int64_t *n, int64_t *cap,
@@ -266,8 +267,8 @@ static void views_release(Views *vs) {
 }
 
 /* ------------------------------------------------------------------ request arrays */
-/* replay.state.RequestState's arrays and the loop's per-request outputs (numpy buffers, written
- * in place), in the order replay/compiled.py passes them. */
+/* replay.engine.state.RequestState's arrays and the loop's per-request outputs (numpy buffers,
+ * written in place), in the order replay/engine/compiled.py passes them. */
 typedef struct {
     int64_t n;
     const double *arrival;
@@ -321,10 +322,10 @@ static int req_take(Views *vs, PyObject *arrays, Req *q) {
 }
 
 /* ------------------------------------------------------------------ the resolved spec */
-/* replay.spec.SchedulerSpec as a dict of its fields (replay/compiled.py passes a fresh copy). A
- * core takes each field it reads by name and removes it from the dict; the adapter then fails on
- * any field left that the core does not declare not applicable, so a knob without C support can
- * never be silently ignored. */
+/* replay.engine.spec.SchedulerSpec as a dict of its fields (replay/engine/compiled.py passes a
+ * fresh copy). A core takes each field it reads by name and removes it from the dict; the adapter
+ * then fails on any field left that the core does not declare not applicable, so a knob without C
+ * support can never be silently ignored. */
 static PyObject *spec_pop(PyObject *spec, const char *name) {
     PyObject *v = PyDict_GetItemString(spec, name);     /* borrowed */
     if (!v) {
@@ -404,10 +405,11 @@ static inline int spec_opt_choice(PyObject *spec, const char *name, const char *
 /* The spec's string fields, in the order of the cores' MODE_* / POLICY_* enums. */
 static const char *const MODE_NAMES[] = {"recompute", "none", "swap", NULL};
 static const char *const POLICY_NAMES[] = {"fcfs", "priority", NULL};
-static const char *const VERSION_NAMES[] = {"0.33", "0.34", NULL};    /* replay.spec.VLLM_VERSIONS */
+/* replay.engine.spec.VLLM_VERSIONS */
+static const char *const VERSION_NAMES[] = {"0.33", "0.34", NULL};
 
 /* ------------------------------------------------------------------ block keys */
-/* replay/prefix.py: request-unique keys, or keys from the trace's prefix-hash chains. */
+/* replay/engine/prefix.py: request-unique keys, or keys from the trace's prefix-hash chains. */
 #define K_BITS 24
 
 typedef struct {
@@ -422,7 +424,7 @@ static int keys_take(Views *vs, PyObject *keys, int64_t n, int64_t block_size, K
     if (!PyArg_ParseTuple(keys, "iLOOO", &k->mode, &hbt, &off, &ids, &shared)) return -1;
     k->bs = block_size;
     k->hbt = hbt;
-    /* Mode 2 (token-id keys, precomputed by replay/compiled.py): chain_ids holds each row's
+    /* Mode 2 (token-id keys, precomputed by replay/engine/compiled.py): chain_ids holds each row's
      * block keys in order from chain_off[row], num_shared[row] of them. */
     if (k->mode >= 1 &&
         (!(k->chain_off = views_take(vs, off, n + 1, 8, 0, "chain_off")) ||
@@ -472,9 +474,9 @@ static inline int64_t keyit_next(const Keys *ks, KeyIt *it) {
 }
 
 /* ------------------------------------------------------------------ cost model */
-/* replay/cost_model.py's constants, folded as there; `cost_step_s` is `_step_s` with the same
- * terms in the same order (built with -ffp-contract=off: bit-identical durations). A measured
- * profile (replay/step_profile.py) replaces the roofline by its tables: `cost_measured_s` is
+/* replay/timing/cost_model.py's constants, folded as there; `cost_step_s` is `_step_s` with the
+ * same terms in the same order (built with -ffp-contract=off: bit-identical durations). A measured
+ * profile (replay/timing/step_profile.py) replaces the roofline by its tables: `cost_measured_s` is
  * `MeasuredTables.step_s`, term for term. Tables live inline (no allocation, nothing to free). */
 #define TAB1_MAX 96
 #define TAB2_ROWS 16
@@ -613,7 +615,7 @@ static inline double tab2_at(const Tab2 *t, double r, double c) {
 }
 
 /* ------------------------------------------------------------------ the replay loop */
-/* replay/loop.py (the reference loop) around a core's schedule() and update(): the virtual
+/* replay/engine/loop.py (the reference loop) around a core's schedule() and update(): the virtual
  * clock, arrivals, events, evicted-KV gauges, step rows, TBT samples and stalls. */
 typedef struct {
     double t;                             /* virtual clock */
@@ -751,7 +753,7 @@ static inline double cost_step(const Cost *c, const StepSums *s, int64_t swaps) 
     return cost_step_s(c, s->tokens, s->num_sampled, s->attn, s->kv, swaps);
 }
 
-/* The step's batch, one record per scheduled row in batch order (replay/loop.py's
+/* The step's batch, one record per scheduled row in batch order (replay/engine/loop.py's
  * record_batches): the plan's arrays copied whole. */
 static int loop_batches(Tables *o, const Plan *pl) {
     int64_t k = pl->nrows, n0 = o->b_kind.n;

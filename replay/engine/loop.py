@@ -1,5 +1,6 @@
 """The reference replay loop: a virtual clock driving a Python scheduler through an executor, one
-step at a time (replay/kvcore.h `loop_*` is the compiled cores' copy; replay/run.py picks one).
+step at a time (replay/engine/kvcore.h `loop_*` is the compiled cores' copy; replay/run.py
+picks one).
 
 Owns time. Tie order (also in docs/design.md): a request is added to the engine at the start of the
 first step whose start time is >= its arrival time; requests arriving at the same time, or during
@@ -18,9 +19,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from replay.plan import Scheduler, StepPlan
-from replay.raw import BATCH_COLUMNS, BATCH_KINDS, STEP_COLUMNS, RawRun, abort_reason
-from replay.state import RequestState, Status
+from replay.engine.plan import Scheduler, StepPlan
+from replay.engine.raw import BATCH_COLUMNS, BATCH_KINDS, STEP_COLUMNS, RawRun, abort_reason
+from replay.engine.state import RequestState, Status
 
 
 class Executor(Protocol):
@@ -69,7 +70,7 @@ def run(state: RequestState, scheduler: Scheduler, executor: Executor, *,
     evicted_total = evicted_count = 0
 
     # A V1 scheduler with timed CPU offload transfers reads the clock: the step's start before
-    # schedule(), its end before update() (replay/v1/offload.py).
+    # schedule(), its end before update() (replay/engine/v1/offload.py).
     tell_time = getattr(scheduler, "tell_time", None)
     next_transfer_s = getattr(scheduler, "offload_next_done_s", None)
 

@@ -103,8 +103,8 @@ class StepPlan:
     num_computed_tokens: np.ndarray = field(default_factory=_empty_rows)
     # True where the row's chunk belongs to a (re-)prefill, False for a one-token decode.
     is_prefill: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    # V1: each row's replay.raw.BATCH_KINDS code (new / resumed / running, as vLLM's scheduler
-    # output lists it). None (V0): prefill or decode, from is_prefill.
+    # V1: each row's replay.engine.raw.BATCH_KINDS code (new / resumed / running, as vLLM's
+    # scheduler output lists it). None (V0): prefill or decode, from is_prefill.
     kind: np.ndarray | None = None
     # (gpu_block, cpu_block) copies GPU -> host pool, done before the forward pass.
     swap_out: np.ndarray = field(default_factory=_empty_pairs)

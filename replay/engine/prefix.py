@@ -24,7 +24,7 @@ _K_BITS = 24  # engine blocks per request < 2**24 (268M tokens at block_size 16)
 
 class BlockKeys(Protocol):
     """Negative keys are request-unique (`unique_key`) and, within a request, follow all of its
-    shared (>= 0) keys (replay/kvcore.h `key_of` computes the same keys)."""
+    shared (>= 0) keys (replay/engine/kvcore.h `key_of` computes the same keys)."""
 
     def key(self, row: int, k: int) -> int:
         """Key of block k (0-based) of request `row`; only asked for blocks whose tokens are all
@@ -61,7 +61,7 @@ class TraceBlockKeys:
     """Keys from a trace's prefix hashes, kept as flat arrays: `chain_ids[offsets[r]:offsets[r+1]]`
     are row r's chain ids (one per trace hash; none when the row has no hashes) and
     `shared_blocks[r]` how many of its leading engine blocks have shareable keys. The compiled
-    cores take these arrays as they are (replay/compiled.py `keys_args`)."""
+    cores take these arrays as they are (replay/engine/compiled.py `keys_args`)."""
 
     def __init__(self, *, block_size: int, prompt_len: Sequence[int],
                  prefix_hashes: Sequence[Sequence[int] | None],

@@ -1,8 +1,8 @@
-"""What a replay produces, before results.py turns it into tables: `RawRun`, the per-step columns
-and the event kinds. A leaf module (numpy and replay.state only) so the reference loop
-(replay/loop.py), the compiled-core adapter (replay/compiled.py), engine selection (replay/run.py)
-and the results all import it without importing each other; the C cores index `EVENT_KINDS`
-(replay/kvcore.h `EV_*`) and fill `STEP_COLUMNS` in this order.
+"""What a replay produces, before replay/results/tables.py turns it into tables: `RawRun`, the
+per-step columns and the event kinds. A leaf module (numpy and replay.engine.state only) so the
+reference loop (replay/engine/loop.py), the compiled-core adapter (replay/engine/compiled.py),
+engine selection (replay/run.py) and the results all import it without importing each other; the C
+cores index `EVENT_KINDS` (replay/engine/kvcore.h `EV_*`) and fill `STEP_COLUMNS` in this order.
 Must not import anything else from replay/ (import-linter contract in pyproject.toml).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Iterator, Literal
 
 import numpy as np
 
-from replay.state import RequestState
+from replay.engine.state import RequestState
 
 STEP_COLUMNS = {
     "start_s": np.float64, "duration_s": np.float64, "num_running": np.int32,
@@ -31,7 +31,7 @@ STEP_COLUMNS = {
     "offload_store_blocks": np.int64, "offload_load_blocks": np.int64,
 }
 # Step columns a compiled core may not fill yet (it then cannot run offloading:
-# replay.compiled.unavailable), read back as zeros.
+# replay.engine.compiled.unavailable), read back as zeros.
 OFFLOAD_STEP_COLUMNS = ("offload_store_blocks", "offload_load_blocks")
 
 EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallback",
@@ -42,7 +42,7 @@ EVENT_KINDS = ("preempt_recompute", "preempt_swap", "swap_in", "swap_full_fallba
 # `batches.kind`, as vLLM's scheduler output names a scheduled request: V1 `scheduled_new_reqs`
 # (first admission), resumed (admitted again after a preemption; 0.33's Model Runner V2 lists
 # them among the new ones, oracle README F14) and running (`scheduled_cached_reqs`); V0 the
-# sequence group's prefill or decode. The C cores index it (replay/kvcore.h `BK_*`).
+# sequence group's prefill or decode. The C cores index it (replay/engine/kvcore.h `BK_*`).
 BATCH_KINDS = ("new", "resumed", "running", "prefill", "decode")
 BATCH_COLUMNS = {"step": np.int64, "row": np.int64, "num_new_tokens": np.int64,
                  "num_computed_tokens": np.int64, "kind": np.int8}
@@ -122,7 +122,7 @@ class ColumnChunks:
 
 @dataclass(slots=True, kw_only=True)
 class RawRun:
-    """Everything a replay produced, as numpy columns (results.py turns it into tables)."""
+    """Everything a replay produced, as numpy columns (replay/results/tables.py makes the tables)."""
     state: RequestState
     steps: dict[str, np.ndarray]
     # Per request (trace row).

@@ -70,7 +70,7 @@ class SchedulerSpec:
     # Bytes of one KV block on one GPU (all layers, K and V); events report bytes from it.
     kv_bytes_per_block: int = 0
     # V1 0.33 CPU KV offloading (`--kv-offloading-size`, the native OffloadingConnector; oracle
-    # README §7, replay/v1/offload.py): on, the tier is `num_cpu_blocks` chunks of
+    # README §7, replay/engine/v1/offload.py): on, the tier is `num_cpu_blocks` chunks of
     # `offload_blocks_per_chunk` GPU blocks, shared by all traffic as a second prefix cache.
     kv_offloading: bool = False
     # Store prompt blocks only (vLLM's default, F2).

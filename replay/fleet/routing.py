@@ -1,4 +1,4 @@
-"""The routers of a fleet replay that need no replica state (replay/fleet.py has lor).
+"""The routers of a fleet replay that need no replica state (replay/fleet/run.py has lor).
 
 - `rr`: round robin, the i-th request (arrival order) goes to replica i mod N;
 - `prefix`: affinity by consistent hashing (`VNODES` points per replica on a 64-bit ring) of the

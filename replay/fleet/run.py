@@ -20,8 +20,8 @@ Every replica is the exact engine model (the compiled core of the engine). How e
   (the loop admits a request at the first step that starts at or after its arrival), so stepping
   up to t needs no knowledge of where i goes. The replica's request arrays are allocated for the
   whole trace with arrival +inf in the rows not yet routed; routing writes the next row in place
-  (the core reads a row only once its arrival is due, replay/kvcore.h `loop_run`). Each replica
-  therefore replays bit-identically to `replay()` of the requests it was sent (tested: lor's
+  (the core reads a row only once its arrival is due, replay/engine/kvcore.h `loop_run`). Each
+  replica therefore replays bit-identically to `replay()` of the requests it was sent (tested: lor's
   stepping driven with the rr assignment equals rr's whole replays).
   lor needs the compiled core (no stepping of the Python reference) and the cost-model executor.
 Must not import traces/, capacity/ or duckdb.
@@ -36,11 +36,11 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from replay import compiled
 from replay.config import EngineConfig, resolve
-from replay.results import RunResult
-from replay.routing import ROUTERS, static_assignment
-from replay.state import RequestState, Status
+from replay.engine import compiled
+from replay.engine.state import RequestState, Status
+from replay.fleet.routing import ROUTERS, static_assignment
+from replay.results.tables import RunResult
 
 _DONE = int(Status.FINISHED)      # statuses >= FINISHED are terminal (finished/rejected/aborted)
 
@@ -139,7 +139,7 @@ class _SteppedReplica:
     def _keys_in(self, keys, n) -> tuple | None:
         """Block keys for local rows in the cores' argument form, filled in place as rows are
         routed (trace keys: the row's chain of prefix-hash ids); None: unique keys."""
-        from replay.prefix import TraceBlockKeys, UniqueBlockKeys
+        from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
         if type(keys) is UniqueBlockKeys:
             return None
         if type(keys) is not TraceBlockKeys:
@@ -218,7 +218,7 @@ class _SteppedReplica:
 
     def raw(self):
         """The replica's RawRun over its local rows (as `compiled.run` builds it)."""
-        from replay.raw import abort_reason
+        from replay.engine.raw import abort_reason
         k = len(self.rows)
         d = self.state
         sub = RequestState(arrival_s=d.arrival_s[:k], prompt_len=d.prompt_len[:k],
@@ -239,7 +239,7 @@ class _SteppedReplica:
 def _lor(trace: pl.DataFrame, config: EngineConfig, replicas: int, *, fleet_id: str,
          trace_name: str, assign: np.ndarray | None = None) -> tuple[list[RunResult], np.ndarray]:
     """Stepped replicas; `assign` (tests) replaces the lor choice by a given assignment."""
-    from replay.executors import cost_model_for
+    from replay.timing.executors import cost_model_for
     from replay.run import block_keys, request_state, result_of
     wall0 = time.perf_counter()
     eng = resolve(config)
@@ -291,7 +291,7 @@ def as_replica(r: RunResult, fleet_id: str, k: int, *, router: str, replicas: in
 
 
 def _respill(table, run_id: str):
-    from replay.results import SpilledTable
+    from replay.results.tables import SpilledTable
     return SpilledTable(table.spill, run_id, numbered=table.numbered)
 
 

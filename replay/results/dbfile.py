@@ -1,8 +1,8 @@
 """The DuckDB file as the store sees it before DuckDB opens it: `check_db_file` (a --db that is a
 folder, empty, SQLite or not DuckDB is refused in one line), `remove_db`, and the store's errors.
 No DuckDB import: the command line checks --db and reports store errors without loading DuckDB
-(`kvcap replay` loads it in its writer thread, replay/writer.py). replay/store.py re-exports all
-of it.
+(`kvcap replay` loads it in its writer thread, replay/results/writer.py). replay/results/store.py
+re-exports all of it.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ _HEADERS_END = 3 * 4096
 
 
 def _check_length(p: Path) -> None:
-    """Refuse a file cut short before its blocks even start (replay/store.py checks the blocks)."""
+    """Refuse a file cut short before its blocks even start (store.py checks the blocks)."""
     try:
         size = p.stat().st_size
     except OSError:

@@ -1,7 +1,7 @@
 """Exact nearest-rank quantiles (docs/metrics.md): the q-quantile of n sorted samples is the
 ceil(q*n)-th one; weighted samples use the same rule over cumulative weights. Here (not in
 capacity/) so that a replay can reduce its own TBT samples as they stream out of the core
-(replay/summary.py) with the very function the analyses use on whole tables.
+(replay/results/summary.py) with the very function the analyses use on whole tables.
 numpy only.
 """
 from __future__ import annotations

@@ -17,10 +17,10 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-# The file checks and the store's errors live in replay.dbfile (no DuckDB import: the command
-# line checks --db and reports errors without loading DuckDB); they are the store's API too.
-from replay.dbfile import (DEFAULT_DB, StoreError, StoreLocked, WriteInterrupted,  # noqa: F401
-                           check_db_file, remove_db, truncated)
+# The file checks and the store's errors live in replay.results.dbfile (no DuckDB import: the
+# command line checks --db and reports errors without loading DuckDB); they are the store's API too.
+from replay.results.dbfile import (DEFAULT_DB, StoreError, StoreLocked,  # noqa: F401
+                                   WriteInterrupted, check_db_file, remove_db, truncated)
 
 WRITE_MEMORY_LIMIT = "512MB"
 
@@ -228,7 +228,7 @@ class RunWrite:
     exception `failed(exc)` rolls back, removes a file this write created, and returns what to
     raise: `WriteInterrupted` for Ctrl-C (`committed` tells the truth), `StoreError` with
     DuckDB's real reason for a DuckDB error, else the exception itself. `write_runs` runs them
-    in a row; replay/writer.py runs them in a thread while the run is replayed."""
+    in a row; replay/results/writer.py runs them in a thread while the run is replayed."""
 
     def __init__(self, path: str | Path, *, memory_limit: str = WRITE_MEMORY_LIMIT,
                  threads: int | None = None) -> None:

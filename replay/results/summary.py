@@ -8,8 +8,8 @@ which answer exactly what the analyses ask of a searched replay (capacity/analys
 `summary`, criteria.py `evaluate`, classify.py `classify`):
 - per step column: its max, and its sum for integer columns (`steps[name].max()/.sum()`, as on a
   DataFrame), the number of steps (`height`), the end of the last step (`end_s`); so the
-  recompute tax (replay/results.py `recompute_tax`: recomputed / `num_prefill_tokens` summed) is
-  a summary replay's too (`RunResult.recompute_tax`);
+  recompute tax (replay/results/tables.py `recompute_tax`: recomputed / `num_prefill_tokens` summed)
+  is a summary replay's too (`RunResult.recompute_tax`);
 - per `window_s` of SummarySpec.windows_s: the nearest-rank P99 of the decode steps' durations
   weighted by their decode tokens, per window of step start times (classify.windows). Steps come
   in start order, so a window is complete when the next one starts: memory is one window's steps;
@@ -17,7 +17,8 @@ which answer exactly what the analyses ask of a searched replay (capacity/analys
   quantile (>= TAIL_Q) from the largest samples only — the run can sample at most `max_weight`
   tokens (one TBT per output token after the first), so the samples above the (1 - q) share of
   that weight can be dropped as they come; a lower one (the median) from the samples spilled to
-  a file (`replay.raw.ColumnSpill`) and narrowed down in passes (replay/quantiles.py).
+  a file (`replay.engine.raw.ColumnSpill`) and narrowed down in passes
+  (replay/results/quantiles.py).
 Anything else (a row, a float sum) is not there: AttributeError or KeyError, never a guess.
 Memory: the requests and one window of steps, not the number of steps.
 Must not import capacity/, duckdb or torch.
@@ -30,8 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from replay.quantiles import nearest_rank, nearest_rank_chunked
-from replay.raw import STEP_COLUMNS, TBT_COLUMNS, ColumnSpill
+from replay.engine.raw import STEP_COLUMNS, TBT_COLUMNS, ColumnSpill
+from replay.results.quantiles import nearest_rank, nearest_rank_chunked
 
 # Quantiles at or above this are kept exactly from the largest samples (in memory); lower ones
 # need every sample (a spill file).

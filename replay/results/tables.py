@@ -14,18 +14,18 @@ from typing import Iterator
 import numpy as np
 import polars as pl
 
-from replay.raw import BATCH_KINDS, ColumnChunks, ColumnSpill, RawRun
-from replay.state import Status
-from replay.summary import StepSummary, TbtSummary
+from replay.engine.raw import BATCH_KINDS, ColumnChunks, ColumnSpill, RawRun
+from replay.engine.state import Status
+from replay.results.summary import StepSummary, TbtSummary
 
 _STATUS_NAME = {int(Status.FINISHED): "finished", int(Status.REJECTED): "rejected",
                 int(Status.ABORTED): "aborted"}
 
 
 class SpilledTable:
-    """A result table whose columns stay in spill files (`replay.raw.ColumnSpill`) until the
+    """A result table whose columns stay in spill files (`replay.engine.raw.ColumnSpill`) until the
     store inserts it `batches()` at a time: the steps and TBT samples of a long run (or in the
-    chunks a sink was handed, `replay.raw.ColumnChunks`). Reads like
+    chunks a sink was handed, `replay.engine.raw.ColumnChunks`). Reads like
     a DataFrame as far as its readers go: `height`, `columns`, `table[name].max()/.sum()`
     (streamed), `table[name].to_numpy()` and `frame()` (whole, in memory)."""
 
@@ -83,7 +83,7 @@ class _SpilledColumn:
 class RunResult:
     run: dict
     requests: pl.DataFrame
-    # A summary replay (replay/summary.py) keeps StepSummary / TbtSummary instead.
+    # A summary replay (replay/results/summary.py) keeps StepSummary / TbtSummary instead.
     steps: pl.DataFrame | SpilledTable | StepSummary
     events: pl.DataFrame
     stalls: pl.DataFrame

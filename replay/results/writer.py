@@ -4,8 +4,8 @@ as `store.write_run` writes it (DESIGN §6), started early and fed as the run go
 The thread imports DuckDB, opens the file and begins the transaction while the trace's engine
 loop runs (the compiled cores release the GIL while they step), deletes the earlier run of the
 same id once `begin_run` names it, appends each chunk of steps and TBT samples the core hands
-over (`append`, the core's sink: replay/compiled.py `run`), and on `commit(tables)` appends the
-other tables and commits. On a 2-core machine most of the write then overlaps the replay.
+over (`append`, the core's sink: replay/engine/compiled.py `run`), and on `commit(tables)` appends
+the other tables and commits. On a 2-core machine most of the write then overlaps the replay.
 
 Same guarantees as `write_run`: all of the run or none of it; a failure rolls back and removes
 a file this write created; its error (`StoreError` with DuckDB's reason, `StoreLocked`) is
@@ -14,8 +14,8 @@ while writing aborts the transaction; during COMMIT it waits for the COMMIT, and
 `WriteInterrupted.committed` tells which. Leaving the `with` block without a commit (the replay
 failed or was interrupted) aborts it.
 
-Imports no DuckDB itself (the thread does: replay/store.py), so `kvcap replay` does not wait for
-that import before it replays.
+Imports no DuckDB itself (the thread does: replay/results/store.py), so `kvcap replay` does not wait
+for that import before it replays.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from replay.dbfile import WriteInterrupted
+from replay.results.dbfile import WriteInterrupted
 
 # Chunks waiting for the thread at most: a replay that outruns DuckDB waits (memory bounded).
 MAX_PENDING = 4
@@ -152,7 +152,7 @@ class RunWriter:
     def _work(self) -> None:
         write = None
         try:
-            from replay import results, store      # DuckDB's import, off the caller's thread
+            from replay.results import store, tables   # DuckDB's import, off the caller's thread
             write = self._write = store.RunWrite(self.path, memory_limit=MEMORY_LIMIT,
                                                  threads=WRITE_THREADS)
             write.open()
@@ -174,7 +174,7 @@ class RunWriter:
                         if job[0] == "chunk":
                             chunks.append(job)
                             job = None
-                    self._insert(write, results, chunks, run_id)
+                    self._insert(write, tables, chunks, run_id)
                 else:
                     self._finish(write, store, job[1], run_id)
                     return
@@ -185,7 +185,7 @@ class RunWriter:
                 write.close()
             self._done.set()
 
-    def _insert(self, write, results, chunks: list[tuple], run_id: str | None) -> None:
+    def _insert(self, write, tables, chunks: list[tuple], run_id: str | None) -> None:
         """Append chunks of step and TBT columns, each table's in one INSERT."""
         for i, table in ((1, "steps"), (2, "tbt")):
             frames = []
@@ -193,7 +193,7 @@ class RunWriter:
                 start = self._rows[table]
                 self._rows[table] += len(next(iter(chunk[i].values())))
                 if self._rows[table] > start:
-                    frames.append(results.chunk_frame(chunk[i], start, numbered=table == "steps"))
+                    frames.append(tables.chunk_frame(chunk[i], start, numbered=table == "steps"))
             if frames:
                 write.append(table, pl.concat(frames, rechunk=False) if len(frames) > 1
                              else frames[0], run_id=run_id)

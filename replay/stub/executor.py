@@ -4,7 +4,7 @@ Per step, in vLLM's order: swap-out then swap-in copies (batched, on a copy stre
 K/V write of every scheduled token into slot (block_table[pos // B], pos % B), attention over each
 request's context gathered through its block table (padded batched attention for one-token rows,
 bucketed by context length; one call per multi-token row), the weightless model's GEMMs (see
-`replay.stub_model`), the lm_head for the rows that sample. Storage and copies: `replay.stub_kv`.
+`replay.stub.model`), the lm_head for the rows that sample. Storage and copies: `replay.stub.kv`.
 
 Integrity: each written slot gets the fingerprint of (content key of its block, offset); after the
 forward pass the whole context of every scheduled row is read back and compared, so a wrong block
@@ -29,12 +29,12 @@ from typing import Callable, Literal
 import numpy as np
 import torch
 
-from replay.plan import StepPlan
-from replay.prefix import BlockKeys, UniqueBlockKeys
-from replay.spec import cdiv
-from replay.state import RequestState, Status
-from replay.stub_kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fingerprints)
-from replay.stub_model import StepBatch, StubShape, StubShapeName, WeightlessModel
+from replay.engine.plan import StepPlan
+from replay.engine.prefix import BlockKeys, UniqueBlockKeys
+from replay.engine.spec import cdiv
+from replay.engine.state import RequestState, Status
+from replay.stub.kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fingerprints)
+from replay.stub.model import StepBatch, StubShape, StubShapeName, WeightlessModel
 
 __all__ = ["StubExecutor", "StubIntegrityError", "StepRecord", "default_device", "kv_dtype"]
 
@@ -108,7 +108,7 @@ class StubExecutor:
         model = WeightlessModel(shape, dev, compute_dtype(dev), seed=seed)
         if keys is None:
             keys = _scheduler_keys(scheduler)
-        from replay.executors import cost_model_for
+        from replay.timing.executors import cost_model_for
         cost = cost_model_for(eng, calibration=eng.config.calibration)
         return cls(kv=kv, model=model, keys=keys, state=state,
                    block_table=scheduler.block_table, timing=timing, cost_model=cost,

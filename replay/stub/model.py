@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from replay.stub_kv import PagedKV
+from replay.stub.kv import PagedKV
 
 StubShapeName = Literal["full", "tiny"]
 

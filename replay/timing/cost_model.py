@@ -18,8 +18,8 @@ bytes per GPU, kv_token_bytes = KV bytes per token per GPU. With V1 async schedu
 inputs while step k's forward runs, so the CPU-side overhead is hidden behind the forward pass and
 a step costs the longer of the two; host-link copies (V0 swap) still add, as the
 copy precedes the forward (docs/design.md "Async cost overlap"). This is the one Python copy of the
-formula; the compiled cores' one copy is `cost_step_s` in replay/kvcore.h, with the same operation
-order, so both agree to the last bit (the differential tests rely on it).
+formula; the compiled cores' one copy is `cost_step_s` in replay/engine/kvcore.h, with the same
+operation order, so both agree to the last bit (the differential tests rely on it).
 
 Must not import traces/, capacity/, polars, duckdb or torch.
 """
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 
-from replay.step_profile import MeasuredTables, is_measured, parse_tables, step_aggregates
+from replay.timing.step_profile import MeasuredTables, is_measured, parse_tables, step_aggregates
 
 if TYPE_CHECKING:     # the step contract: only annotated here (a compiled replay never builds one)
-    from replay.plan import StepPlan
+    from replay.engine.plan import StepPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +119,7 @@ def read_profile(path: str | Path) -> dict[str, float | int]:
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"calibration: {path}: invalid JSON ({exc})") from None
     if is_measured(data):
-        # A measured profile (replay/step_profile.py): its tables replace the roofline; it
+        # A measured profile (replay/timing/step_profile.py): its tables replace the roofline; it
         # overrides no roofline constant. Checked here so a bad one is refused up front.
         parse_tables(data, f"calibration: {path}")
         return {}
@@ -150,7 +150,7 @@ def read_profile(path: str | Path) -> dict[str, float | int]:
 
 class CostModel:
     """Executor: turns a StepPlan into a duration in seconds: the measured profile's tables
-    (replay/step_profile.py) when `measured` is given, else the roofline above."""
+    (replay/timing/step_profile.py) when `measured` is given, else the roofline above."""
 
     def __init__(self, *, shape: ModelShape, constants: CostConstants, tp: int,
                  kv_bytes_per_token: int, kv_bytes_per_block: int,

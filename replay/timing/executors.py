@@ -1,13 +1,13 @@
 """Executors from a resolved engine: the cost model with catalog constants (optionally a
-calibration profile). The torch stub lives in replay/stub.py.
+calibration profile). The torch stub lives in replay/stub/executor.py.
 Must not import traces/, capacity/, polars, duckdb or torch.
 """
 from __future__ import annotations
 
 import json
 
-from replay import step_profile
-from replay.cost_model import CostConstants, CostModel, ModelShape
+from replay.timing import step_profile
+from replay.timing.cost_model import CostConstants, CostModel, ModelShape
 
 
 def model_shape(model) -> ModelShape:

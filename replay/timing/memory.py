@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from replay.catalog import GIB, GpuSpec, ModelSpec
+from replay.timing.catalog import GIB, GpuSpec, ModelSpec
 
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")

@@ -1,6 +1,6 @@
 """Measured step-time profiles: per (GPU, model, dtype, TP) tables of a vLLM step's parts.
 
-A profile (JSON, `replay/profiles/<gpu>--<model>--<dtype>--tp<N>.json`, made by
+A profile (JSON, `replay/timing/profiles/<gpu>--<model>--<dtype>--tp<N>.json`, made by
 tools/aic_profiles.py from NVIDIA AIConfigurator's kernel database, or by `kvcap calibrate
 --from-bench`) holds, in seconds for the whole model on one GPU of the TP group:
 

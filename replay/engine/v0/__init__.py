@@ -1,14 +1,16 @@
 """vLLM V0 (0.10.1.1 `vllm/core/`) scheduler and block manager, reproducing real vLLM's per-step
 decisions (reference A, G; oracle S1-S12). Must not import traces/, capacity/ or torch.
 
-The reference classes are imported on first use: a compiled replay loads `replay.v0._core` only
-(~7 ms of every `kvcap replay`).
+The reference classes are imported on first use: a compiled replay loads `replay.engine.v0._core`
+only (~7 ms of every `kvcap replay`).
 """
 
 __all__ = ["AllocStatus", "BlockManagerV0", "V0Scheduler", "preemption_warning"]
 
-_WHERE = {"AllocStatus": "replay.v0.block_manager", "BlockManagerV0": "replay.v0.block_manager",
-          "V0Scheduler": "replay.v0.scheduler", "preemption_warning": "replay.v0.logline"}
+_WHERE = {"AllocStatus": "replay.engine.v0.block_manager",
+          "BlockManagerV0": "replay.engine.v0.block_manager",
+          "V0Scheduler": "replay.engine.v0.scheduler",
+          "preemption_warning": "replay.engine.v0.logline"}
 
 
 def __getattr__(name: str):

@@ -5,16 +5,17 @@
  * model, one engine step at a time.
  *
  * This is a transcription, not a second model: every rule below is the Python one of
- * replay/v0/scheduler.py, admission.py, preemption.py, budget.py, block_manager.py,
- * block_pool.py, replay/loop.py (the reference loop) and replay/cost_model.py, in the same
- * order, so the tables come out identical (tests/test_v0_core.py compares them with the Python
+ * replay/engine/v0/scheduler.py, admission.py, preemption.py, budget.py, block_manager.py,
+ * block_pool.py, replay/engine/loop.py (the reference loop) and replay/timing/cost_model.py, in the
+ * same order, so the tables come out identical (tests/test_v0_core.py compares them with the Python
  * reference; the oracle and golden scenarios run on both). Names follow the Python ones; comments say where C keeps something
  * differently (a stamp instead of a set, a flag array instead of a dict).
  *
- * Python drives it like the V1 core (replay/v1/_core.c): to the end in chunks of steps (core_new()
- * takes the request arrays, written in place like the Python loop writes RequestState, and the
- * spec by field name; core_run() advances; core_results() hands the columns back as bytearrays),
- * or one step at a time through the reference's contract (core_add/abort/schedule/update/snapshot).
+ * Python drives it like the V1 core (replay/engine/v1/_core.c): to the end in chunks of steps
+ * (core_new() takes the request arrays, written in place like the Python loop writes RequestState,
+ * and the spec by field name; core_run() advances; core_results() hands the columns back as
+ * bytearrays), or one step at a time through the reference's contract
+ * (core_add/abort/schedule/update/snapshot).
  */
 #include "../kvcore.h"
 #include <math.h>
@@ -343,7 +344,7 @@ static inline int is_cached_live(const Pool *p, int64_t key) {
 /* ------------------------------------------------------------------ the engine */
 enum { ST_PENDING = 0, ST_WAITING = 1, ST_RUNNING = 2, ST_SWAPPED = 3, ST_FINISHED = 4,
        ST_REJECTED = 5, ST_ABORTED = 6 };
-/* Event kinds: indices into replay.raw.EVENT_KINDS. */
+/* Event kinds: indices into replay.engine.raw.EVENT_KINDS. */
 enum { MODE_RECOMPUTE = 0, MODE_NONE = 1, MODE_SWAP = 2 };
 enum { A_OK = 0, A_LATER = 1, A_NEVER = 2 };   /* AllocStatus */
 enum { ERR = -1, SWAP_FULL = -2 };               /* phase return codes */
@@ -1072,7 +1073,7 @@ static int has_unfinished(const void *core) {
     return c->waiting.len || c->running.len || c->swapped.len;
 }
 
-/* One engine step: schedule(), the executor's duration, update() (replay/loop.py's step;
+/* One engine step: schedule(), the executor's duration, update() (replay/engine/loop.py's step;
  * the loop's own bookkeeping is in kvcore.h). 1 when the run ends (trace done or engine abort). */
 static int one_step(void *core) {
     Core *c = (Core *)core;
@@ -1156,7 +1157,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!c) return PyErr_NoMemory();
     if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
     int64_t n = c->q.n;
-    /* replay.spec.SchedulerSpec by field name (replay/v0/scheduler.py's reads, same rules). */
+    /* replay.engine.spec.SchedulerSpec by field name (v0/scheduler.py's reads, same rules). */
     static const char *const ON_SWAP_FULL[] = {"recompute", "abort", NULL};
     int64_t bs, ng, nc, ms, mb, L;
     double wm;
@@ -1171,7 +1172,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
         spec_choice(spec, "policy", POLICY_NAMES, &policy) ||
         spec_choice(spec, "on_swap_full", ON_SWAP_FULL, &abort_on_full)) goto fail;
     if (policy == 1 && mode == MODE_SWAP) {
-        /* replay/v0/scheduler.py refuses it too: real vLLM V0 crashes (reference G/D4). */
+        /* replay/engine/v0/scheduler.py refuses it too: real vLLM V0 crashes (reference G/D4). */
         PyErr_SetString(PyExc_ValueError, "vLLM V0 cannot run policy='priority' with "
                         "preemption_mode='swap' (reference G/D4)");
         goto fail;
@@ -1335,7 +1336,7 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
 }
 
 
-/* ---------------- the per-step contract (replay/compiled.py `StepCore`): the same calls the
+/* ---------------- the per-step contract (replay/engine/compiled.py `StepCore`): the same calls the
  * reference scheduler answers (add_request, abort_request, schedule, update, queues and block
  * tables), for the oracle and golden scenarios; `run` above is the same steps in one call. */
 static Core *core_of(PyObject *cap) { return (Core *)PyCapsule_GetPointer(cap, "kvcap.core0"); }

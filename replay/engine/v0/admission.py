@@ -5,10 +5,10 @@ Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
-from replay.state import Status
-from replay.spec import cdiv
-from replay.v0.block_manager import AllocStatus
-from replay.v0.budget import Budget
+from replay.engine.spec import cdiv
+from replay.engine.state import Status
+from replay.engine.v0.block_manager import AllocStatus
+from replay.engine.v0.budget import Budget
 
 # Self-preemptions at one (length, hit) after which a request counts as livelocked.
 LIVELOCK_REPEATS = 5

@@ -3,7 +3,7 @@
 Owns the block table of every request holding KV (on the GPU or, when swapped, in the host pool),
 the GPU and host `BlockPool`s, the admission / append / swap checks (OK / LATER / NEVER) and the
 prefix-cache lookups (`get_num_cached_tokens` with vLLM's memo and bisect). Token contents are
-represented only by `replay.prefix` block keys. Does not own queues or request progress.
+represented only by `replay.engine.prefix` block keys. Does not own queues or request progress.
 Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from enum import Enum
 
 import numpy as np
 
-from replay.prefix import BlockKeys
-from replay.spec import SchedulerSpec, cdiv
-from replay.v0.block_pool import BlockPool
+from replay.engine.prefix import BlockKeys
+from replay.engine.spec import SchedulerSpec, cdiv
+from replay.engine.v0.block_pool import BlockPool
 
 
 class AllocStatus(Enum):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from replay.plan import Preemption, SwapAbort
-from replay.state import Status
-from replay.v0.block_manager import AllocStatus
-from replay.v0.budget import Budget
+from replay.engine.plan import Preemption, SwapAbort
+from replay.engine.state import Status
+from replay.engine.v0.block_manager import AllocStatus
+from replay.engine.v0.budget import Budget
 
 
 class SwapFull(Exception):

@@ -6,7 +6,7 @@ Owns the three queues (waiting, running, swapped as deques of rows), one step's 
 one `Budget`), rejections, and playing the model output back (`update`). Admission lives in
 `admission.py`, preemption (recompute, swap, swap-full fallback, priority) in `preemption.py`,
 blocks in `BlockManagerV0`, per-request numbers in `RequestState`. This is the reference
-implementation (one step at a time); replay/v0/_core.c is the fast one, tested against it.
+implementation (one step at a time); replay/engine/v0/_core.c is the fast one, tested against it.
 Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.plan import Preemption, Rejection, StepOutput, StepPlan, SwapAbort
-from replay.prefix import BlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState, Status
-from replay.v0.block_manager import AllocStatus, BlockManagerV0
-from replay.v0.admission import AdmissionMixin
-from replay.v0.budget import Budget
-from replay.v0.preemption import PreemptionMixin, SwapFull
+from replay.engine.plan import Preemption, Rejection, StepOutput, StepPlan, SwapAbort
+from replay.engine.prefix import BlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState, Status
+from replay.engine.v0.admission import AdmissionMixin
+from replay.engine.v0.block_manager import AllocStatus, BlockManagerV0
+from replay.engine.v0.budget import Budget
+from replay.engine.v0.preemption import PreemptionMixin, SwapFull
 
 _RUNNING = Status.RUNNING
 
@@ -44,7 +44,7 @@ class _SwappedOut:
 
 
 class V0Scheduler(AdmissionMixin, PreemptionMixin):
-    """`replay.plan.Scheduler` for vLLM V0. Rows are trace rows indexing `state`."""
+    """`replay.engine.plan.Scheduler` for vLLM V0. Rows are trace rows indexing `state`."""
 
     def __init__(self, spec: SchedulerSpec, state: RequestState, keys: BlockKeys) -> None:
         if spec.policy == "priority" and spec.preemption_mode == "swap":

@@ -1,7 +1,7 @@
 /* vLLM 0.33's OffloadingConnector on the compiled V1 core's scheduler (included once, by
- * replay/v1/_core.c, after its block pool): lookups at admission, loads that make a request wait
- * in WAITING_FOR_REMOTE_KVS, write-through stores planned at schedule time, flushes, and the
- * emulated transfer engine. Transcribes the Python reference (replay/v1/offload.py; vLLM's
+ * replay/engine/v1/_core.c, after its block pool): lookups at admission, loads that make a request
+ * wait in WAITING_FOR_REMOTE_KVS, write-through stores planned at schedule time, flushes, and the
+ * emulated transfer engine. Transcribes the Python reference (replay/engine/v1/offload.py; vLLM's
  * offloading/scheduler.py, worker.py and the oracle's StepTransferEngine) rule for rule; the tier
  * itself (chunks, LRU, ARC) is in _offload.h. Oracle README section 7 names the findings.
  */

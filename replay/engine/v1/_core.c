@@ -3,15 +3,15 @@
  * loop and the analytic cost model, one engine step at a time.
  *
  * This is a transcription, not a second model: every rule below is the one of the Python reference
- * (replay/v1/scheduler.py, kv_cache_manager.py, block_pool.py, offload.py, replay/loop.py and
- * replay/cost_model.py), in the same order, so the tables come out identical (tests/test_v1_core.py
- * compares them; the oracle and golden scenarios run on both).
+ * (replay/engine/v1/scheduler.py, kv_cache_manager.py, block_pool.py, offload.py,
+ * replay/engine/loop.py and replay/timing/cost_model.py), in the same order, so the tables come out
+ * identical (tests/test_v1_core.py compares them; the oracle and golden scenarios run on both).
  *
- * Python (replay/compiled.py) drives it either to the end in chunks of steps (progress bar, Ctrl-C
- * between chunks: core_new, core_run, core_results) or one step at a time through the reference's
- * contract (core_add, core_abort, core_schedule, core_update, core_snapshot: `StepCore`).
- * core_new reads the resolved spec by field name. Nothing here allocates per step except
- * amortised growth of the output columns.
+ * Python (replay/engine/compiled.py) drives it either to the end in chunks of steps (progress bar,
+ * Ctrl-C between chunks: core_new, core_run, core_results) or one step at a time through the
+ * reference's contract (core_add, core_abort, core_schedule, core_update, core_snapshot:
+ * `StepCore`). core_new reads the resolved spec by field name. Nothing here allocates per step
+ * except amortised growth of the output columns.
  */
 #include "../kvcore.h"
 #include <math.h>
@@ -527,7 +527,7 @@ static inline void sched_add(Core *c, int64_t row, int64_t n, int8_t kind) {
 }
 
 /* ---------------- waiting phase with the OffloadingConnector (vLLM 0.33 scheduler.py with a KV
- * connector; replay/v1/offload.py): requests holding blocks (loading from the CPU tier) are
+ * connector; replay/engine/v1/offload.py): requests holding blocks (loading from the CPU tier) are
  * drained first; a request whose load is in flight, or whose lookup is deferred, is skipped for
  * the step (not head-of-line); a CPU hit admits the request with its load's blocks only, in
  * WAITING_FOR_REMOTE_KVS, using no token budget (F4). */
@@ -1061,7 +1061,7 @@ static void abort_request(Core *c, int32_t r) {
     if (!o->on) { free(c->tbl[r]); c->tbl[r] = NULL; c->tcap[r] = 0; }
 }
 
-/* One engine step: schedule(), the executor's duration, update() (replay/loop.py's step;
+/* One engine step: schedule(), the executor's duration, update() (replay/engine/loop.py's step;
  * the loop's own bookkeeping is in kvcore.h). 1 when the run ends. */
 static int one_step(void *core) {
     Core *c = (Core *)core;
@@ -1074,7 +1074,7 @@ static int one_step(void *core) {
                .nrej = c->nrej};
     if (loop_preemption_events(&c->lp, &c->out, &pl)) return -1;
     if (c->oc.on) {
-        /* One event per transfer issued, loads then stores (replay/loop.py). */
+        /* One event per transfer issued, loads then stores (replay/engine/loop.py). */
         const Oc *o = &c->oc;
         for (int64_t j = 0; j < o->step_loads.n; j++) {
             const Job *x = &o->jobs[o->step_loads.d[j]];
@@ -1139,7 +1139,7 @@ static PyObject *core_new(PyObject *self, PyObject *args) {
     if (!c) return PyErr_NoMemory();
     if (req_take(&c->views, arrays, &c->q) < 0) goto fail;
     int64_t n = c->q.n;
-    /* replay.spec.SchedulerSpec by field name (replay/v1/scheduler.py's reads, same rules). */
+    /* replay.engine.spec.SchedulerSpec by field name (v1/scheduler.py's reads, same rules). */
     int64_t bs, nb, ms, ma, mb, L, thr, ncpu, caw, maxl;
     double wm, cat;
     int ch, ca, rf, asy, mode, policy, version;
@@ -1361,7 +1361,7 @@ static PyObject *core_check(PyObject *self, PyObject *args) {
 }
 
 
-/* ---------------- the per-step contract (replay/compiled.py `StepCore`): the same calls the
+/* ---------------- the per-step contract (replay/engine/compiled.py `StepCore`): the same calls the
  * reference scheduler answers (add_request, schedule, update, queues and block tables), for the
  * oracle and golden scenarios; `run` above is the same steps without the round trips. */
 static Core *core_of(PyObject *cap) { return (Core *)PyCapsule_GetPointer(cap, "kvcap.core"); }
@@ -1482,7 +1482,7 @@ fail:
     return NULL;
 }
 
-/* tell_time(core, t): the loop's clock for timed offload transfers (replay/loop.py calls it
+/* tell_time(core, t): the loop's clock for timed offload transfers (replay/engine/loop.py calls it
  * with the step's start before schedule() and its end before update()). */
 static PyObject *core_tell_time(PyObject *self, PyObject *args) {
     PyObject *cap;
@@ -1545,7 +1545,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core",
 
 PyMODINIT_FUNC PyInit__core(void) {
     PyObject *m = PyModule_Create(&module);
-    /* This core models vLLM 0.33's OffloadingConnector (replay.compiled.has_offloading). */
+    /* This core models vLLM 0.33's OffloadingConnector (replay.engine.compiled.has_offloading). */
     if (m && PyModule_AddIntConstant(m, "KV_OFFLOADING", 1) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

@@ -1,10 +1,10 @@
 /* The CPU tier of vLLM 0.33's OffloadingConnector for the compiled V1 core (included once, by
- * replay/v1/_core.c, after its key -> slot map): the chunk pool with its ref counts
+ * replay/engine/v1/_core.c, after its key -> slot map): the chunk pool with its ref counts
  * (v1/kv_offload/cpu/manager.py: -1 while a store is in flight, 0 ready and evictable, > 0 pinned
  * by loads), the LRU and ARC policies (cpu/policies/lru.py, arc.py) and the per-request cache
  * access record the policies rank by (manager.py `_RequestCacheAccess`), and the store threshold's
  * offer counts (manager.py `counts`: 0.33 counts every offer). Oracle README section 7
- * (F6-F8, F15) says what they do; the Python reference is replay/v1/offload.py.
+ * (F6-F8, F15) says what they do; the Python reference is replay/engine/v1/offload.py.
  *
  * A request only ever offers or loads its own chunks, at known positions (chunk i ends at token
  * (i + 1) * tokens_per_chunk), so a request's record is one flag byte per chunk index, and its

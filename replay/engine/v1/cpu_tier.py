@@ -7,7 +7,7 @@ all-or-nothing `prepare_store` (oracle README F15) and its `store_threshold` off
 manager's per-request access record) and the order of eviction, `LruPolicy` (F6) or `ArcPolicy`
 (F8). A chunk is named by its offload key: with one GPU block per chunk, the block's prefix key,
 so a later request with the same prefix finds it; its position in a request is its chunk index.
-The connector (replay/v1/offload.py) drives it. Must not import traces/, capacity/ or torch.
+The connector (replay/engine/v1/offload.py) drives it. Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replay.prefix import BlockKeys
-from replay.spec import cdiv
-from replay.v1.block_pool import BlockPool
+from replay.engine.prefix import BlockKeys
+from replay.engine.spec import cdiv
+from replay.engine.v1.block_pool import BlockPool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

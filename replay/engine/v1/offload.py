@@ -4,7 +4,7 @@ threshold's counting only, `SchedulerSpec.store_counting`): the native Offloadin
 policy and the worker's copy queues (oracle README §2 "CPU KV offloading" and §7 F1-F15; the
 O-scenarios in ../shared/oracle check every decision).
 
-- `CpuTier` (replay/v1/cpu_tier.py): the chunks, their states and the LRU or ARC policy.
+- `CpuTier` (replay/engine/v1/cpu_tier.py): the chunks, their states and the LRU or ARC policy.
 - `Connector`: the scheduler-side connector (lookups, loads, write-through stores, flushes,
   finishes) and, in `execute`, the worker-side copy engine (one FIFO per direction). With
   `offload_transfer_steps` T >= 1 a transfer completes T steps after it is issued, as the oracle
@@ -14,18 +14,18 @@ O-scenarios in ../shared/oracle check every decision).
   copies its own share over its own link, at `offload_host_link_bytes_per_s`), so a long load can
   span several steps; the loop tells the time with `V1Scheduler.tell_time`.
 
-The scheduler (replay/v1/scheduler.py) calls the hooks at the points vLLM's scheduler calls its
-connector. Where real vLLM iterates a set (same-step finishes, F13) kvcap takes trace order.
+The scheduler (replay/engine/v1/scheduler.py) calls the hooks at the points vLLM's scheduler calls
+its connector. Where real vLLM iterates a set (same-step finishes, F13) kvcap takes trace order.
 Must not import traces/, capacity/ or torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replay.plan import OffloadTransfer
-from replay.prefix import BlockKeys
-from replay.spec import SchedulerSpec
-from replay.v1.cpu_tier import Access, CpuTier
+from replay.engine.plan import OffloadTransfer
+from replay.engine.prefix import BlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.v1.cpu_tier import Access, CpuTier
 
 
 # ------------------------------------------------------------------------------- the connector

@@ -6,26 +6,27 @@ that cannot get blocks preempts the newest, or under priority the worst (priorit
 until it fits or preempted itself) then, only if nothing was preempted, a waiting phase (admit the
 head while it fits; head-of-line blocking). `update()` plays the model output back as
 `../shared/oracle/oracle.py` does. V1 preempts by recompute only (its host tier is CPU KV
-offloading, replay/v1/offload.py); kvcap's addition `preemption_mode` "none" admits only what can
-run to completion beside what running requests were promised, so nothing is ever preempted.
+offloading, replay/engine/v1/offload.py); kvcap's addition `preemption_mode` "none" admits only what
+can run to completion beside what running requests were promised, so nothing is ever preempted.
 Requests that can never run are rejected instead of hanging.
 
 Owns the queues and block tables; writes the request counters in `RequestState`. This is the
-reference implementation: one step at a time, no speed tricks (the compiled core, replay/v1/_core.c,
-is the fast one and is tested against it). Must not import traces/, capacity/ or torch.
+reference implementation: one step at a time, no speed tricks (the compiled core,
+replay/engine/v1/_core.c, is the fast one and is tested against it). Must not import traces/,
+capacity/ or torch.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from replay.plan import NO_OFFLOAD, OffloadPlan, Preemption, Rejection, StepOutput, StepPlan
-from replay.raw import BATCH_KINDS
-from replay.prefix import BlockKeys
-from replay.spec import SchedulerSpec, cdiv
-from replay.state import RequestState, Status
-from replay.v1.kv_cache_manager import Admission, KVCacheManager
-from replay.v1.offload import Connector
-from replay.v1.queues import FcfsQueue, PriorityQueue
+from replay.engine.plan import NO_OFFLOAD, OffloadPlan, Preemption, Rejection, StepOutput, StepPlan
+from replay.engine.prefix import BlockKeys
+from replay.engine.raw import BATCH_KINDS
+from replay.engine.spec import SchedulerSpec, cdiv
+from replay.engine.state import RequestState, Status
+from replay.engine.v1.kv_cache_manager import Admission, KVCacheManager
+from replay.engine.v1.offload import Connector
+from replay.engine.v1.queues import FcfsQueue, PriorityQueue
 
 _I64 = np.int64
 _NEW, _RESUMED, _RUNNING = (BATCH_KINDS.index(k) for k in ("new", "resumed", "running"))
@@ -87,8 +88,8 @@ class V1Scheduler:
         # "none" mode: blocks promised to running requests (whole sequence) and blocks they hold.
         self._promised: dict[int, int] = {}
         self._promised_total = 0
-        # CPU KV offloading (vLLM 0.33 OffloadingConnector, replay/v1/offload.py): waiting rows
-        # that hold blocks, their CPU load in flight or done (vLLM kv_holding_waiting; drained
+        # CPU KV offloading (vLLM 0.33 OffloadingConnector, replay/engine/v1/offload.py): waiting
+        # rows that hold blocks, their CPU load in flight or done (vLLM kv_holding_waiting; drained
         # before `waiting`); the rows of the step in flight (async, F11); the connector output
         # of the step in flight (async: applied one step late); the clock (`tell_time`).
         self.conn = Connector(spec, keys, self._prompt) if spec.kv_offloading else None
