@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: report test venv bench notebooks clean timing-doc check-answers
 
-# setup.py builds the compiled replay cores (replay/v*/_core.c) into the source tree.
-$(STAMP): pyproject.toml setup.py replay/kvcore.h replay/v1/_core.c replay/v1/_offload.h \
-		replay/v1/_connector.h replay/v0/_core.c
+# setup.py builds the compiled replay cores (replay/engine/v*/_core.c) into the source tree.
+$(STAMP): pyproject.toml setup.py replay/engine/kvcore.h replay/engine/v1/_core.c \
+		replay/engine/v1/_offload.h replay/engine/v1/_connector.h replay/engine/v0/_core.c
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@# torch first, pinned to the local CPU build (see ../shared/STACK.md), then the project in one call.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev,ray]'
-	@$(PY) -c "import replay.v1._core, replay.v0._core" 2>/dev/null || echo "WARNING: kvcap's compiled replay cores were not built (no C compiler or Python headers?): replays will run on the Python reference implementation, tens of times slower." >&2
+	@$(PY) -c "import replay.engine.v1._core, replay.engine.v0._core" 2>/dev/null || echo "WARNING: kvcap's compiled replay cores were not built (no C compiler or Python headers?): replays will run on the Python reference implementation, tens of times slower." >&2
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,7 +32,7 @@ check-answers: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run_all.py
 
-# The shipped step-time profiles (replay/profiles/) and docs/timing.md, from NVIDIA
+# The shipped step-time profiles (replay/timing/profiles/) and docs/timing.md, from NVIDIA
 # AIConfigurator's kernel database: a development download only, never a kvcap dependency.
 AIC_VERSION := 0.12.0
 timing-doc: $(STAMP)

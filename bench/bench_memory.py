@@ -1,6 +1,6 @@
 """One replay's peak RSS against trace length (issue 36): the first 1 h, 6 h and 24 h of the
 diurnal day (`kvcap trace synth diurnal --duration-s 86400 --rate 10 --lengths azure-conv`),
-replayed with full tables and as a summary replay (replay/summary.py, what a search's probes
+replayed with full tables and as a summary replay (replay/results/summary.py, what a search's probes
 do), each in a fresh process. Prints a markdown table (the process's peak RSS includes the
 interpreter, polars and the loaded trace: "before" is that part).
 
@@ -22,8 +22,8 @@ CHILD = r"""
 import json, resource, sys, time
 import polars as pl
 from replay.config import EngineConfig
+from replay.results.summary import SummarySpec
 from replay.run import replay
-from replay.summary import SummarySpec
 from traces.loaders import load_trace
 path, mode, hours = sys.argv[1], sys.argv[2], float(sys.argv[3])
 trace = load_trace(path).filter(pl.col("arrival_s") < hours * 3600)

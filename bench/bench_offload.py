@@ -36,7 +36,7 @@ OFFLOAD = {"off": {},
 
 def one(trace_name: str, offload: str) -> dict:
     """Run one case in this process and return its numbers."""
-    import replay.compiled as compiled
+    import replay.engine.compiled as compiled
     import replay.run as run_mod
     from replay.config import EngineConfig
     from traces.loaders import load_trace

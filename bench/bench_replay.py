@@ -7,7 +7,7 @@ Cases, each in a fresh subprocess so its peak RSS (`resource.getrusage`) is its 
   prefix caching is on by default);
 - a synthetic Poisson trace of --synth-requests requests (default 1,000,000; targets: <= 60 s and
   <= 4 GiB peak RSS).
-Implementations: `compiled` (the default: the compiled cores, replay/v*/_core.c) and `reference`
+Implementations: `compiled` (the default: the compiled cores, replay/engine/v*/_core.c) and `reference`
 (the Python schedulers and loop, the differential oracle); the real traces run both unless
 --no-reference (compiled only). Prints a markdown table: engine seconds (inside
 `replay.run.run_engine`), whole `replay()` seconds, steps/s and requests/s (of the whole replay),

@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from replay.config import EngineConfig
-from replay.divergence import first_table_divergence
+from replay.engine.divergence import first_table_divergence
 from replay.run import replay
 from traces.loaders import load_trace
 

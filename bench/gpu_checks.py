@@ -1,6 +1,6 @@
 """The prepared device check for the torch stub (run by bench/gpu_calibrate.sh).
 
-1. Calibrates the cost model with the stub on the device (`replay.calibrate`): writes the profile.
+1. Calibrates the cost model with the stub on the device (`replay.calibration.stub_fit`): writes the profile.
 2. Reports swap-out / swap-in GB/s against plain pinned-copy GB/s measured in the same run.
 3. Replays a short slice of the Azure conv trace twice with the V1 scheduler: with the stub and
    `timing="measured"` (integrity checks on), and with the calibrated cost model; reports the
@@ -28,14 +28,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from replay.calibrate import CalibrationOptions, calibrate, stub_cost_model, write_profile  # noqa: E402
+from replay.calibration.stub_fit import (CalibrationOptions, calibrate,  # noqa: E402
+                                         stub_cost_model, write_profile)
 from replay.config import EngineConfig, resolve  # noqa: E402
-from replay.executors import cost_model_for  # noqa: E402
-from replay.loop import run  # noqa: E402
-from replay.prefix import UniqueBlockKeys  # noqa: E402
-from replay.state import RequestState  # noqa: E402
-from replay.stub import StubExecutor  # noqa: E402
-from replay.v1.scheduler import V1Scheduler  # noqa: E402
+from replay.engine.loop import run  # noqa: E402
+from replay.engine.prefix import UniqueBlockKeys  # noqa: E402
+from replay.engine.state import RequestState  # noqa: E402
+from replay.engine.v1.scheduler import V1Scheduler  # noqa: E402
+from replay.stub.executor import StubExecutor  # noqa: E402
+from replay.timing.executors import cost_model_for  # noqa: E402
 
 TRACE_NAME = "AzureLLMInferenceTrace_conv.csv"
 

@@ -14,9 +14,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from replay import memory
-from replay.catalog import GIB, GpuSpec, HardwareTier, ModelSpec, get_gpu, get_model
-from replay.spec import OnSwapFull, Policy, PreemptionModeName, SchedulerSpec, cdiv
+from replay.engine.spec import OnSwapFull, Policy, PreemptionModeName, SchedulerSpec, cdiv
+from replay.timing import memory
+from replay.timing.catalog import GIB, GpuSpec, HardwareTier, ModelSpec, get_gpu, get_model
 
 SchedulerVersion = Literal["v0", "v1"]
 # The V1 releases kvcap models (`--vllm-version`); V0 is always 0.10.1.1.

@@ -20,13 +20,13 @@ import numpy as np
 import polars as pl
 
 from replay.config import EngineConfig, resolve
-from replay import compiled
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys, row_offsets
-from replay.raw import RawRun
-from replay.results import RunResult, build_tables
-from replay.spec import SchedulerSpec
-from replay.summary import StepStats, SummarySpec, max_tbt_weight
-from replay.state import RequestState
+from replay.engine import compiled
+from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys, row_offsets
+from replay.engine.raw import RawRun
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState
+from replay.results.summary import StepStats, SummarySpec, max_tbt_weight
+from replay.results.tables import RunResult, build_tables
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, has_prefix_hashes, hash_block_tokens
 
 KVCAP_VERSION = "0.1.0"
@@ -105,7 +105,7 @@ def block_keys(trace: pl.DataFrame, block_size: int):
 def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
     """Add `log_line`: the WARNING vLLM V0 would log for each preemption (1 in 50, reference A5),
     so a replay can be lined up with production logs."""
-    from replay.v0.logline import preemption_warning
+    from replay.engine.v0.logline import preemption_warning
     pre = events["kind"].str.starts_with("preempt_").to_list()
     lines, cum = [], 0
     for is_pre, rid, kind in zip(pre, events["request_id"].to_list(), events["kind"].to_list()):
@@ -120,9 +120,9 @@ def with_v0_warnings(events: pl.DataFrame) -> pl.DataFrame:
 def make_scheduler(name: str, spec, state, keys):
     """The reference (Python) scheduler of engine `name` ("v0" | "v1")."""
     if name == "v0":
-        from replay.v0.scheduler import V0Scheduler
+        from replay.engine.v0.scheduler import V0Scheduler
         return V0Scheduler(spec, state, keys)
-    from replay.v1.scheduler import V1Scheduler
+    from replay.engine.v1.scheduler import V1Scheduler
     return V1Scheduler(spec, state, keys)
 
 
@@ -134,8 +134,8 @@ SUMMARY_EVERY_STEPS = 1 << 17
 
 class StepSink(Protocol):
     """Where a replay's step and TBT columns go while the compiled core makes them (the store's
-    writer, replay/writer.py): the run id before the engine starts, then chunk by chunk in step
-    order. A reference replay hands it nothing: its tables come whole with the result."""
+    writer, replay/results/writer.py): the run id before the engine starts, then chunk by chunk in
+    step order. A reference replay hands it nothing: its tables come whole with the result."""
 
     def begin_run(self, run_id: str) -> None: ...
 
@@ -172,7 +172,7 @@ def run_engine(engine: str, spec: SchedulerSpec, state: RequestState, keys, exec
     if why:
         print(f"kvcap: replaying on the Python reference implementation, tens of times slower "
               f"than the compiled core: {why}", file=sys.stderr)
-    from replay import loop      # the reference loop (a compiled replay does not load it)
+    from replay.engine import loop      # the reference loop (a compiled replay does not load it)
     sched = scheduler if scheduler is not None else make_scheduler(engine, spec, state, keys)
     raw = loop.run(state, sched, executor, kv_bytes_per_block=kv_bytes_per_block,
                    on_progress=on_progress, progress_every_steps=progress_every_steps,
@@ -198,8 +198,8 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     With `step_sink`, a compiled run hands its step and TBT columns to it as it goes (`kvcap
     replay`'s store writer) and its `steps` and `tbt` tables are those chunks.
     With `summary`, the run keeps summaries of its step and TBT columns instead of the columns
-    (replay/summary.py: `steps` is a `StepSummary`, `tbt` a `TbtSummary`): what a search asks
-    of a replay, exactly, in memory bounded by the requests and not by the steps.
+    (replay/results/summary.py: `steps` is a `StepSummary`, `tbt` a `TbtSummary`): what a search
+    asks of a replay, exactly, in memory bounded by the requests and not by the steps.
     `rate_scale` (the multiple of the source trace's rate `trace` was made at) and `arrivals`
     (the synthetic arrivals given a lengths-only trace, e.g. "poisson:5 seed 0") are recorded
     in the `runs` row, where they tell runs of one source apart (`kvcap runs`)."""
@@ -214,10 +214,10 @@ def replay(trace: pl.DataFrame, config: EngineConfig | None = None, *, executor:
     keys = block_keys(trace, eng.spec.block_size)
     scheduler = None
     if executor == "model":
-        from replay.executors import cost_model_for
+        from replay.timing.executors import cost_model_for
         ex = cost_model_for(eng, calibration=config.calibration)
     elif executor == "stub":
-        from replay.stub import StubExecutor
+        from replay.stub.executor import StubExecutor
         # The stub reads and writes through the reference scheduler's block tables.
         scheduler = make_scheduler(config.scheduler, eng.spec, state, keys)
         ex = StubExecutor.for_engine(eng, state=state, scheduler=scheduler, keys=keys,
@@ -257,7 +257,7 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
               run_id: str | None = None, sha: str | None = None,
               rate_scale: float | None = None, arrivals: str | None = None) -> RunResult:
     """The result tables of a finished replay of `trace` (sorted) under `config` (resolved:
-    `eng`); `run_id` overrides the content hash (a fleet's replicas: replay/fleet.py); `sha`:
+    `eng`); `run_id` overrides the content hash (a fleet's replicas: replay/fleet/run.py); `sha`:
     the trace's content hash, if already computed."""
     sha = sha or trace_sha256(trace)
     cfg_json = config.config_json()
@@ -293,6 +293,6 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
         "offered_rps": offered_rps(trace), "rate_scale": rate_scale, "arrivals": arrivals,
     }
     res = RunResult(run=run, **tables)
-    # Prefill tokens recomputed after preemption over all prefill tokens (replay.results).
+    # Prefill tokens recomputed after preemption over all prefill tokens (replay.results.tables).
     run["recompute_tax"] = res.recompute_tax
     return res

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from replay import compiled, loop
-from replay.divergence import first_divergence
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.engine import compiled, loop
+from replay.engine.divergence import first_divergence
+from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.engine.state import RequestState
 from replay.run import make_scheduler
-from replay.state import RequestState
 from replay_helpers import tiny_cost_model
 
 NAMES = ("compiled", "reference")
@@ -73,7 +73,7 @@ def assert_identical(fast, slow):
 def run_stepped(engine, spec, arrival, prompt, output, hashes=None, priority=None):
     """The compiled core stepped from Python through the per-step contract (`StepCore`), driven by
     the reference loop: must equal `run_compiled` (the same core run to the end in C)."""
-    from replay.compiled import StepCore
+    from replay.engine.compiled import StepCore
     state, keys, ex = make_engine(engine, spec, arrival, prompt, output, hashes, priority)
     return loop.run(state, StepCore(engine, spec, state, keys), ex,
                     kv_bytes_per_block=spec.kv_bytes_per_block)

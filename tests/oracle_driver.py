@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.prefix import TokenBlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState, Status
+from replay.engine.prefix import TokenBlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState, Status
 
 ORACLE = Path(__file__).resolve().parents[2] / "shared" / "oracle"
 # Real vLLM's outputs per modelled release (oracle README §8: 0.34 is `--engine v1-034`).
@@ -155,8 +155,8 @@ def build(sc: dict, engine: str, *, arrival_at_step: bool = False,
 
 
 def batch_kinds(plan) -> list[str]:
-    """The plan's kind per row, as `batches.kind` names it (replay.raw.BATCH_KINDS)."""
-    from replay.raw import BATCH_KINDS
+    """The plan's kind per row, as `batches.kind` names it (replay.engine.raw.BATCH_KINDS)."""
+    from replay.engine.raw import BATCH_KINDS
     if plan.kind is None:
         return ["prefill" if p else "decode" for p in plan.is_prefill.tolist()]
     return [BATCH_KINDS[k] for k in plan.kind.tolist()]

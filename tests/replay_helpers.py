@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cost_model import CostConstants, CostModel, ModelShape
+from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState
 from replay.run import run_engine
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState
+from replay.timing.cost_model import CostConstants, CostModel, ModelShape
 
 TINY_SHAPE = ModelShape(num_layers=4, hidden_size=256, num_attention_heads=4, head_dim=64,
                         vocab_size=1000, num_layer_params=4_000_000, weight_bytes=8_000_000)

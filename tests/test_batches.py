@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from core_helpers import both_implementations, run_compiled, run_reference
-from replay.cost_model import CostConstants, CostModel
-from replay.raw import BATCH_KINDS
+from replay.engine.raw import BATCH_KINDS
+from replay.engine.state import RequestState
 from replay.run import run_engine
-from replay.state import RequestState
+from replay.timing.cost_model import CostConstants, CostModel
 from replay_helpers import TINY_SHAPE, tiny_spec
 from tests.oracle_driver import V0_SCENARIOS, V1_SCENARIOS, build, load
 
@@ -121,7 +121,7 @@ def test_events_seq_orders_victims_as_real_vllm_chose_them() -> None:
     preemption events of each step, ordered by seq, are vLLM's `preempted` list."""
     import polars as pl
 
-    from replay.results import build_tables
+    from replay.results.tables import build_tables
     for engine, name in (("v0", "S5"), ("v1", "S19b"), ("v1", "S13b")):
         sc, want = load(name)
         spec, state, ids, keys = build(sc, engine, arrival_at_step=True)

@@ -1,4 +1,4 @@
-"""`kvcap calibrate --from-bench` (replay/bench_fit.py): a synthetic `vllm bench serve` result made
+"""`kvcap calibrate --from-bench` (replay/calibration/bench_fit.py): a synthetic `vllm bench serve` result made
 by replaying a known profile is fitted back to that profile's constants, and the written profile
 reproduces the result's median TPOT within 5 % through `--calibration`; bad bench files are refused
 in one line naming the key."""
@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay import bench_fit, step_profile
+from replay.calibration import bench_fit
 from replay.config import EngineConfig
+from replay.timing import step_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 KVCAP = Path(sys.executable).with_name("kvcap")
@@ -77,7 +78,7 @@ def test_fit_recovers_the_constants_the_bench_was_made_with(fitted):
 def test_the_profile_reproduces_the_median_tpot_through_calibration(fitted):
     data, _, out = fitted
     from replay.config import resolve
-    from replay.executors import cost_model_for
+    from replay.timing.executors import cost_model_for
     cfg = EngineConfig(model="llama-3.1-8b", gpu="h100", calibration=str(out))
     cm = cost_model_for(resolve(cfg), calibration=cfg.calibration)
     assert cm.measured is not None and cm.measured.name.endswith("--calibrated")

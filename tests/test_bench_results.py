@@ -99,7 +99,7 @@ def test_one_reader_serves_trace_client_timings_and_calibration():
     """traces.vllm_bench reads the file for all three consumers: the per-request rows give the
     calibration the same requests as the result JSON, and an --append-result file is refused
     there in one line (a fit is of one run)."""
-    from replay.bench_fit import read_bench
+    from replay.calibration.bench_fit import read_bench
     a, b = read_bench(BENCH), read_bench(ROWS)
     for k in ("arrival_s", "prompt_len", "output_len", "ttft_s"):
         assert np.array_equal(getattr(a, k), getattr(b, k)), k

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.calibrate import fit_constants, grid
-from replay.catalog import get_gpu
-from replay.executors import catalog_constants
+from replay.calibration.stub_fit import fit_constants, grid
+from replay.timing.catalog import get_gpu
+from replay.timing.executors import catalog_constants
 
 ROOT = Path(__file__).resolve().parents[1]
 KVCAP = Path(sys.executable).with_name("kvcap")

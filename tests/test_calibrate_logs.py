@@ -1,4 +1,4 @@
-"""`kvcap calibrate --from-logs LOG --trace TRACE` (replay/log_fit.py, issue 18 item 4): a vLLM V1
+"""`kvcap calibrate --from-logs LOG --trace TRACE` (replay/calibration/log_fit.py, issue 18 item 4): a vLLM V1
 server log synthesised from a replay of a known trace with a known `kernel_scale` (stats lines
 every 10 s computed as vLLM's logger does: prompt tokens in the interval of each request's first
 token, generated tokens, running at the line) is fitted back to that scale, the trace is placed
@@ -17,11 +17,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from replay import step_profile
-from replay.bench_fit import replay_state
+from replay.calibration.bench_fit import replay_state
 from replay.config import EngineConfig, resolve
-from replay.prefix import UniqueBlockKeys
-from replay.state import RequestState
+from replay.engine.prefix import UniqueBlockKeys
+from replay.engine.state import RequestState
+from replay.timing import step_profile
 from traces.loaders import write_trace
 from traces.schema import SCHEMA
 
@@ -106,8 +106,8 @@ def test_the_profile_reproduces_the_logged_running_requests(fitted):
     requests at the logged instants: within 5 % summed over the lines with requests running."""
     log, trace, out, summary = fitted
     from capacity.evidence.logparse import parse_server_log
-    from replay.executors import cost_model_for
-    from replay.log_fit import running_at
+    from replay.timing.executors import cost_model_for
+    from replay.calibration.log_fit import running_at
     from replay.run import request_state
     from traces.loaders import load_trace
     cfg = EngineConfig(model="llama-3.1-8b", gpu="h100", calibration=str(out))

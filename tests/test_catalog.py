@@ -6,8 +6,8 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from replay.catalog import (GIB, GPUS, MODELS, estimate_num_params, get_gpu, get_model,
-                            model_from_hf_config, vllm_hardware_tier)
+from replay.timing.catalog import (GIB, GPUS, MODELS, estimate_num_params, get_gpu, get_model,
+                                   model_from_hf_config, vllm_hardware_tier)
 
 # name: (layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, params, max_pos)
 SHAPES = {

@@ -1,4 +1,4 @@
-"""What both compiled cores share (replay/compiled.py, replay/kvcore.h) and engine selection
+"""What both compiled cores share (replay/engine/compiled.py, replay/engine/kvcore.h) and engine selection
 (replay/run.py `run_engine`): every field of the resolved spec is read by each core or declared
 not applicable (and a field left unread fails), progress reports at step multiples, the sorted-input
 check, the one-line notice when a replay runs on the reference, and the implementation recorded.
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from core_helpers import make_engine, run_compiled, run_reference
-from replay import compiled
-from replay.prefix import TokenBlockKeys
+from replay.engine import compiled
+from replay.engine.prefix import TokenBlockKeys
+from replay.engine.spec import SchedulerSpec
 from replay.run import run_engine
-from replay.spec import SchedulerSpec
 from replay_helpers import tiny_spec
 
 REPLAY = Path(__file__).resolve().parents[1] / "replay"
@@ -132,7 +132,7 @@ def test_runs_table_records_the_implementation(tmp_path, capsys):
 
     from replay.config import EngineConfig
     from replay.run import replay
-    from replay.store import write_run
+    from replay.results.store import write_run
     from traces.synth import synthesize
     trace = synthesize("poisson", rate_rps=5, duration_s=4)
     for impl in ("compiled", "reference"):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.catalog import GIB
 from replay.config import EngineConfig, ResolvedEngine, resolve
-from replay.spec import SchedulerSpec
+from replay.engine.spec import SchedulerSpec
+from replay.timing.catalog import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -332,7 +332,7 @@ def test_stable_hash_is_equal_in_another_process():
 
 
 def test_engine_modules_import_nothing_heavy():
-    code = ("import sys, replay.config, replay.catalog, replay.memory; "
+    code = ("import sys, replay.config, replay.timing.catalog, replay.timing.memory; "
             "bad = [m for m in ('traces', 'capacity', 'polars', 'duckdb', 'torch') "
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from dataclasses import replace
 
-from replay.cost_model import CostConstants, CostModel, ModelShape
-from replay.plan import StepPlan
+from replay.engine.plan import StepPlan
+from replay.timing.cost_model import CostConstants, CostModel, ModelShape
 
 # Round numbers so every term can be worked out on paper.
 SHAPE = ModelShape(num_layers=2, hidden_size=100, num_attention_heads=4, head_dim=25,

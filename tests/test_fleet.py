@@ -1,14 +1,14 @@
-"""Fleet replay (replay/fleet.py): routing by hand, exactness against single-engine replays, the
+"""Fleet replay (replay/fleet/run.py): routing by hand, exactness against single-engine replays, the
 store's `fleets` rows and `kvcap fleet --json`."""
 import numpy as np
 import polars as pl
 import pytest
 
 from capacity_helpers import CONV, kvcap_json
-from replay import compiled
 from replay.config import EngineConfig
-from replay.fleet import replay_fleet
-from replay.routing import ring_assign, session_keys, static_assignment
+from replay.engine import compiled
+from replay.fleet.routing import ring_assign, session_keys, static_assignment
+from replay.fleet.run import replay_fleet
 from replay.run import replay
 from traces.schema import SCHEMA
 
@@ -119,7 +119,7 @@ def test_bad_router_and_replicas():
 
 @needs_core
 def test_cli_fleet_json_and_store(tmp_path):
-    from replay.store import read_table
+    from replay.results.store import read_table
     src = tmp_path / "t.parquet"
     from traces.loaders import write_trace
     write_trace(mooncake(120), src)

@@ -9,7 +9,7 @@ from capacity.analyses.planner import Planner
 from capacity.analyses.prices import DEFAULT_USD_PER_GPU_HOUR, price_table
 from capacity_helpers import CONV, kvcap_json
 from replay.config import EngineConfig
-from replay.fleet import replay_fleet
+from replay.fleet.run import replay_fleet
 
 SLO = dict(slo_ttft_p99_s=1.0, slo_tbt_p99_s=0.1)
 BUDGET = Budget.parse("any")

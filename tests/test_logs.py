@@ -311,7 +311,7 @@ def test_size_swap_from_logs_peak_times_kv_size(tmp_path):
 def test_size_swap_from_logs_beside_the_replay_answer(tmp_path):
     from replay.config import EngineConfig
     from replay.run import replay
-    from replay.store import write_run
+    from replay.results.store import write_run
     from traces.synth import synthesize
     db = tmp_path / "ev.duckdb"
     ingest([V0, BENCH], db)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay import memory
-from replay.catalog import GIB, GPUS, MODELS, get_gpu, get_model
+from replay.timing import memory
+from replay.timing.catalog import GIB, GPUS, MODELS, get_gpu, get_model
 
 KIB = 1024
 H100 = GPUS["h100"]

@@ -9,11 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from capacity.cli import app
-from replay import compiled, memory
-from replay.catalog import GIB, get_model
 from replay.config import EngineConfig, offload_chunk_bytes, resolve
-from replay.prefix import UniqueBlockKeys
-from replay.state import RequestState
+from replay.engine import compiled
+from replay.engine.prefix import UniqueBlockKeys
+from replay.engine.state import RequestState
+from replay.timing import memory
+from replay.timing.catalog import GIB, get_model
 
 
 def test_chunks_follow_vllms_arithmetic():
@@ -86,7 +87,7 @@ def test_lmcache_says_what_is_modelled():
 def test_compiled_core_refuses_offloading_until_it_models_it():
     spec = resolve(EngineConfig(kv_offloading_size=4)).spec
     state = RequestState(arrival_s=np.zeros(1), prompt_len=[4], output_len=[2])
-    from replay.executors import cost_model_for
+    from replay.timing.executors import cost_model_for
     ex = cost_model_for(resolve(EngineConfig()))
     why = compiled.unavailable("v1", ex, UniqueBlockKeys(), state, spec)
     if compiled.has_offloading("v1"):

@@ -1,4 +1,4 @@
-"""Trace block keys (replay/prefix.py `TraceBlockKeys`): the vectorized chain ids are the ids a
+"""Trace block keys (replay/engine/prefix.py `TraceBlockKeys`): the vectorized chain ids are the ids a
 dict filled row by row gives (node = (parent node, hash), numbered in the order first met), so
 `replay()` building keys from the trace's flat hash column keys every block as before."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.prefix import TraceBlockKeys, _K_BITS, chain_ids
+from replay.engine.prefix import TraceBlockKeys, _K_BITS, chain_ids
 from replay.run import block_keys
 from traces.schema import SCHEMA
 

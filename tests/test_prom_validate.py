@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from capacity.evidence.logs import ingest_files
 from capacity.evidence.promvalidate import compare_prometheus
 from replay.config import EngineConfig
+from replay.results.store import write_run
 from replay.run import replay
-from replay.store import write_run
 from traces.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, run_both_with
-from replay.compiled import StepCore
-from replay.state import Status
-from replay.v1 import V1Scheduler
+from replay.engine.compiled import StepCore
+from replay.engine.state import Status
+from replay.engine.v1 import V1Scheduler
 from replay_helpers import tiny_spec
 from test_replay_loop import workloads
 from test_v1_034 import bursts
@@ -89,7 +89,7 @@ def test_lcf_core_equals_reference(w, data):
 
 def _tax(trace, blocks: int, victim: str, caching: bool) -> float:
     from replay.config import EngineConfig, resolve
-    from replay.executors import cost_model_for
+    from replay.timing.executors import cost_model_for
     from replay.run import block_keys, request_state, run_engine
     eng = resolve(EngineConfig(num_gpu_blocks_override=blocks, block_size=16, max_num_seqs=256,
                                enable_prefix_caching=caching))

@@ -2,7 +2,7 @@
 again. Per request (`requests.recomputed_tokens`, both V1 implementations): the tokens scheduled
 at positions the request had computed before a preemption; a prefix-cache hit or a CPU load at
 the resume brings positions back without computing them, so they are not counted. Per run
-(`replay.results.recompute_tax`, `RunResult.recompute_tax`, a summary replay's too): recomputed /
+(`replay.results.tables.recompute_tax`, `RunResult.recompute_tax`, a summary replay's too): recomputed /
 all prefill tokens computed (`steps.num_prefill_tokens`, re-prefills included).
 
 Checked here against an independent count from the recorded batches (every chunk [c, c+n) and
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import run_compiled, run_reference
-from replay.results import recompute_tax
-from replay.v1 import V1Scheduler
+from replay.engine.v1 import V1Scheduler
+from replay.results.tables import recompute_tax
 from replay_helpers import tiny_spec
 from test_replay_loop import workloads
 from test_v1_034 import bursts
@@ -121,7 +121,7 @@ def test_a_replay_reports_the_tax_from_its_tables_and_from_its_summary():
     from capacity_helpers import CONV
     from replay.config import EngineConfig
     from replay.run import replay
-    from replay.summary import SummarySpec
+    from replay.results.summary import SummarySpec
     from traces.loaders import load_trace
 
     trace = load_trace(CONV).head(400)

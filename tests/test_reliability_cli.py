@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from capacity.cli import app
 from capacity.cli.common import fail, guarded
-from replay.store import WriteInterrupted
+from replay.results.store import WriteInterrupted
 
 runner = CliRunner()
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from replay.catalog import model_from_hf_config
 from replay.config import EngineConfig
-from replay.cost_model import CostConstants, read_profile
+from replay.timing.catalog import model_from_hf_config
+from replay.timing.cost_model import CostConstants, read_profile
 from traces.schema import TraceError
 from traces.synth import synthesize
 from traces.transforms import scale_rate, time_window

@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from capacity.evidence.logs import ingest_files, replace_table
-from replay.store import StoreError
+from replay.results.store import StoreError
 
 ROOT = Path(__file__).resolve().parents[1]
 KVCAP_MAIN = "import sys; from capacity.cli import console; sys.argv[0] = 'kvcap'; console()"

@@ -73,7 +73,7 @@ def test_validate_prometheus_server_label(tmp_path):
     from capacity.evidence.logs import ingest_files
     from replay.config import EngineConfig
     from replay.run import replay
-    from replay.store import write_run
+    from replay.results.store import write_run
     from test_prom_validate import render_scrapes
     from traces.synth import synthesize
     run = replay(synthesize("poisson", rate_rps=2.0, duration_s=30, seed=1),

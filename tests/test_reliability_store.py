@@ -12,7 +12,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from replay import store
+from replay.results import store
 from traces.loaders import load_trace, write_trace
 from traces.schema import TraceError
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.divergence import first_divergence
-from replay.state import Status
+from replay.engine.divergence import first_divergence
+from replay.engine.state import Status
 from replay_helpers import run_tiny, tiny_spec
 
 # V1 has no swap preemption (its host tier is CPU KV offloading: tests/test_v1_offload_*).

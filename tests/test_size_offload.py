@@ -8,7 +8,7 @@ import json
 import pytest
 
 from capacity_helpers import ROOT, kvcap, kvcap_json
-from replay.compiled import has_offloading
+from replay.engine.compiled import has_offloading
 
 MOONCAKE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 # A head of the Mooncake conversation trace at a fifth of its rate on a small GPU pool (7,000

@@ -1,5 +1,5 @@
 """Issue 13 item 7 (memory bounded by the work): a long compiled run spills its step and TBT
-columns to files (replay/raw.py ColumnSpill) that the store inserts in batches; the tables, the
+columns to files (replay/engine/raw.py ColumnSpill) that the store inserts in batches; the tables, the
 stored rows and the summary are the same as without spilling, and the files go with the run."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import polars as pl
 import pytest
 
 from capacity.analyses.metrics import nearest_rank, nearest_rank_chunked, summary
-from replay import compiled
 from replay.config import EngineConfig
-from replay.results import SpilledTable
+from replay.engine import compiled
+from replay.results.store import read_table, write_run
+from replay.results.tables import SpilledTable
 from replay.run import replay
-from replay.store import read_table, write_run
 from traces.synth import synthesize
 
 

@@ -1,4 +1,4 @@
-"""Measured step-time profiles (replay/step_profile.py, docs/timing.md): interpolation and the
+"""Measured step-time profiles (replay/timing/step_profile.py, docs/timing.md): interpolation and the
 step formula by hand, the shipped profiles and their selection, bad profiles refused naming the
 field, and the compiled cores pricing a measured profile bit for bit like the Python reference."""
 from __future__ import annotations
@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay import step_profile
 from replay.config import EngineConfig, resolve
-from replay.cost_model import CostModel, read_profile
-from replay.executors import cost_model_for
-from replay.plan import StepPlan
+from replay.engine.plan import StepPlan
+from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.engine.state import RequestState
 from replay.run import run_engine
-from replay.state import RequestState
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.timing import step_profile
+from replay.timing.cost_model import CostModel, read_profile
+from replay.timing.executors import cost_model_for
 from replay_helpers import TINY_CONST, TINY_SHAPE
 from test_replay_loop import MODES, assert_same, spec_for, workloads
 

@@ -7,7 +7,7 @@ import time
 import polars as pl
 import pytest
 
-from replay import store
+from replay.results import store
 
 
 def tables(run_id: str, n: int = 3) -> dict[str, pl.DataFrame]:
@@ -68,7 +68,7 @@ def test_second_writer_gets_a_clear_lock_error(tmp_path):
 def test_all_null_columns_of_every_schema_type_are_typed(tmp_path):
     """An all-NULL column is typed from the schema before DuckDB reads it over the Arrow C stream
     (it refuses polars' untyped Null arrays): every column of every table, run_id included."""
-    from replay import store
+    from replay.results import store
     with store.connect(tmp_path / "n.duckdb") as con:
         store.ensure_schema(con)
         for table, spec in store.SCHEMA.items():
@@ -82,7 +82,7 @@ def test_all_null_columns_of_every_schema_type_are_typed(tmp_path):
 
 def test_a_constant_run_id_is_written_as_given_and_a_mixed_one_row_by_row(tmp_path):
     """The store hands DuckDB a one-valued run_id as a constant (a spilled table has none)."""
-    from replay import store
+    from replay.results import store
     with store.connect(tmp_path / "c.duckdb") as con:
         store.ensure_schema(con)
         store._insert(con, "tbt", pl.DataFrame({"tbt_s": [0.5, 0.25], "weight": [1, 2]}),

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from replay.plan import StepPlan
-from replay.prefix import TraceBlockKeys, UniqueBlockKeys
-from replay.state import RequestState
-from replay.stub import StubExecutor, StubIntegrityError
-from replay.stub_kv import KVLayout, PagedKV, fingerprints
-from replay.stub_model import StubShape, WeightlessModel
+from replay.engine.plan import StepPlan
+from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
+from replay.engine.state import RequestState
+from replay.stub.executor import StubExecutor, StubIntegrityError
+from replay.stub.kv import KVLayout, PagedKV, fingerprints
+from replay.stub.model import StubShape, WeightlessModel
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")
@@ -223,7 +223,7 @@ def test_stub_replays_azure_conv_with_the_same_decisions_as_the_cost_model(sched
 
 def test_stub_catches_a_corrupted_block_table_during_a_trace_replay():
     from replay.config import resolve
-    from replay.loop import run
+    from replay.engine.loop import run
     from replay.run import block_keys, make_scheduler, request_state
     trace = _azure_slice(40)
     eng = resolve(_config("v1", "recompute"))

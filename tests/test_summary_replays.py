@@ -1,4 +1,4 @@
-"""Issue 36 item 1: a search keeps summaries, not tables. A summary replay (replay/summary.py)
+"""Issue 36 item 1: a search keeps summaries, not tables. A summary replay (replay/results/summary.py)
 gives exactly the numbers of the full tables to evaluate / stability / classify / summary, never
 builds per-step tables, and the planner's `map` reduces in the worker with a memo."""
 from __future__ import annotations
@@ -17,11 +17,11 @@ from capacity.analyses.metrics import summary
 from capacity.analyses.planner import Planner, score_reducer, summary_reducer
 from capacity.analyses.stability import stability
 from capacity.analyses.sweep import Job
-from replay import results
 from replay.config import EngineConfig
+from replay.results import tables
+from replay.results.quantiles import nearest_rank
+from replay.results.summary import SummarySpec, _TopWeight, tail_weight
 from replay.run import replay
-from replay.summary import SummarySpec, _TopWeight, tail_weight
-from replay.quantiles import nearest_rank
 from traces.loaders import load_trace
 
 from capacity_helpers import CONV
@@ -101,10 +101,10 @@ def test_the_cases_cover_preemption_and_swap(conv):
 def test_summary_replay_builds_no_step_tables(conv, monkeypatch):
     def no_frames(*a, **k):
         raise AssertionError("a summary replay built a per-step frame")
-    monkeypatch.setattr(results, "chunk_frame", no_frames)
-    monkeypatch.setattr(results, "SpilledTable", no_frames)
+    monkeypatch.setattr(tables, "chunk_frame", no_frames)
+    monkeypatch.setattr(tables, "SpilledTable", no_frames)
     held = []
-    from replay import compiled
+    from replay.engine import compiled
     real = compiled._Drain._hold
     monkeypatch.setattr(compiled._Drain, "_hold", lambda self, *a: held.append(1) or real(self, *a))
     res = replay(conv, CONFIGS["v1 recompute"], summary=SummarySpec())

@@ -14,7 +14,7 @@ from capacity.analyses.distributed import RAY_ENV_DIR, make_points, stored_run_i
 from capacity.analyses.grid import parse_grid_file, parse_grid_text, points
 from capacity_helpers import CONV, KVCAP, ROOT
 from replay.config import EngineConfig
-from replay.store import SCHEMA, connect
+from replay.results.store import SCHEMA, connect
 
 GRID = "max_num_seqs=8,64;rate_scale=1,3"
 VOLATILE = {"runs": ["created_at", "wall_seconds"]}     # when and how long, not what

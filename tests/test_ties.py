@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from core_helpers import both_implementations
-from replay.compiled import StepCore
-from replay.v0 import V0Scheduler
-from replay.v1 import V1Scheduler
+from replay.engine.compiled import StepCore
+from replay.engine.v0 import V0Scheduler
+from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import V0_SCENARIOS, V1_SCENARIOS, compare, drive, load
 
 IMPL = "reference"
@@ -90,7 +90,7 @@ def test_tied_equal_priority_requests_do_not_preempt_each_other_forever():
     import numpy as np
 
     from core_helpers import make_engine
-    from replay import loop
+    from replay.engine import loop
     from replay_helpers import tiny_spec
     spec = tiny_spec(num_gpu_blocks=14, num_cpu_blocks=3, max_num_seqs=5, max_num_batched_tokens=9,
                      enable_chunked_prefill=True, enable_prefix_caching=False, policy="priority",
@@ -103,7 +103,7 @@ def test_tied_equal_priority_requests_do_not_preempt_each_other_forever():
     raw = loop.run(state, sched, ex, kv_bytes_per_block=spec.kv_bytes_per_block)
     assert raw.status != "aborted" and len(raw.finish_s) == 5 and not np.isnan(raw.finish_s).any()
     if IMPL == "compiled":     # and run to the end in C (where the old code ran out of memory)
-        from replay import compiled
+        from replay.engine import compiled
 
         def stop(_t, step):
             assert step <= 2_000, "no end in sight: requests keep preempting each other"

@@ -1,4 +1,4 @@
-"""The compiled V0 core (replay/v0/_core.c) against the Python reference (the oracle the
+"""The compiled V0 core (replay/engine/v0/_core.c) against the Python reference (the oracle the
 golden scenarios S1-S12 and the vLLM oracle pin down): identical steps, requests, events, stalls,
 TBT and abort outcome on Hypothesis workloads over every V0 knob (default and chunked paths,
 prefix caching, recompute / swap / queue-only, FCFS / priority, swap-full abort or fallback,
@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, make_engine, run_both_with, run_compiled, run_stepped
-from replay.state import Status
-from replay import compiled, loop
-from replay.v0.scheduler import V0Scheduler
+from replay.engine import compiled, loop
+from replay.engine.state import Status
+from replay.engine.v0.scheduler import V0Scheduler
 from replay_helpers import tiny_spec
 from test_replay_loop import workloads
 

@@ -1,6 +1,6 @@
 """Real vLLM 0.10.1.1 parity: every V0 oracle scenario (shared/oracle, S1-S12 variants) driven
 through both implementations, the reference `V0Scheduler` and the compiled V0 core stepped through
-the same contract (`replay.compiled.StepCore`, token-id keys precomputed and handed to C), must
+the same contract (`replay.engine.compiled.StepCore`, token-id keys precomputed and handed to C), must
 reproduce `expected/*.jsonl` line for line (reference G)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from replay.compiled import StepCore
-from replay.v0 import V0Scheduler
+from replay.engine.compiled import StepCore
+from replay.engine.v0 import V0Scheduler
 from tests.oracle_driver import ORACLE, V0_SCENARIOS, build, compare, drive
 
 

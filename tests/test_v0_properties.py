@@ -9,10 +9,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from replay.prefix import TokenBlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState, Status
-from replay.v0 import V0Scheduler
+from replay.engine.prefix import TokenBlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState, Status
+from replay.engine.v0 import V0Scheduler
 
 MAX_STEPS = 3000
 ENDED = (Status.FINISHED, Status.REJECTED, Status.ABORTED)

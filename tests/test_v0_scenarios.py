@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from replay.compiled import StepCore
-from replay.v0 import V0Scheduler, preemption_warning
+from replay.engine.compiled import StepCore
+from replay.engine.v0 import V0Scheduler, preemption_warning
 from core_helpers import both_implementations
 from tests.oracle_driver import ORACLE, build, drive
 from tests.test_v0_oracle import VllmChunkView

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, run_both_with, run_compiled, run_stepped
-from replay.spec import SchedulerSpec
-from replay.state import Status
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import Status
 from replay_helpers import tiny_spec
 from test_replay_loop import workloads
 

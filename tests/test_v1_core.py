@@ -1,4 +1,4 @@
-"""The compiled V1 core (replay/v1/_core.c) against the Python reference (the oracle the
+"""The compiled V1 core (replay/engine/v1/_core.c) against the Python reference (the oracle the
 golden scenarios S1-S20 and the vLLM oracle pin down): identical steps, requests, events, stalls
 and TBT on Hypothesis workloads over every knob the core reads, with the C block pool's
 accounting invariants checked after each run (free + used = total, no block owned twice, the
@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, run_both_with, run_compiled, run_stepped
-from replay.state import Status
-from replay import compiled
+from replay.engine import compiled
+from replay.engine.state import Status
 from replay_helpers import run_tiny, tiny_spec
 from test_replay_loop import workloads
 
@@ -97,7 +97,7 @@ def test_offloading_core_equals_reference(w, spec):
 @given(w=workloads(), spec=offload_specs())
 def test_offloading_per_step_contract_equals_run_to_end(w, spec):
     """With the OffloadingConnector: the core stepped through `StepCore` by the reference loop
-    (replay/loop.py: its clock told, offload events and columns, idle jumps to the next
+    (replay/engine/loop.py: its clock told, offload events and columns, idle jumps to the next
     transfer) == the core run to the end in C (kvcore.h's copy of that bookkeeping), with the
     block pool's invariants checked; every request ends; the tier never exceeds its chunks."""
     arrival, prompt, output, prio, hashes = w
@@ -204,8 +204,8 @@ def test_client_aborts_core_equals_reference(sc):
     connector's decisions and the tier), the request counters at the end, the C block pool's
     invariants; with offloading also aborts while the step is in flight (async) or the CPU load
     is (frees deferred, C4)."""
-    from replay.compiled import StepCore
-    from replay.v1 import V1Scheduler
+    from replay.engine.compiled import StepCore
+    from replay.engine.v1 import V1Scheduler
     from tests.oracle_driver import drive
     states, cores = {}, []
 

@@ -3,16 +3,16 @@ inside the V1 scheduler, ../shared/oracle scenarios O1-O9, README §7 F1-F15, an
 L1_nocap, §8): every step's schedule and every connector decision (lookups, hits, loads, stores,
 evictions, flushes, completions, the tier's LRU/ARC state) must match, on both
 implementations. The compiled case is skipped while the compiled V1 core does not model
-offloading (`replay.compiled.has_offloading`)."""
+offloading (`replay.engine.compiled.has_offloading`)."""
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 
-from replay import compiled
-from replay.compiled import StepCore
-from replay.v1 import V1Scheduler
+from replay.engine import compiled
+from replay.engine.compiled import StepCore
+from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import (OFFLOAD_034_ONLY, build, chunks_by_content, compare, drive,
                                  load, offload_scenarios)
 
@@ -37,7 +37,7 @@ def test_offloading_matches_real_vllm(version: str, name: str, impl: str) -> Non
     sc, want = load(name, version)
     if impl == "compiled" and "kv_offloading" in sc and not compiled.has_offloading("v1"):
         pytest.skip("the compiled V1 core does not model CPU KV offloading yet "
-                    "(replay.compiled.has_offloading)")
+                    "(replay.engine.compiled.has_offloading)")
     # A chunk is named by content (its key): the oracle names it after the first request that
     # offered it, the driver after the first that stored it (0.34's O1_threshold: C stores what
     # B offered first).

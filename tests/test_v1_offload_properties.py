@@ -10,10 +10,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.prefix import TraceBlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState, Status
-from replay.v1 import V1Scheduler
+from replay.engine.prefix import TraceBlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState, Status
+from replay.engine.v1 import V1Scheduler
 from tests.test_v1_properties import BS, MAX_STEPS
 
 

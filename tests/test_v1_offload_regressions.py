@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.compiled import StepCore
-from replay.v1 import V1Scheduler
+from replay.engine.compiled import StepCore
+from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import chunks_by_content, compare, drive
 
 DATA = Path(__file__).resolve().parent / "data" / "oracle_v1"

@@ -7,7 +7,7 @@ its full-tracker rule, step by step; the compiled core follows it through the di
 (tests/test_v1_core.py and test_v1_034.py draw small trackers)."""
 from __future__ import annotations
 
-from replay.v1.cpu_tier import Access, CpuTier, OfferCounts
+from replay.engine.v1.cpu_tier import Access, CpuTier, OfferCounts
 
 
 def test_offers_are_counted_and_the_tracker_drops_the_least_recently_offered():

@@ -12,11 +12,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from replay import loop
-from replay.prefix import TraceBlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState, Status
-from replay.v1 import V1Scheduler
+from replay.engine import loop
+from replay.engine.prefix import TraceBlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState, Status
+from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import OFFLOAD_SCENARIOS, compare, drive, load
 
 STEP_ONE = [n for n in OFFLOAD_SCENARIOS

@@ -3,13 +3,13 @@ release has an output for (../shared/oracle/expected for 0.33: S13-S20*; expecte
 the same and C1-C3, README §8; each scenario names its loop, S13_async the AsyncScheduler's),
 driven the way oracle.py drives vLLM, must match step for step, on both implementations: the
 Python reference scheduler and the compiled core stepped through the same contract
-(`replay.compiled.StepCore`, token-id prefix keys precomputed and handed to C)."""
+(`replay.engine.compiled.StepCore`, token-id prefix keys precomputed and handed to C)."""
 from __future__ import annotations
 
 import pytest
 
-from replay.compiled import StepCore
-from replay.v1 import V1Scheduler
+from replay.engine.compiled import StepCore
+from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import (KNOBS_034, V1_034_ONLY, build, compare, drive, load,
                                  v1_scenarios)
 

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.prefix import TraceBlockKeys
-from replay.spec import SchedulerSpec
-from replay.state import RequestState, Status
-from replay.v1 import V1Scheduler
+from replay.engine.prefix import TraceBlockKeys
+from replay.engine.spec import SchedulerSpec
+from replay.engine.state import RequestState, Status
+from replay.engine.v1 import V1Scheduler
 
 BS = 4
 MAX_STEPS = 4000

@@ -3,8 +3,8 @@ oracle runs) as readable golden tests of the V1 scheduler: exact admissions, vic
 and queue orders. Each test drives the oracle scenario file and names what it pins down."""
 from __future__ import annotations
 
-from replay.compiled import StepCore
-from replay.v1 import V1Scheduler
+from replay.engine.compiled import StepCore
+from replay.engine.v1 import V1Scheduler
 from core_helpers import both_implementations
 from tests.oracle_driver import drive, load
 

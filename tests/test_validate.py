@@ -14,8 +14,8 @@ import pytest
 from capacity.evidence.logs import ingest
 from capacity.evidence.validate import validate
 from replay.config import EngineConfig
+from replay.results.store import write_run
 from replay.run import replay
-from replay.store import write_run
 from traces.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]

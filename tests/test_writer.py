@@ -1,4 +1,4 @@
-"""The store writer (replay/writer.py): `kvcap replay`'s DuckDB write done by a thread while the
+"""The store writer (replay/results/writer.py): `kvcap replay`'s DuckDB write done by a thread while the
 compiled core runs. The file it writes reads back exactly as `store.write_run`'s (every table,
 row order included), whatever the chunking; it is one transaction: a failure or Ctrl-C leaves
 the file as it was, and Ctrl-C during COMMIT says that the run was written."""
@@ -14,10 +14,11 @@ import time
 import duckdb
 import pytest
 
-from replay import compiled, store
 from replay.config import EngineConfig
+from replay.engine import compiled
+from replay.results import store
+from replay.results.writer import RunWriter
 from replay.run import replay
-from replay.writer import RunWriter
 from traces.synth import synthesize
 
 

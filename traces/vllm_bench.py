@@ -8,7 +8,7 @@ each); its per-request `RequestFuncOutput` rows (`start_time`, `prompt_len`, `ou
 `ttft`, `itl`, `success`, `error`) as JSONL are one run too. `read_runs` reads all three into
 `BenchRun`s; three consumers apply their own rules to them: the trace here (`load_result`), the
 client timings of `kvcap logs` (capacity.evidence.clientparse) and `kvcap calibrate --from-bench`
-(replay.bench_fit).
+(replay.calibration.bench_fit).
 
 As a trace: arrival = start time minus the earliest one, prompt = input_len, output = output_len. A
 request that failed (`errors[i]` non-empty, or no output) produced no output, so it does not enter

@@ -25,7 +25,7 @@ import polars as pl
 import yaml
 
 from capacity.analyses.metrics import nearest_rank
-from replay.summary import StepSummary
+from replay.results.summary import StepSummary
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,7 @@ Executors:
   running cluster (`ray start --head`), "ray://host:port" a remote one through Ray Client.
   Ray is imported here only, and only when this executor runs.
 The driver writes results as they arrive (in batches of runs, one transaction each: a run is
-all or nothing, replay/store.py), so an interrupted sweep keeps what finished; a rerun skips the
+all or nothing, replay/results/store.py), so an interrupted sweep keeps what finished; a rerun skips the
 run ids already stored (a run id is a hash
 of the trace's content and the config, known before anything runs). A task that raises is retried
 (`retries` more times) and then reported with its error, never dropped.
@@ -118,7 +118,7 @@ Work = Callable[[SweepPoint, object], dict]
 def stored_run_ids(db) -> set[str]:
     from pathlib import Path
 
-    from replay.store import connect
+    from replay.results.store import connect
     if db is None or not Path(db).exists():
         return set()
     with connect(db, read_only=True) as con:
@@ -153,7 +153,7 @@ def sweep(points: list[SweepPoint], traces: dict[str, pl.DataFrame], *, db=None,
 
     def flush() -> None:
         if batch and db is not None:
-            from replay.store import write_runs
+            from replay.results.store import write_runs
             write_runs(db, batch)
         batch.clear()
         flushed[0] = time.perf_counter()

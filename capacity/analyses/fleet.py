@@ -2,7 +2,7 @@
 
 A fleet is scored exactly as one engine is (capacity/analyses/criteria.py `evaluate`): fleet
 P99 TTFT over every request, fleet P99 TBT over every token gap, the preemption budget over the
-fleet's events, stability over its requests (replay/fleet.py `FleetResult.tables`). Per replica:
+fleet's events, stability over its requests (replay/fleet/run.py `FleetResult.tables`). Per replica:
 the same summary over that replica's own tables.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from capacity.analyses.metrics import summary
 from capacity.analyses.planner import Planner
 from capacity.analyses.sweep import Job
 from replay.config import EngineConfig
-from replay.fleet import FleetResult, replay_fleet
+from replay.fleet.run import FleetResult, replay_fleet
 
 DEFAULT_SLO_TTFT_S = DEFAULTS.slo_ttft_p99_s     # the one set of defaults
 DEFAULT_SLO_TBT_S = DEFAULTS.slo_tbt_p99_s

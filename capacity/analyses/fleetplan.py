@@ -19,7 +19,7 @@ from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.fleet import FleetScore
 from capacity.analyses.planner import Planner
 from replay.config import EngineConfig
-from replay.fleet import FleetResult
+from replay.fleet.run import FleetResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import polars as pl
 
-# One implementation for tables and streamed replays (replay/summary.py).
-from replay.quantiles import nearest_rank, nearest_rank_chunked, nearest_ranks  # noqa: F401
-from replay.summary import TbtSummary
+# One implementation for tables and streamed replays (replay/results/summary.py).
+from replay.results.quantiles import nearest_rank, nearest_rank_chunked, nearest_ranks  # noqa: F401
+from replay.results.summary import TbtSummary
 
 GIB = 2 ** 30
 
@@ -91,7 +91,7 @@ def _step_sum(steps, name: str) -> int:
 def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
             slo_tbt_s: float | None = None, tbt_p50: bool = True) -> dict:
     """The replay summary (DESIGN §7 keys and more), from full tables or a summary replay's
-    (replay/summary.py: its steps and TBT as streamed stats). `tbt_p50=False` leaves out
+    (replay/results/summary.py: its steps and TBT as streamed stats). `tbt_p50=False` leaves out
     "tbt_p50_s" (a summary replay keeps the median only when asked: it needs every sample)."""
     run = tables["runs"].row(0, named=True)
     req = request_latencies(tables["requests"])

@@ -24,7 +24,7 @@ reloading, or nothing) and when the host-RAM cap binds instead of the knee.
 
 Host RAM: the tier pins what `resolve` computes (`kv_offloading_host_ram_bytes`). vLLM 0.33 does not
 check it against the host; kvcap applies V0's swap-space thresholds (warn above 40%, error above
-70% of the host RAM of the GPUs the replica uses, replay/memory.py), against `--host-ram-gib` or,
+70% of the host RAM of the GPUs the replica uses, replay/timing/memory.py), against `--host-ram-gib` or,
 when not given, a reference server of the GPU (`REFERENCE_HOST_RAM`). A knee the host cannot pin
 (verdict "error") is never the recommendation: the knee is then taken among the sizes the host can
 pin, and the answer names the unconstrained knee and what it would pin — a tier that needs more
@@ -44,7 +44,7 @@ from capacity.analyses.planner import Planner
 from capacity.analyses.stability import stability
 from capacity.analyses.sweep import Job
 from replay.config import EngineConfig, resolve
-from replay.memory import SWAP_RAM_ERROR_FRACTION, SWAP_RAM_WARN_FRACTION
+from replay.timing.memory import SWAP_RAM_ERROR_FRACTION, SWAP_RAM_WARN_FRACTION
 
 TOLERANCE = 0.05
 # Default sweep: multiples of the GPU KV pool (a write-through tier no larger than the GPU cache

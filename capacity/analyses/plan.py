@@ -48,7 +48,7 @@ from capacity.analyses.tuning import Tuning, tune
 from capacity.analyses.versions import run_engine_words
 from capacity.analyses.whatifs import WhatIf, what_ifs
 from replay.config import EngineConfig, resolve
-from replay.results import RunResult
+from replay.results.tables import RunResult
 from replay.run import replay
 
 VERDICTS = ("overloaded", "misses", "fits")
@@ -194,7 +194,7 @@ NOT_SIZED = ("not sized in the plan — this build replays CPU offloading on the
 
 
 def fast_offloading() -> bool:
-    from replay.compiled import has_offloading
+    from replay.engine.compiled import has_offloading
     return has_offloading("v1")
 
 

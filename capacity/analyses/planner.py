@@ -8,7 +8,7 @@ Two ways to ask for replays:
   writer: the caller).
 - `map(jobs, reduce)` / `map_shared(jobs, reduce)`: one small value per job, `reduce(tables)`
   computed in the worker that replayed it — for searches (headroom, tuning, offload, fleet).
-  The worker replays in summary mode (replay/summary.py): no per-step tables are built, so a
+  The worker replays in summary mode (replay/results/summary.py): no per-step tables are built, so a
   replay's memory is its requests, not its steps, and nothing but the value crosses back.
   `tables` is `RunResult.tables()` with `steps` / `tbt` standing in as summaries: what
   `criteria.evaluate`, `stability.stability`, `classify.classify` and `metrics.summary` read
@@ -47,8 +47,8 @@ import polars as pl
 
 from capacity.analyses.sweep import Job, Reduced, _reduce, execute, job_key, run_jobs
 from replay.config import EngineConfig
-from replay.results import RunResult
-from replay.summary import SummarySpec
+from replay.results.summary import SummarySpec
+from replay.results.tables import RunResult
 
 
 class Progress(Protocol):

@@ -26,7 +26,7 @@ def _price(value, where: str) -> float:
 
 def price_table(overrides: list[str] | None = None, file: Path | None = None) -> dict[str, float]:
     """Defaults, then `file` (mapping gpu -> USD), then `overrides` ("gpu=USD")."""
-    from replay.catalog import get_gpu
+    from replay.timing.catalog import get_gpu
     prices = dict(DEFAULT_USD_PER_GPU_HOUR)
     if file is not None:
         import yaml

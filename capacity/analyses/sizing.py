@@ -20,7 +20,7 @@ import polars as pl
 
 from capacity.analyses.metrics import GIB, nearest_rank, summary
 from replay.config import EngineConfig, resolve
-from replay.memory import swap_host_ram_verdict
+from replay.timing.memory import swap_host_ram_verdict
 from capacity.analyses.planner import Planner
 from capacity.analyses.stability import stability
 from capacity.analyses.sweep import Job

@@ -7,7 +7,7 @@ Jobs that would replay the same trace under the same resolved engine are run onc
 for its baseline again as a mode variant, a tuning candidate and a headroom point).
 With one worker, or one job, everything runs in-process.
 A search asks for summaries instead (`reduce_jobs`): the worker replays without keeping per-step
-tables (replay/summary.py) and returns only what the caller's reducers make of the run.
+tables (replay/results/summary.py) and returns only what the caller's reducers make of the run.
 A worker that dies (the out-of-memory killer, a crash) breaks the pool: the pool is dropped and
 `WorkerDied` says, in one line, which replay it was running and how large it had grown.
 """
@@ -29,8 +29,8 @@ from typing import Any, Callable, Sequence
 import polars as pl
 
 from replay.config import EngineConfig
-from replay.results import RunResult
-from replay.summary import SummarySpec
+from replay.results.summary import SummarySpec
+from replay.results.tables import RunResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +57,7 @@ class Reduced:
 
 
 def _reduce(job: Job, reducers: tuple, spec: SummarySpec) -> Reduced:
-    """Replay `job` keeping summaries only (replay/summary.py) and apply each reducer to its
+    """Replay `job` keeping summaries only (replay/results/summary.py) and apply each reducer to its
     tables, here in the worker."""
     from replay.run import replay
     _mark(job.label)

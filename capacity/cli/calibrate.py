@@ -59,7 +59,7 @@ def calibrate_cmd(
         raise ValueError(f"--device: {device!r} is not cuda or cpu")
     if stub_shape not in (None, "full", "tiny"):
         raise ValueError(f"--stub-shape: {stub_shape!r} is not full or tiny")
-    from replay.calibrate import CalibrationOptions, calibrate, write_profile
+    from replay.calibration.stub_fit import CalibrationOptions, calibrate, write_profile
     opts = CalibrationOptions(device=device, model=model, gpu=gpu, stub_shape=stub_shape,
                               kv_cache_dtype=kv_cache_dtype, quick=quick)
     profile = calibrate(opts, log=None if as_json else (lambda m: err.print(m, highlight=False)))
@@ -88,9 +88,9 @@ def calibrate_cmd(
 
 def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_tokens,
                 max_model_len, kv_cache_dtype, as_json, limit) -> None:
-    from replay import bench_fit
-    from replay.bench_fit import write_json
-    from replay.catalog import get_model
+    from replay.calibration import bench_fit
+    from replay.calibration.bench_fit import write_json
+    from replay.timing.catalog import get_model
     from replay.config import EngineConfig, resolve
     bench = bench_fit.read_bench(path)
     if model == "llama-3.1-8b" and bench.model_id:
@@ -133,7 +133,7 @@ def _measured_base(eng, kv_cache_dtype: str, flag: str):
     """The shipped profile a fit starts from: (its JSON, its tables)."""
     import json
 
-    from replay import step_profile
+    from replay.timing import step_profile
     tp = eng.tensor_parallel_size
     base = step_profile.shipped(eng.gpu.name, eng.model.name,
                                 step_profile.dtype_key(eng.model.weight_dtype_bytes,
@@ -149,8 +149,8 @@ def _from_logs(paths, trace_path, trace_format, output, model, gpu, tp, max_num_
                max_num_batched_tokens, max_model_len, kv_cache_dtype, as_json, limit) -> None:
     from capacity.cli.common import load_trace_file
     from capacity.evidence.logparse import parse_server_log
-    from replay import log_fit
-    from replay.bench_fit import profile_json, write_json
+    from replay.calibration import log_fit
+    from replay.calibration.bench_fit import profile_json, write_json
     from replay.config import EngineConfig, resolve
     from replay.run import block_keys, request_state
     if trace_path is None:

@@ -58,7 +58,7 @@ def guarded(fn):
     """Turn expected failures (bad input, locked DB, bad config) into one line and exit 2."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from replay.dbfile import StoreLocked, WriteInterrupted
+        from replay.results.dbfile import StoreLocked, WriteInterrupted
         from traces.schema import TraceError
         try:
             check_flags(fn.__name__, kwargs)
@@ -200,13 +200,13 @@ def check_flags(command: str, kwargs: dict) -> None:
 
 
 def _check_paths(command: str, kwargs: dict) -> None:
-    from replay.dbfile import check_db_file
+    from replay.results.dbfile import check_db_file
     db = kwargs.get("db")
     if isinstance(db, Path):
         check_db_file(db, must_exist=command in _READS_DB)
     calibration = kwargs.get("calibration")
     if isinstance(calibration, Path):
-        from replay.cost_model import read_profile
+        from replay.timing.cost_model import read_profile
         read_profile(calibration)  # a bad profile is refused before the replay, not after it
     for name, flag in (("out", "-o"), ("output", "-o")):
         out = kwargs.get(name)
@@ -413,7 +413,7 @@ def store_runs(db: Optional[Path], runs, *, without_steps: set[str] = frozenset(
     without their per-step tables (steps, tbt, batches)."""
     if db is None:
         return
-    from replay.store import write_run
+    from replay.results.store import write_run
     for r in {r.run_id: r for r in runs}.values():
         tables = r.tables()
         if r.run_id in without_steps:

@@ -1,4 +1,4 @@
-"""`kvcap fleet`: replay a trace on N replicas behind a router (replay/fleet.py)."""
+"""`kvcap fleet`: replay a trace on N replicas behind a router (replay/fleet/run.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,7 +19,7 @@ err = Console(stderr=True)
 def store_fleet(db: Optional[Path], fleet) -> None:
     """A fleet's replicas and its `fleets` rows, in one transaction."""
     if db is not None:
-        from replay.store import write_runs
+        from replay.results.store import write_runs
         write_runs(db, fleet.store_tables())
 
 
@@ -182,7 +182,7 @@ def plan_cmd(
     from capacity.analyses.planner import Planner
     from capacity.analyses.prices import price_table
     from capacity.cli.common import CliError, store_runs
-    from replay.routing import ROUTERS
+    from replay.fleet.routing import ROUTERS
     if router not in ROUTERS:
         raise CliError(f"--router {router!r}: use one of {', '.join(ROUTERS)}")
     if not 1 <= max_replicas <= 4096:

@@ -265,7 +265,7 @@ def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: f
         budget = Budget.parse(preemption_budget)
     except ValueError as e:
         raise CliError(f"--preemption-budget: {e}") from None
-    from replay.fleet import ROUTERS
+    from replay.fleet.run import ROUTERS
     if router not in ROUTERS:
         raise CliError(f"--router {router!r}: use one of {', '.join(ROUTERS)}")
     if not target_peak > 0:

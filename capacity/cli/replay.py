@@ -155,7 +155,7 @@ def replay_cmd(
     import time
 
     from capacity.analyses.metrics import summary
-    from replay.writer import RunWriter
+    from replay.results.writer import RunWriter
     wall0 = time.perf_counter()
     trace, _, arrivals = trace_input_arrivals(file, trace_format, rate_scale, binned=False,
                                               hash_block_tokens=hash_block_tokens)

@@ -41,7 +41,7 @@ def stored_runs(db: Path) -> list[dict]:
 
     from capacity.analyses.metrics import nearest_ranks, tbt_percentiles
     from capacity.cli.replay import verdict
-    from replay.store import check_schema, connect
+    from replay.results.store import check_schema, connect
     out = []
     with connect(db, read_only=True) as con:
         check_schema(con, db)
@@ -180,7 +180,7 @@ def _sql_text(s: str) -> str:
 def export_run(db: Path, run_id: str, fmt: str, out: Path) -> dict:
     """Write run `run_id`'s tables to folder `out` (one file per table, DuckDB COPY), whole or
     not at all: into a temporary folder beside `out`, renamed to `out` at the end."""
-    from replay.store import check_schema, connect
+    from replay.results.store import check_schema, connect
     if fmt not in FORMATS:
         raise CliError(f"--format {fmt!r}: use csv or parquet")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -40,7 +40,7 @@ from capacity.evidence.promseries import WINDOW_SCHEMA, windows
 from capacity.evidence.logfacts import ENGINE_SCHEMA, EVENT_SCHEMA, looks_like_server_output
 from capacity.evidence.logparse import (PREEMPTION_SCHEMA, STATS_MARK, STATS_SCHEMA, UNPARSED_SCHEMA,
                                VLLM_PREFIX, WARNING_MARK, parse_server_log, strip_ansi)
-from replay.store import connect, remove_db
+from replay.results.store import connect, remove_db
 
 _DUCK = {pl.Utf8: "VARCHAR", pl.Int64: "BIGINT", pl.Int32: "INTEGER", pl.Float64: "DOUBLE",
          pl.Datetime("us"): "TIMESTAMP", pl.Boolean: "BOOLEAN"}
@@ -60,7 +60,7 @@ def ddl(schema: dict) -> str:
 def check_evidence_schema(con, path: str | Path = "the database") -> None:
     """Read-only: an evidence (or run) table that lacks our columns means the file is not this
     kvcap's; refused before anything is written to it."""
-    from replay.store import StoreError, check_schema
+    from replay.results.store import StoreError, check_schema
     check_schema(con, path)
     found: dict[str, set[str]] = {}
     for table, column in con.execute("SELECT table_name, column_name FROM information_schema.columns "

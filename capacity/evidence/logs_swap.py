@@ -22,10 +22,10 @@ import polars as pl
 from capacity.evidence.logs import read_evidence
 from capacity.analyses.metrics import GIB
 from capacity.analyses.sizing import round_up_gib
-from replay.catalog import get_model
 from replay.config import DEFAULT_BLOCK_SIZE, V0_VLLM_VERSION, EngineConfig
-from replay.memory import kv_bytes_per_block, kv_bytes_per_token
-from replay.store import connect
+from replay.results.store import connect
+from replay.timing.catalog import get_model
+from replay.timing.memory import kv_bytes_per_block, kv_bytes_per_token
 
 V0_BLOCK_SIZE = DEFAULT_BLOCK_SIZE[V0_VLLM_VERSION]
 

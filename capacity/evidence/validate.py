@@ -20,7 +20,7 @@ import polars as pl
 from capacity.evidence.logparse import DEFAULT_INTERVAL_S
 from capacity.evidence.logs import read_evidence
 from capacity.analyses.metrics import nearest_rank, request_latencies
-from replay.store import connect
+from replay.results.store import connect
 
 GAUGES = ("running", "waiting", "swapped", "gpu_kv_usage", "cpu_kv_usage")
 COUNTERS = ("preemptions", "prompt_throughput_tps", "generation_throughput_tps")

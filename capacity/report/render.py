@@ -30,7 +30,7 @@ from capacity.analyses.flags import serve_lines
 from capacity.analyses.sizing import SwapSizing
 from capacity import units
 from capacity.units import number
-from replay.results import RunResult
+from replay.results.tables import RunResult
 from traces import atomic
 
 PNG_SCALE = 2

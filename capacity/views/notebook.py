@@ -21,11 +21,11 @@ import polars as pl
 from capacity.views.charts import COLORS, HEIGHT, MAX_ROWS, WIDTH, bin_seconds, time_unit
 from capacity.units import number
 from replay.config import EngineConfig
-from replay.results import RunResult
+from replay.results.store import SCHEMA as STORE_TABLES
+from replay.results.store import list_runs, read_table, write_run
+from replay.results.tables import RunResult
 from replay.run import replay
 from replay.run import run_id_for as replay_run_id
-from replay.store import SCHEMA as STORE_TABLES
-from replay.store import list_runs, read_table, write_run
 from traces.loaders import load_trace
 from traces.synth import DEFAULT_SCENARIO, synthesize
 from traces.transforms import time_window

@@ -287,7 +287,7 @@ def evaluate_run(db: Path, run_id: str, s: Scenario) -> dict:
     """The replay's engine config (runs table) and capacity.analyses.criteria.evaluate on it,
     with the metrics a plan's objective may name."""
     from capacity.analyses.criteria import Budget, evaluate
-    from replay.store import read_table
+    from replay.results.store import read_table
     tables = {t: read_table(db, t, run_id) for t in ("runs", "requests", "steps", "events", "tbt")}
     c = evaluate(tables, slo_ttft_s=s.slo_ttft_s, slo_tbt_s=s.slo_tbt_s, budget=Budget.parse(s.budget))
     req, run = tables["requests"], tables["runs"].row(0, named=True)

@@ -2,7 +2,7 @@ import json, sys, traceback
 sys.path.insert(0, "/work/main")
 from tests.oracle_driver import drive, compare
 from tests.test_v0_oracle import VllmChunkView
-from replay.v0 import V0Scheduler
+from replay.engine.v0 import V0Scheduler
 bad = 0; total = 0; kinds = {}
 for line in open(sys.argv[1]):
     d = json.loads(line)

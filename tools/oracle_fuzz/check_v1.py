@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from replay.compiled import StepCore  # noqa: E402
-from replay.v1 import V1Scheduler  # noqa: E402
+from replay.engine.compiled import StepCore  # noqa: E402
+from replay.engine.v1 import V1Scheduler  # noqa: E402
 from tests.oracle_driver import chunks_by_content, compare, drive  # noqa: E402
 
 IMPLEMENTATIONS = {"reference": V1Scheduler,

@@ -3,7 +3,7 @@
     .venv/bin/python tests/data/logs/make_fixtures.py
 
 Every stats line uses the exact format strings of reference D2, every preemption warning comes from
-`replay.v0.logline.preemption_warning` (reference A5, 1 in 50 logged). Line shapes (prefixes, pids,
+`replay.engine.v0.logline.preemption_warning` (reference A5, 1 in 50 logged). Line shapes (prefixes, pids,
 noise) follow lines users posted in vLLM issues (#3094, #6737, #12314; intel/llm-scaler#391).
 
 Scenario (all times local, no year in the V0/V1-0.10 logs: 2025 is meant):
@@ -30,7 +30,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
-from replay.v0.logline import preemption_warning  # noqa: E402
+from replay.engine.v0.logline import preemption_warning  # noqa: E402
 
 V0_STATS = ("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
             "Running: %d reqs, Swapped: %d reqs, Pending: %d reqs, GPU KV cache usage: %.1f%%, "
