@@ -193,8 +193,12 @@ def report_cmd(
     import time
 
     from capacity.analyses.planner import Planner
-    from capacity.report.build import build_report
     wall0 = time.perf_counter()
+    # The report's modules (altair, vl-convert: about a second) load in a thread while the
+    # planning process mostly waits for its workers' replays.
+    import threading
+    warm = threading.Thread(target=_import_report_modules, daemon=True)
+    warm.start()
     if evidence_db is not None and not evidence_db.is_file():
         raise CliError(f"--evidence-db: {evidence_db}: no such database (write it with `kvcap logs`)")
     if no_db and db is not None:
@@ -221,6 +225,8 @@ def report_cmd(
                                      engine=prometheus_engine, offset_s=prometheus_offset_s)
         except ValueError as e:
             raise CliError(f"--evidence-db: {e}") from None
+    warm.join()
+    from capacity.report.build import build_report
     with phase("report: charts…", quiet=quiet):
         out.mkdir(parents=True, exist_ok=True)
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
@@ -249,6 +255,10 @@ def report_cmd(
         emit_json(result)
         return
     print_plan(plan, result)
+
+
+def _import_report_modules() -> None:
+    import capacity.report.build  # noqa: F401
 
 
 def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: float,
