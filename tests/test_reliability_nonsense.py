@@ -160,3 +160,34 @@ def test_valid_histograms_still_load(tmp_path):
     f.write_text(scrape(T0, 10) + scrape(T0 + 10, 20, buckets=(2, 9, 11)))
     code, _, err = run("logs", f, "--db", tmp_path / "k.duckdb")
     assert code == 0, err
+
+
+# ---- engine flags: fp8_e5m2 on V1, offloading knobs on V0 ----------------------------------------
+
+def test_fp8_e5m2_is_refused_on_v1_and_kept_on_v0():
+    from replay.config import EngineConfig
+    with pytest.raises(ValueError, match="'fp8_e5m2' on V1.*FlashAttention.*use 'fp8'"):
+        EngineConfig(kv_cache_dtype="fp8_e5m2")
+    assert EngineConfig(kv_cache_dtype="fp8_e5m2", scheduler="v0").kv_cache_dtype == "fp8_e5m2"
+    assert EngineConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype == "fp8_e4m3"
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--kv-offloading-eviction-policy", "arc"], "--kv-offloading-eviction-policy"),
+    (["--no-offload-prompt-only"], "--no-offload-prompt-only"),
+    (["--kv-offloading-store-threshold", "2"], "--kv-offloading-store-threshold"),
+])
+def test_v0_with_an_offloading_knob_is_refused_in_one_line(tmp_path, flags, named):
+    t = tmp_path / "t.csv"
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,3\n")
+    db = tmp_path / "k.duckdb"
+    line = one_error(*run("replay", t, "--scheduler", "v0", *flags, "--db", db)[::2])
+    assert named in line and "V0 has none" in line and "scheduler='v1'" in line
+    assert not db.exists()
+
+
+def test_cli_fp8_e5m2_on_v1_is_one_line(tmp_path):
+    t = tmp_path / "t.csv"
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,3\n")
+    line = one_error(*run("replay", t, "--kv-cache-dtype", "fp8_e5m2", "--db", tmp_path / "k.duckdb")[::2])
+    assert "fp8_e5m2" in line and "Unrecognized FP8 dtype" in line
