@@ -191,3 +191,81 @@ def test_cli_fp8_e5m2_on_v1_is_one_line(tmp_path):
     t.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,3\n")
     line = one_error(*run("replay", t, "--kv-cache-dtype", "fp8_e5m2", "--db", tmp_path / "k.duckdb")[::2])
     assert "fp8_e5m2" in line and "Unrecognized FP8 dtype" in line
+
+
+# ---- two servers interleaved in one log ----------------------------------------------------------
+
+STATS = ("{tag}(APIServer pid={pid}) INFO 05-22 14:00:{s:02d} [loggers.py:248] Engine 000: Avg prompt "
+         "throughput: 2400.0 tokens/s, Avg generation throughput: 960.0 tokens/s, Running: {run} reqs, "
+         "Waiting: 0 reqs, GPU KV cache usage: 61.0%, Prefix cache hit rate: 35.2%\n")
+ENGINE = ("{tag}(EngineCore_DP0 pid={pid}) INFO 05-22 13:59:{s:02d} [kv_cache_utils.py:833] GPU KV cache "
+          "size: {tokens} tokens\n")
+V0_STATS = ("{tag}INFO 05-22 14:00:{s:02d} metrics.py:351] Avg prompt throughput: 1.0 tokens/s, Avg generation "
+            "throughput: 2.0 tokens/s, Running: {run} reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache "
+            "usage: 1.0%, CPU KV cache usage: 0.0%.\n")
+V0_PREFIX = "{tag}INFO 05-22 14:00:{s:02d} metrics.py:367] Prefix cache hit rate: GPU: {hit}%, CPU: 0.00%\n"
+
+
+def compose_log(a_pid: int = 1, b_pid: int = 1) -> str:
+    """`docker compose logs` of two vLLM containers: each server is pid 1 in its container."""
+    out = [ENGINE.format(tag="vllm-a-1  | ", pid=40, s=1, tokens="100,000"),
+           ENGINE.format(tag="vllm-b-1  | ", pid=40, s=2, tokens="200,000")]
+    for i in range(3):
+        out.append(STATS.format(tag="vllm-a-1  | ", pid=a_pid, s=10 * i, run=5))
+        out.append(STATS.format(tag="vllm-b-1  | ", pid=b_pid, s=10 * i + 3, run=50))
+    return "".join(out)
+
+
+def test_two_compose_containers_with_the_same_pid_are_kept_apart(tmp_path):
+    f = tmp_path / "compose.log"
+    f.write_text(compose_log())
+    db = tmp_path / "k.duckdb"
+    code, out, err = run("logs", f, "--db", db, "--year", "2025", "--json")
+    assert code == 0, err
+    assert json.loads(out)["files"][0]["servers"] == ["compose.log service=vllm-a-1",
+                                                      "compose.log service=vllm-b-1"]
+    got = rows(db, "SELECT source_file, list(running ORDER BY line), list(interval_s ORDER BY line) "
+                   "FROM log_stats GROUP BY 1 ORDER BY 1")
+    assert got == [("compose.log service=vllm-a-1", [5, 5, 5], [None, 10.0, 10.0]),
+                   ("compose.log service=vllm-b-1", [50, 50, 50], [None, 10.0, 10.0])]
+    # each server's engine line stays its own: --from-logs asks which one, naming both
+    assert rows(db, "SELECT source_file, kv_cache_tokens FROM log_engine ORDER BY 1") == [
+        ("compose.log service=vllm-a-1", 100000), ("compose.log service=vllm-b-1", 200000)]
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,20,3\n")
+    line = one_error(*run("replay", trace, "--from-logs", db, "--db", tmp_path / "r.duckdb")[::2])
+    assert "compose.log service=vllm-a-1" in line and "compose.log service=vllm-b-1" in line
+    code, _, err = run("replay", trace, "--from-logs", db, "--log-source", "compose.log service=vllm-b-1",
+                       "--db", tmp_path / "r.duckdb")
+    assert code == 0, err
+    # re-ingesting replaces the split rows, never doubles them
+    assert run("logs", f, "--db", db, "--year", "2025")[0] == 0
+    assert rows(db, "SELECT count(*) FROM log_stats") == [(6,)]
+    # the text output says so in one line
+    assert "2 servers in one file, kept apart" in run("logs", f, "--db", db, "--year", "2025")[2]
+
+
+def test_interleaved_pids_keep_their_own_engine_lines_but_a_restart_does_not_split_them():
+    from capacity.evidence.logparse import parse_server_log
+    inter = [ENGINE.format(tag="", pid=12, s=1, tokens="100,000"),
+             ENGINE.format(tag="", pid=22, s=2, tokens="200,000")]
+    for i in range(2):
+        inter += [STATS.format(tag="", pid=11, s=10 * i, run=5), STATS.format(tag="", pid=21, s=10 * i + 1, run=50)]
+    parsed = parse_server_log(inter, "c.log", 2025)
+    assert parsed.engine["source_file"].to_list() == ["c.log pid=12", "c.log pid=22"]
+    # one server restarted (pid 11, then pid 21): its stats split by pid as before, the engine
+    # lines stay the file's (the last start-up states the engine)
+    restart = [ENGINE.format(tag="", pid=12, s=1, tokens="100,000"), STATS.format(tag="", pid=11, s=10, run=5),
+               ENGINE.format(tag="", pid=22, s=20, tokens="200,000"), STATS.format(tag="", pid=21, s=30, run=5)]
+    parsed = parse_server_log(restart, "c.log", 2025)
+    assert set(parsed.stats["source_file"]) == {"c.log pid=11", "c.log pid=21"}
+    assert parsed.engine["source_file"].to_list() == ["c.log", "c.log"]
+
+
+def test_v0_prefix_cache_line_goes_to_its_own_servers_stats_line():
+    from capacity.evidence.logparse import parse_server_log
+    lines = [V0_STATS.format(tag="vllm-a-1  | ", s=5, run=3), V0_STATS.format(tag="vllm-b-1  | ", s=5, run=30),
+             V0_PREFIX.format(tag="vllm-a-1  | ", s=5, hit="10.00"), V0_PREFIX.format(tag="vllm-b-1  | ", s=5, hit="90.00")]
+    st = parse_server_log(lines, "c.log", 2025).stats.sort("source_file")
+    assert st.select("source_file", "running", "prefix_cache_hit_rate").rows() == [
+        ("c.log service=vllm-a-1", 3, 0.1), ("c.log service=vllm-b-1", 30, 0.9)]
