@@ -402,6 +402,13 @@ def _check_fields(c: EngineConfig) -> None:
     _choice("on_swap_full", c.on_swap_full, ("abort", "recompute"))
     _choice("scheduling_policy", c.scheduling_policy, ("fcfs", "priority"))
     _choice("kv_cache_dtype", c.kv_cache_dtype, memory.KV_CACHE_DTYPES)
+    if c.kv_cache_dtype == "fp8_e5m2" and c.scheduler == "v1":
+        # V1's FlashAttention backend (vLLM's default on CUDA) maps fp8 to e4m3 only
+        # (`get_fp8_dtype_for_flashattn`); V0's paged attention and FlashInfer do have e5m2.
+        raise ValueError("kv_cache_dtype: 'fp8_e5m2' on V1: vLLM V1's default FlashAttention "
+                         "backend stores an fp8 KV cache as e4m3 only (it fails with "
+                         "'Unrecognized FP8 dtype: fp8_e5m2'); use 'fp8' (e4m3, the same bytes "
+                         "per token) or scheduler='v0'")
     for name in ("enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"):
         if getattr(c, name) is not None and not isinstance(getattr(c, name), bool):
             raise ValueError(f"{name}: expected True, False or None (version default), "
@@ -441,6 +448,17 @@ def _check_offloading(c: EngineConfig) -> None:
     if not isinstance(c.offload_prompt_only, bool):
         raise ValueError(f"offload_prompt_only: expected True or False, got {c.offload_prompt_only!r}")
     _int("kv_offloading_store_threshold", c.kv_offloading_store_threshold, 0)
+    if c.scheduler == "v0":
+        for name, flag, changed in (
+                ("kv_offloading_eviction_policy", "--kv-offloading-eviction-policy",
+                 c.kv_offloading_eviction_policy != "lru"),
+                ("offload_prompt_only", "--no-offload-prompt-only", not c.offload_prompt_only),
+                ("kv_offloading_store_threshold", "--kv-offloading-store-threshold",
+                 c.kv_offloading_store_threshold != 0)):
+            if changed:
+                raise ValueError(f"{name}: {flag} sets V1's CPU KV offloading connector; V0 has "
+                                 "none (it swaps: --swap-space with preemption_mode='swap'); "
+                                 "drop it or set scheduler='v1'")
     if c.kv_offloading_size is None:
         return
     _number("kv_offloading_size", c.kv_offloading_size)

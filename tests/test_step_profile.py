@@ -112,8 +112,9 @@ def test_unmeasured_combination_warns_once_and_uses_the_roofline(capsys):
         assert cm.measured is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "qwen2.5-7b on h100" in err[0] and "analytic roofline" in err[0]
-    # The source measured fp8 KV as e4m3 only, and on A100 not at all.
-    cm = cost_model_for(_engine(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="fp8_e5m2"))
+    # The source measured fp8 KV as e4m3 only, and on A100 not at all (e5m2: V0 only).
+    cm = cost_model_for(_engine(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="fp8_e5m2",
+                                scheduler="v0"))
     assert cm.measured is None
     cm = cost_model_for(_engine(model="llama-3.1-8b", gpu="a100-80gb", kv_cache_dtype="fp8"))
     assert cm.measured is None

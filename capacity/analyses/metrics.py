@@ -109,7 +109,8 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
     out_tokens = int(fin.select(produced_tokens(fin).sum()).item() or 0)
     ttft = fin["ttft_s"].to_numpy()
     ttft_p50, ttft_p99 = nearest_ranks(ttft, (0.5, 0.99))
-    tbt_p50, tbt_p99 = (tbt_percentiles(tbt, (0.5, 0.99)) if tbt_p50
+    want_p50 = tbt_p50      # the flag, not the value (None when no request has a second token)
+    tbt_p50, tbt_p99 = (tbt_percentiles(tbt, (0.5, 0.99)) if want_p50
                         else (None, tbt_percentiles(tbt, (0.99,))[0]))
     res = {
         "run_id": run["run_id"], "status": run["status"],
@@ -129,7 +130,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         "throughput_rps": fin.height / sim if sim > 0 else 0.0,
         "output_tokens_per_s": out_tokens / sim if sim > 0 else 0.0,
         "ttft_p50_s": ttft_p50, "ttft_p99_s": ttft_p99,
-        **({"tbt_p50_s": tbt_p50} if tbt_p50 else {}), "tbt_p99_s": tbt_p99,
+        **({"tbt_p50_s": tbt_p50} if want_p50 else {}), "tbt_p99_s": tbt_p99,
         "tpot_p50_s": nearest_rank(fin["tpot_s"].to_numpy(), 0.5),
         "e2e_p50_s": nearest_rank(fin["e2e_s"].to_numpy(), 0.5),
         "preemptions_recompute": count["preempt_recompute"],

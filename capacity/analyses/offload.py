@@ -424,18 +424,28 @@ def _same(a: OffloadPoint, b: OffloadPoint) -> bool:
         (b.prefill_tokens, b.ttft_p99_s, b.tbt_p99_s, b.preemptions, b.cpu_hit_tokens)
 
 
+PLATEAU_ROUND = 2       # sizes replayed together in the default sweep (what 1 or 2 workers did)
+
+
 def _plateau_sweep(trace, config, sizes, planner: Planner, total,
                    base: OffloadPoint) -> list[OffloadPoint]:
-    """The default sweep, smallest sizes first, a round of `workers` sizes at a time; it stops
-    once two consecutive sizes replay alike (a plateau: a larger tier holds what is never asked
-    for again), so a tier that changes nothing costs two replays, not ten."""
-    from capacity.analyses.sweep import default_workers
-    n = max(2, planner.workers or default_workers())
+    """The default sweep, smallest sizes first, PLATEAU_ROUND sizes at a time; it stops once two
+    consecutive sizes replay alike with the tier in use (a plateau: a larger tier holds what is
+    never asked for again), or alike when nothing could come back from a tier (no prefix hashes,
+    no preemption at size 0), so a tier that changes nothing costs two replays, not ten. Sizes
+    alike with no hit in the tier are no plateau where something could come back: the sizes are
+    too small for the trace's reuse distance (sessions back 10 GiB of KV later gain nothing
+    from 1 or 2 GiB). The round is fixed, not the worker count: the sizes replayed (the answer,
+    and the runs a report stores) are the same with any --workers."""
+    from traces.schema import has_prefix_hashes
+    could_return = has_prefix_hashes(trace) or base.preemptions > 0
+    n = PLATEAU_ROUND
     out: list[OffloadPoint] = []
     for i in range(0, len(sizes), n):
         out += _points(trace, config, sizes[i:i + n], planner, total)
         seq = [base, *out]
-        if len(seq) >= 3 and _same(seq[-1], seq[-2]) and _same(seq[-2], seq[-3]):
+        if (len(seq) >= 3 and _same(seq[-1], seq[-2]) and _same(seq[-2], seq[-3])
+                and (seq[-1].cpu_hit_tokens > 0 or not could_return)):
             break
     return out
 

@@ -153,7 +153,8 @@ def main() -> None:
     # writer on a small machine, for BLAS calls kvcap does not make (its fits are tiny).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        code = app(standalone_mode=False)
+        # prog_name: `kvcap`, however it was started (`python -m capacity.cli`, a test)
+        code = app(standalone_mode=False, prog_name="kvcap")
     except ClickException as e:
         if type(e).__name__ == "NoArgsIsHelpError":     # bare `kvcap` / `kvcap trace`: the help
             e.show()
@@ -173,8 +174,22 @@ def usage_error_line(e) -> str:
     from traces.schema import printable
     message = " ".join(e.format_message().split())
     ctx = getattr(e, "ctx", None)
-    where = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
-    return f"kvcap: error: {printable(message)}{where}"
+    # click's parser raises some (an option without its value) before a context exists.
+    path = ctx.command_path if ctx is not None else _command_path()
+    return f"kvcap: error: {printable(message)} (see `{path} -h`)"
+
+
+def _command_path(argv: list[str] | None = None) -> str:
+    """`kvcap COMMAND [SUBCOMMAND]` of a command line (sys.argv by default)."""
+    import sys
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = ["kvcap"]
+    if args and args[0] in COMMANDS:
+        path.append(args[0])
+        subs = getattr(click_command(args[0]), "commands", None) if args[0] == "trace" else None
+        if subs and len(args) > 1 and args[1] in subs:
+            path.append(args[1])
+    return " ".join(path)
 
 
 def console() -> None:

@@ -87,6 +87,9 @@ def logs_cmd(
     if unparsed:
         err.print(f"[yellow]{unparsed} candidate line(s) did not parse; see table log_unparsed")
     for r in results:
+        if r.servers:
+            err.print(f"{shown(r.source_file)}: {len(r.servers)} servers in one file, kept apart as "
+                      + ", ".join(shown(s) for s in r.servers), markup=False, highlight=False)
         if r.kind == "client" and not r.anchored:
             err.print(f"[yellow]{shown(r.source_file)}: no wall-clock anchor; pass --client-start to line it up with logs")
 

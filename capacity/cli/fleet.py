@@ -76,9 +76,18 @@ def fleet_cmd(
     s = score(fleet, slo_ttft_p99_s=slo_ttft_p99, slo_tbt_p99_s=slo_tbt_p99,
               budget=Budget.parse(preemption_budget))
     store_fleet(db, fleet)
+    note = None
+    if router == "prefix":      # affinity that cannot spread the trace says so, in one line
+        from replay.routing import balance_note
+        note = balance_note(trace.sort("arrival_s", maintain_order=True), replicas, fleet.assignment)
+        if note:
+            import sys
+
+            from traces.schema import printable
+            print(printable(f"kvcap: warning: {note}"), file=sys.stderr)
     if as_json:
         emit_json({**s.as_dict(), "replica_requests": fleet.replica_requests(),
-                   "replica_run_ids": [r.run_id for r in fleet.replicas]})
+                   "replica_run_ids": [r.run_id for r in fleet.replicas], "router_note": note})
         return
     c = Console(width=100)
     c.print(replica_rich_table(s))

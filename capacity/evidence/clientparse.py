@@ -90,7 +90,8 @@ def parse_client_file(path: str | Path, *, client_start: datetime | None = None)
                                     "--save-detailed?)")
     else:
         rows = pl.read_csv(path, infer_schema_length=0)     # all text: we parse times ourselves
-    return generic_tokens(rows, path.name, client_start=client_start)
+    return generic_tokens(rows, path.name, client_start=client_start,
+                          lines=_record_lines(text, rows.height, csv=text.lstrip()[:1] != "{"))
 
 
 def vllm_bench_tokens(obj: dict, source: str, *, client_start: datetime | None = None,
@@ -110,6 +111,12 @@ def bench_tokens(run: vllm_bench.BenchRun, source: str, *, client_start: datetim
         raise ClientFormatError(f"{source}: a vllm bench result without 'ttfts'/'itls' (was it "
                                 "saved with --save-detailed?)")
     ttft = run.ttft_s
+    # A failed request keeps vLLM's ttft 0.0; a negative one is a first token before the send.
+    early = ~run.failed & (ttft < 0)
+    if early.any():
+        i = int(np.argmax(early))
+        raise ClientFormatError(f"{source}: request {i}: 'ttfts' {float(ttft[i])!r} s: the first "
+                                "token before the request was sent; latencies are seconds >= 0")
     ok = ~run.failed & ~np.isnan(ttft) & (ttft > 0)
     idx = np.flatnonzero(ok)
     have_starts = "start_times" in run.saved and not np.isnan(run.start_s).all()
@@ -205,7 +212,29 @@ def _times(values: list[str | None], what: str, source: str) -> tuple[np.ndarray
     return out, bool(absolute)
 
 
-def generic_tokens(rows: pl.DataFrame, source: str, *, client_start: datetime | None = None) -> pl.DataFrame:
+def _record_lines(text: str, n: int, *, csv: bool) -> list[int] | None:
+    """The 1-based line each of the `n` records of a CSV (after its header) or JSONL file starts
+    on; None when they cannot be told apart (the rows are then numbered, not lined)."""
+    import csv as csvmod
+    import io
+    if not csv:
+        lines = [i for i, l in enumerate(text.splitlines(), 1) if l.strip()]
+        return lines if len(lines) == n else None
+    reader, starts, at = csvmod.reader(io.StringIO(text)), [], 1
+    try:
+        for k, rec in enumerate(reader):
+            if k and rec:
+                starts.append(at)
+            at = reader.line_num + 1
+    except csvmod.Error:
+        return None
+    return starts if len(starts) == n else None
+
+
+def generic_tokens(rows: pl.DataFrame, source: str, *, client_start: datetime | None = None,
+                   lines: list[int] | None = None) -> pl.DataFrame:
+    """Per-request or per-token rows -> token rows. `lines`: each row's line in its file (for
+    the errors; else rows are named by number)."""
     rid, send = _column(rows, "request_id"), _column(rows, "send_time")
     wide, long = _column(rows, "token_times"), _column(rows, "token_time")
     if rid is None or send is None or (wide is None and long is None):
@@ -213,6 +242,11 @@ def generic_tokens(rows: pl.DataFrame, source: str, *, client_start: datetime | 
                                 f"token_time); found {', '.join(rows.columns) or 'none'}")
     rows = rows.with_columns(pl.col(c).cast(pl.Utf8) for c in rows.columns
                              if not isinstance(rows.schema[c], pl.List))
+    lined = lines is not None and len(lines) == rows.height
+
+    def where(row: int) -> str:
+        return f"line {lines[row]}" if lined else f"row {row + 1}"
+    rows = rows.with_columns(_row=pl.int_range(pl.len()))
     if wide is not None:
         tt = rows[wide]
         lists = (tt.to_list() if isinstance(tt.dtype, pl.List)
@@ -228,10 +262,22 @@ def generic_tokens(rows: pl.DataFrame, source: str, *, client_start: datetime | 
     extra = {k: (rows[c].cast(pl.Int32, strict=False) if (c := _column(rows, k)) else None)
              for k in ("prompt_tokens", "output_tokens")}
     df = pl.DataFrame({"request_id": rows[rid].cast(pl.Utf8), "send_s": send_s, "tok_s": tok_s,
-                       "prompt_tokens": extra["prompt_tokens"], "output_tokens": extra["output_tokens"]})
+                       "prompt_tokens": extra["prompt_tokens"], "output_tokens": extra["output_tokens"],
+                       "_row": rows["_row"], "_send": rows[send]})
     df = df.filter(pl.col("tok_s").is_not_nan()).sort(["request_id", "tok_s"])
     if df.height == 0:
         raise ClientFormatError(f"{source}: no token timestamps")
+    # A token before its send (TTFT < 0) or a token without a send time is a broken row, never
+    # stored (it would be a negative latency in every analysis).
+    bad = df.filter(pl.col("send_s").is_nan() | (pl.col("tok_s") < pl.col("send_s")))
+    if bad.height:
+        r = bad.sort("_row").row(0, named=True)
+        if np.isnan(r["send_s"]):
+            raise ClientFormatError(f"{source}: {where(r['_row'])}: request {r['request_id']!r} has "
+                                    f"token times but no {send}")
+        raise ClientFormatError(f"{source}: {where(r['_row'])}: request {r['request_id']!r}: a token "
+                                f"{r['send_s'] - r['tok_s']:.6g} s before its {send} {r['_send']!r} "
+                                "(a negative TTFT); token times come after the send")
     origin = float(df["send_s"].min())
     df = df.with_columns(
         token_index=pl.int_range(pl.len()).over("request_id"),

@@ -30,8 +30,11 @@ VLLM_PREFIX = re.compile(r"\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+(\d{2}
                          r"(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,6}))?\s+\[?[\w./-]+:\d+\]")
 ENGINE = re.compile(r"Engine (\d+):\s*$")
 # vLLM >= 0.10 prefixes each line with its process, "(APIServer pid=1234) INFO ...": several servers
-# logging into one file (docker compose, a shared journal) are told apart by it.
+# logging into one file (a shared journal) are told apart by it. `docker compose logs` puts the
+# container first, "vllm-a-1  | (APIServer pid=1) ...": every container's server is often pid 1,
+# so the container names the server there (its processes, a restart included, are one server).
 PID = re.compile(r"\bpid=(\d+)\)")
+SERVICE = re.compile(r"^([\w.-]+)\s+\|\s")
 WARNING = re.compile(r"Sequence group (\S+) is preempted by (?:PreemptionMode\.)?(\w+) mode\b"
                      r"(?:.*?total_\w*preemption\w*=(\d+))?")
 
@@ -168,43 +171,69 @@ class _Rows:
     year: int
     clocks: dict = field(default_factory=dict)
     stats: list = field(default_factory=list)
-    pids: list = field(default_factory=list)         # per stats row, its process (or None)
+    tags: list = field(default_factory=list)         # per stats row, its server tag (or None)
     warns: list = field(default_factory=list)
-    warn_pids: list = field(default_factory=list)
+    warn_tags: list = field(default_factory=list)
     bad: list = field(default_factory=list)
     engine: list = field(default_factory=list)
+    engine_tags: list = field(default_factory=list)
     events: list = field(default_factory=list)
+    event_tags: list = field(default_factory=list)
+    last_stats: dict = field(default_factory=dict)   # tag -> its latest stats row (V0 prefix line)
 
 
 def parse_server_log(lines: Iterable[str], source_file: str, year: int) -> ParsedLog:
     """Parse a vLLM server log. Line numbers are 1-based; records glued into one line (lost
-    newlines) keep its number. Lines of several processes (`pid=`) keep apart: each has its own
-    clock (year roll-over) and, when a file holds more than one, its rows get the source
-    `FILE pid=N`. A preemption warning pasted without its timestamp still counts (time NULL)."""
+    newlines) keep its number. Lines of several servers keep apart, told by their tag: the
+    docker compose container (`name  | `) where there is one, else the process (`pid=`). Each
+    has its own clock (year roll-over) and its own V0 prefix-cache line; when a file holds more
+    than one, their rows get the source `FILE service=NAME` / `FILE pid=N`. Engine and error
+    lines follow their own tag when two servers log at the same time (their lines interleave;
+    a restart, one server after the other, keeps them under FILE: the last start-up states the
+    engine). A preemption warning pasted without its timestamp still counts (time NULL)."""
     acc = _Rows(year=year)
     n = 0
     for n, raw in enumerate(lines, 1):
-        for line in split_records(strip_ansi(raw.rstrip("\r\n"))):
-            _parse_record(line, n, source_file, acc)
-    pids, warn_pids = acc.pids, acc.warn_pids
+        text = strip_ansi(raw.rstrip("\r\n"))
+        sm = SERVICE.match(text)
+        for line in split_records(text):
+            _parse_record(line, n, source_file, acc, sm.group(1) if sm else None)
+    tags, warn_tags = acc.tags, acc.warn_tags
     st = pl.DataFrame(acc.stats, schema={k: v for k, v in STATS_SCHEMA.items()
                                          if k not in ("interval_s", "preemptions_est")}, strict=False)
     pre = pl.DataFrame(acc.warns, schema=PREEMPTION_SCHEMA, orient="row")
-    if len({p for p in pids + warn_pids}) > 1:
-        st = st.with_columns(source_file=pl.Series(_pid_sources(source_file, pids), dtype=pl.Utf8))
-        pre = pre.with_columns(source_file=pl.Series(_pid_sources(source_file, warn_pids), dtype=pl.Utf8))
+    engine = pl.DataFrame(acc.engine, schema=ENGINE_SCHEMA, strict=False)
+    events = pl.DataFrame(acc.events, schema=EVENT_SCHEMA, strict=False)
+    if len(set(tags + warn_tags)) > 1:
+        st = st.with_columns(source_file=pl.Series(_tag_sources(source_file, tags), dtype=pl.Utf8))
+        pre = pre.with_columns(source_file=pl.Series(_tag_sources(source_file, warn_tags), dtype=pl.Utf8))
         parts = [_finish_stats(st.filter(pl.col("source_file") == s), pre.filter(pl.col("source_file") == s))
                  for s in sorted(set(st["source_file"].to_list()))]
         st = pl.concat(parts).sort("line", "epoch_s") if parts else _finish_stats(st, pre)
+        if _interleaved([r["line"] for r in acc.stats] + [w[1] for w in acc.warns], tags + warn_tags):
+            engine = engine.with_columns(source_file=pl.Series(
+                _tag_sources(source_file, acc.engine_tags), dtype=pl.Utf8))
+            events = events.with_columns(source_file=pl.Series(
+                _tag_sources(source_file, acc.event_tags), dtype=pl.Utf8))
     else:
         st = _finish_stats(st, pre)
     return ParsedLog(source_file=source_file, lines=n, stats=st, preemptions=pre,
                      unparsed=pl.DataFrame(acc.bad, schema=UNPARSED_SCHEMA, orient="row"),
-                     engine=pl.DataFrame(acc.engine, schema=ENGINE_SCHEMA, strict=False),
-                     events=pl.DataFrame(acc.events, schema=EVENT_SCHEMA, strict=False))
+                     engine=engine, events=events)
 
 
-def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
+def _interleaved(lines: list[int], tags: list) -> bool:
+    """Whether two tags' line ranges overlap (servers logging at the same time, not one after
+    the other). `lines` and `tags` are in file order (per row)."""
+    spans: dict = {}
+    for line, tag in zip(lines, tags):
+        a, b = spans.get(tag, (line, line))
+        spans[tag] = (min(a, line), max(b, line))
+    ranges = sorted(spans.values())
+    return any(b0 >= a1 for (_, b0), (a1, _) in zip(ranges, ranges[1:]))
+
+
+def _parse_record(line: str, n: int, source_file: str, acc: _Rows, service: str | None = None) -> None:
     is_stats, is_prefix, is_warn = STATS_MARK in line, V0_PREFIX_MARK in line, WARNING_MARK in line
     if is_stats and is_warn:
         # A warning and a stats record glued without a logger prefix between them: each is read
@@ -212,11 +241,12 @@ def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
         i, j = line.index(STATS_MARK), line.index(WARNING_MARK)
         if j < i:
             prefix = VLLM_PREFIX.search(line[:j])
-            _parse_record(line[:i], n, source_file, acc)
-            _parse_record((line[:prefix.end()] + " " if prefix else "") + line[i:], n, source_file, acc)
+            _parse_record(line[:i], n, source_file, acc, service)
+            _parse_record((line[:prefix.end()] + " " if prefix else "") + line[i:], n, source_file, acc,
+                          service)
             return
-        _parse_record(line[:j], n, source_file, acc)    # stats first: the warning has no time
-        _parse_record(line[j:], n, source_file, acc)
+        _parse_record(line[:j], n, source_file, acc, service)    # stats first: the warning has no time
+        _parse_record(line[j:], n, source_file, acc, service)
         return
     try:
         facts = None if (is_stats or is_warn) else engine_fields(line)
@@ -228,12 +258,15 @@ def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
         return
     pm = PID.search(line[:200])
     pid = pm.group(1) if pm else None
-    t = acc.clocks.setdefault(pid, Clock(acc.year)).time(line)
+    tag = f"service={service}" if service else f"pid={pid}" if pid else None
+    t = acc.clocks.setdefault(tag, Clock(acc.year)).time(line)
     when = {"time": t, "epoch_s": epoch_s(t) if t else None, "pid": int(pid) if pid else None}
     if facts is not None:
         acc.engine.append({"source_file": source_file, "line": n, **when, **facts, "text": line[:300]})
+        acc.engine_tags.append(tag)
     elif kind is not None:
         acc.events.append({"source_file": source_file, "line": n, **when, "kind": kind, "text": line[:300]})
+        acc.event_tags.append(tag)
     elif is_warn:
         m = WARNING.search(line)
         if not m or m.group(2).lower() not in ("recompute", "swap"):
@@ -245,11 +278,11 @@ def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
             return
         acc.warns.append((source_file, n, t, when["epoch_s"], m.group(1), m.group(2).lower(),
                           int(m.group(3)) if m.group(3) else None))
-        acc.warn_pids.append(pid)
+        acc.warn_tags.append(tag)
     elif t is None:
         acc.bad.append((source_file, n, "no timestamp", line[:300]))
     elif is_prefix:
-        _attach_v0_prefix(acc.stats, line, source_file, n, t, acc.bad)
+        _attach_v0_prefix(acc.last_stats.get(tag), line, source_file, n, t, acc.bad)
     else:
         i = line.index(STATS_MARK)
         eng = ENGINE.search(line[:i])
@@ -263,17 +296,18 @@ def _parse_record(line: str, n: int, source_file: str, acc: _Rows) -> None:
                    era="v0" if v0 and eng is None else "v1",
                    engine=int(eng.group(1)) if eng else 0)
         acc.stats.append(row)
-        acc.pids.append(pid)
+        acc.tags.append(tag)
+        acc.last_stats[tag] = row
 
 
-def _pid_sources(source_file: str, pids: list[str | None]) -> list[str]:
-    return [source_file if p is None else f"{source_file} pid={p}" for p in pids]
+def _tag_sources(source_file: str, tags: list[str | None]) -> list[str]:
+    return [source_file if t is None else f"{source_file} {t}" for t in tags]
 
 
-def _attach_v0_prefix(stats: list, line: str, source: str, n: int, t: datetime, bad: list) -> None:
-    """V0 logs the prefix cache hit rate as a second line right after its stats line."""
+def _attach_v0_prefix(prev: dict | None, line: str, source: str, n: int, t: datetime, bad: list) -> None:
+    """V0 logs the prefix cache hit rate as a second line right after its stats line (of the
+    same server: `prev`, its latest stats row)."""
     m = re.search(rf"GPU:\s*{_NUM}\s*%,\s*CPU:\s*{_NUM}\s*%", line)
-    prev = stats[-1] if stats else None
     if not m:
         bad.append((source, n, "prefix cache line does not parse", line[:300]))
     elif prev is None or prev["era"] != "v0" or abs((t - prev["time"]).total_seconds()) > 1.0:

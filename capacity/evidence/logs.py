@@ -120,6 +120,7 @@ class Ingested:
     events: int = 0           # server: rows in log_events
     series: int = 0           # prometheus: distinct series (server, metric, labels)
     windows: int = 0          # prometheus: rows in prom_windows
+    servers: tuple[str, ...] = ()   # server: the sources of a file holding several servers
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -179,9 +180,10 @@ def _not_a_file(p: Path) -> str:
 
 
 def _write(con, table: str, source: str, df: pl.DataFrame) -> None:
-    # A file holding several servers stores its rows as "FILE pid=N" (see logparse): those go too.
-    con.execute(f"DELETE FROM {table} WHERE source_file = ? OR starts_with(source_file, ?)",
-                [source, f"{source} pid="])
+    # A file holding several servers stores their rows as "FILE pid=N" / "FILE service=NAME"
+    # (see logparse): those go too.
+    con.execute(f"DELETE FROM {table} WHERE source_file = ? OR starts_with(source_file, ?) "
+                "OR starts_with(source_file, ?)", [source, f"{source} pid=", f"{source} service="])
     if df.height:
         con.register("_incoming", df.to_arrow())
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming")
@@ -338,7 +340,7 @@ def _ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind:
                                  unparsed=log.unparsed.height,
                                  unparsed_lines=log.unparsed["line"].to_list(),
                                  requests=0, anchored=True, engine_lines=log.engine.height,
-                                 events=log.events.height)
+                                 events=log.events.height, servers=_servers(name, log))
                 src = pl.DataFrame([{"source_file": name, "kind": r.kind, "era": r.era,
                                      "lines": r.lines, "rows": r.rows, "unparsed": r.unparsed,
                                      "year": year if r.kind == "server" else None,
@@ -355,6 +357,12 @@ def _ingest_files(paths: list[Path], db: Path, *, year: int | None = None, kind:
                 pass
             raise
     return IngestReport(files=results, skipped=skipped, year=year, year_source=year_source)
+
+
+def _servers(name: str, log) -> tuple[str, ...]:
+    """The sources a file's rows were split into (logparse: several servers), else ()."""
+    found = set(log.stats["source_file"].to_list()) | set(log.preemptions["source_file"].to_list())
+    return tuple(sorted(found)) if found - {name} else ()
 
 
 def _year_for(path: Path, year: int, year_source: str, now: datetime) -> int:

@@ -21,6 +21,7 @@ Must not import duckdb, altair or replay.
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -95,6 +96,38 @@ def samples_frame(rows: list[tuple]) -> pl.DataFrame:
     return df.select(list(SAMPLE_SCHEMA)).sort("server", "metric", "labels", "le", "epoch_s", nulls_last=True)
 
 
+def check_values(rows: list[tuple], where: str) -> None:
+    """What a counter or a histogram can hold, over rows of one scrape (or one export): a counter
+    and a histogram's buckets and count are finite and >= 0 (a counter that drops between
+    scrapes is a restart, read as Prometheus' rate() does: see promseries; a negative one is no
+    counter), and within one sample time the cumulative bucket counts never decrease as `le`
+    grows. Raises PromFormatError naming the metric and its labels."""
+    buckets: dict[tuple, list[tuple[float, float]]] = {}
+    for _src, server, metric, typ, part, le, labels, _e, _m, t, value in rows:
+        if typ == "counter" or (typ == "histogram" and part in ("bucket", "count")):
+            if not 0.0 <= value < math.inf:
+                what = "counter" if typ == "counter" else f"histogram _{part}"
+                raise PromFormatError(f"{where}: {what} {metric}{_shown(labels, le)} is {value:g}; "
+                                      "counts are finite numbers >= 0 (a counter only counts up from 0)")
+            if part == "bucket":
+                buckets.setdefault((server, metric, labels, t), []).append((le, value))
+    for (server, metric, labels, t), pairs in buckets.items():
+        pairs.sort(key=lambda p: p[0])
+        for (le0, c0), (le1, c1) in zip(pairs, pairs[1:]):
+            if c1 < c0:
+                raise PromFormatError(
+                    f"{where}: histogram {metric}{_shown(labels, None)}: bucket le=\"{le1:g}\" holds "
+                    f"{c1:g}, less than {c0:g} of le=\"{le0:g}\"; bucket counts are cumulative and "
+                    "never decrease as le grows")
+
+
+def _shown(labels: str, le: float | None) -> str:
+    d = json.loads(labels)
+    if le is not None:
+        d["le"] = f"{le:g}"
+    return "{" + ",".join(f'{k}="{v}"' for k, v in d.items()) + "}" if d else ""
+
+
 def split_scrapes(text: str) -> list[tuple[float | None, str]]:
     """Concatenated scrapes -> [(time from its time comment or None, text)]."""
     parts: list[tuple[float | None, list[str]]] = [(None, [])]
@@ -111,6 +144,7 @@ def parse_exposition(text: str, *, source: str, server: str, default_time: float
     """The samples of scrapes in `text` (see split_scrapes)."""
     rows: list[tuple] = []
     for n, (t_scrape, body) in enumerate(split_scrapes(text), 1):
+        start = len(rows)
         parse = openmetrics_families if re.search(r"^# EOF\s*$", body, re.M) else text_string_to_metric_families
         try:
             families = list(parse(body))
@@ -128,6 +162,7 @@ def parse_exposition(text: str, *, source: str, server: str, default_time: float
                 if typ == "histogram" and part is None:
                     continue
                 rows.append(_row(source, server, metric, typ, part, s.labels, float(t), float(s.value)))
+        check_values(rows[start:], f"{source}, scrape {n}")
     return rows
 
 
@@ -215,4 +250,5 @@ def parse_query_range(path: Path, *, source: str) -> pl.DataFrame:
             rows.append(_row(source, server, metric, typ, part, labels, t, v))
     if not rows:
         raise PromFormatError(f"{source}: the export holds no points")
+    check_values(rows, source)
     return samples_frame(rows)
