@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capacity.cli import app
-from replay.routing import balance_note, session_keys, shared_prefix_len, static_assignment
+from replay.fleet.routing import balance_note, session_keys, shared_prefix_len, static_assignment
 from traces.schema import SCHEMA
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"

@@ -78,7 +78,7 @@ def fleet_cmd(
     store_fleet(db, fleet)
     note = None
     if router == "prefix":      # affinity that cannot spread the trace says so, in one line
-        from replay.routing import balance_note
+        from replay.fleet.routing import balance_note
         note = balance_note(trace.sort("arrival_s", maintain_order=True), replicas, fleet.assignment)
         if note:
             import sys
