@@ -118,7 +118,7 @@ def _judge(knob: str, value: object, released: bool, objective: str, base: ModeR
     elif g > 0:
         words = (f"{what} changes nothing that matters: {nums} (gain {g:.1%}; it needs more than "
                  f"the noise, {threshold:.0%}"
-                 + (f", and {MIN_TAX_POINTS:.0%} point of tax" if objective == "recomputed_share"
+                 + (f", and a tax {MIN_TAX_POINTS * 100:.0f} point lower" if objective == "recomputed_share"
                     else "") + ")")
     else:
         words = f"{what} does not help here: {nums}"
