@@ -69,6 +69,21 @@ _OFFLOAD_DEFAULTS = {"eviction_policy": "lru", "offload_prompt_only": True, "blo
                      "store_threshold": 0, "transfer_steps": 1, "extra_config": {}}
 
 
+def v1_implementations() -> dict:
+    """The two V1 implementations every parity test steps through the same contract: the Python
+    reference scheduler and the compiled core (`StepCore`)."""
+    from replay.engine.compiled import StepCore
+    from replay.engine.v1 import V1Scheduler
+    return {"reference": V1Scheduler,
+            "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
+
+
+def load_case(path: Path) -> tuple[dict, list[dict]]:
+    """A self-contained case file: its scenario on the first line, real vLLM's steps after."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x]
+    return lines[0], lines[1:]
+
+
 def load(name: str, version: str = "0.33") -> tuple[dict, list[dict]]:
     """The scenario and real vLLM `version`'s output for it (expected/ for 0.33, expected-034/
     for 0.34); the scenario records the version it is to be driven as (`vllm_version`)."""

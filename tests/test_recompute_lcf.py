@@ -15,16 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core_helpers import assert_identical, run_both_with
-from replay.engine.compiled import StepCore
 from replay.engine.state import Status
-from replay.engine.v1 import V1Scheduler
 from replay_helpers import tiny_spec
 from test_replay_loop import workloads
 from test_v1_034 import bursts
-from tests.oracle_driver import drive
+from tests.oracle_driver import drive, v1_implementations
 
-IMPLEMENTATIONS = {"reference": V1Scheduler,
-                   "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
+IMPLEMENTATIONS = v1_implementations()
 # A (4-token prompt) and B (8) run from step 1, C (12) joins at step 2 and fills the pool. At
 # step 3 C needs a fifth block: vLLM preempts the newest, C itself (12 tokens computed); least
 # computed first preempts A (5 computed), already scheduled in the step: un-scheduled, its

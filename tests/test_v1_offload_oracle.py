@@ -11,13 +11,10 @@ from collections import Counter
 import pytest
 
 from replay.engine import compiled
-from replay.engine.compiled import StepCore
-from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import (OFFLOAD_034_ONLY, build, chunks_by_content, compare, drive,
-                                 load, offload_scenarios)
+                                 load, offload_scenarios, v1_implementations)
 
-IMPLEMENTATIONS = {"reference": V1Scheduler,
-                   "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
+IMPLEMENTATIONS = v1_implementations()
 # F13: real vLLM processes the requests that finished in one step in the iteration order of a
 # set of request ids, which depends on PYTHONHASHSEED (the oracle pins 0); kvcap processes them
 # in trace order (docs/design.md). In these two lines R1 and R2 finished together and seed 0

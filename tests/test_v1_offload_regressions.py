@@ -6,24 +6,19 @@ on both implementations (chunks compared by content), and the first-admission co
 vLLM's (`cpu_hit_tokens` = the external hit, `cached_prompt_tokens` = local + external, C2)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from replay.engine.compiled import StepCore
-from replay.engine.v1 import V1Scheduler
-from tests.oracle_driver import chunks_by_content, compare, drive
+from tests.oracle_driver import chunks_by_content, compare, drive, load_case, v1_implementations
 
 DATA = Path(__file__).resolve().parent / "data" / "oracle_v1"
 CASES = sorted(p.stem for p in DATA.glob("*.jsonl"))
-IMPLEMENTATIONS = {"reference": V1Scheduler,
-                   "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
+IMPLEMENTATIONS = v1_implementations()
 
 
 def load(name: str) -> tuple[dict, list[dict]]:
-    lines = [json.loads(x) for x in (DATA / f"{name}.jsonl").read_text().splitlines() if x]
-    return lines[0], lines[1:]
+    return load_case(DATA / f"{name}.jsonl")
 
 
 def test_cases_exist():

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from replay.engine.compiled import StepCore
-from replay.engine.v1 import V1Scheduler
 from tests.oracle_driver import (KNOBS_034, V1_034_ONLY, build, compare, drive, load,
-                                 v1_scenarios)
+                                 v1_implementations, v1_scenarios)
 
-IMPLEMENTATIONS = {"reference": V1Scheduler,
-                   "compiled": lambda spec, state, keys: StepCore("v1", spec, state, keys)}
+IMPLEMENTATIONS = v1_implementations()
 CASES = [(v, n) for v in ("0.33", "0.34") for n in v1_scenarios(v)]
 
 
