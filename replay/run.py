@@ -26,7 +26,7 @@ from replay.engine.raw import RawRun
 from replay.engine.spec import SchedulerSpec
 from replay.engine.state import RequestState
 from replay.results.summary import StepStats, SummarySpec, max_tbt_weight
-from replay.results.tables import RunResult, build_tables
+from replay.results.tables import RunResult, build_tables, recompute_tax
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, has_prefix_hashes, hash_block_tokens
 
 KVCAP_VERSION = "0.1.0"
@@ -291,8 +291,7 @@ def result_of(raw: RawRun, trace: pl.DataFrame, config: EngineConfig, eng, *, ex
         # What was offered: requests per second of arrival span; the multiple of the source
         # trace's rate (None: not said by the caller) and synthetic arrivals (None: the trace's).
         "offered_rps": offered_rps(trace), "rate_scale": rate_scale, "arrivals": arrivals,
+        # Prefill tokens recomputed after preemption over all prefill tokens.
+        "recompute_tax": recompute_tax(tables["requests"], tables["steps"]),
     }
-    res = RunResult(run=run, **tables)
-    # Prefill tokens recomputed after preemption over all prefill tokens (replay.results.tables).
-    run["recompute_tax"] = res.recompute_tax
-    return res
+    return RunResult(run=run, **tables)

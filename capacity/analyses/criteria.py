@@ -91,8 +91,6 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
     minutes = max(per_min.height, 1)
     share = float((total > 0).sum()) / minutes
     peak = int(total.max() or 0)
-    prefill = int(tables["steps"]["num_prefill_tokens"].sum() or 0)
-    recomputed = int(tables["requests"]["recomputed_tokens"].sum() or 0)
     breaks = []
     if s["ttft_p99_s"] is None or s["ttft_p99_s"] > slo_ttft_s:
         breaks.append(f"TTFT p99 {seconds(s['ttft_p99_s'], missing='none')} > {limit(slo_ttft_s)}")
@@ -121,6 +119,6 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
         goodput_rps=s["goodput_rps"], ttft_p99_s=s["ttft_p99_s"], tbt_p99_s=s["tbt_p99_s"],
         preemptions=npre, preemptions_per_min=npre / (sim / 60) if sim else 0.0,
         peak_preemptions_per_min=peak, preempted_minutes_share=share,
-        recomputed_share=recomputed / prefill if prefill else 0.0,
+        recomputed_share=s["recompute_tax"],
         slo_share=s["slo_share"], meets_slo=meets, sustainable=st.sustainable,
         preemption_verdict=verdict, within_budget=within, breaks="; ".join(breaks))

@@ -11,9 +11,11 @@ import math
 import numpy as np
 import polars as pl
 
+from capacity.analyses.versions import preemption_victim_of
 # One implementation for tables and streamed replays (replay/results/summary.py).
 from replay.results.quantiles import nearest_rank, nearest_rank_chunked, nearest_ranks  # noqa: F401
 from replay.results.summary import TbtSummary
+from replay.results.tables import recompute_tax
 
 GIB = 2 ** 30
 
@@ -75,19 +77,6 @@ def _sum(df: pl.DataFrame, name: str) -> int:
     return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
 
 
-def preemption_victim_of(run: dict) -> str | None:
-    from capacity.analyses.versions import preemption_victim_of as of
-    return of(run)
-
-
-def _step_sum(steps, name: str) -> int:
-    """Sum of a steps column, whichever form the table has (DataFrame, spilled, summary)."""
-    if name not in steps.columns:
-        return 0
-    col = steps[name]
-    return int((col.cast(pl.Int64) if isinstance(col, pl.Series) else col).sum() or 0)
-
-
 def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
             slo_tbt_s: float | None = None, tbt_p50: bool = True) -> dict:
     """The replay summary (DESIGN §7 keys and more), from full tables or a summary replay's
@@ -145,8 +134,7 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         # Prefill tokens computed again because preemption dropped them, and their share of
         # all prefill tokens computed (the "recompute tax", vllm#54644).
         "recomputed_tokens": _sum(req, "recomputed_tokens"),
-        "recompute_tax": recompute_tax(_sum(req, "recomputed_tokens"),
-                                       _step_sum(steps, "num_prefill_tokens")),
+        "recompute_tax": recompute_tax(req, steps) or 0.0,
         "peak_swapped_gib": peak_cpu * bpb / GIB,
         "peak_gpu_kv_usage": peak_gpu / run["num_gpu_blocks"] if run["num_gpu_blocks"] else 0.0,
         "abort_s": run["abort_s"],
@@ -157,12 +145,6 @@ def summary(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float | None = None,
         res["goodput_rps"] = int(ok.sum()) / sim if sim > 0 else 0.0
         res["slo_share"] = int(ok.sum()) / req.height if req.height else 0.0
     return res
-
-
-def recompute_tax(recomputed_tokens: int, prefill_tokens: int) -> float:
-    """Recomputed prefill tokens over all prefill tokens computed (they include the recomputed
-    ones): 0 without preemption, never above 1."""
-    return recomputed_tokens / prefill_tokens if prefill_tokens else 0.0
 
 
 def preemptions_per_minute(events: pl.DataFrame, sim_seconds: float) -> pl.DataFrame:

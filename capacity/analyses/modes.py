@@ -129,7 +129,6 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
     steps = tables["steps"]
     bpb = run["kv_bytes_per_block"]
     prefill = int(steps["num_prefill_tokens"].sum() or 0)
-    recomputed = int(req["recomputed_tokens"].sum() or 0)
     swap_blocks = _sum(steps, "swap_out_blocks") + _sum(steps, "swap_in_blocks")
     stored = _sum(steps, "offload_store_blocks")
     host_blocks = swap_blocks + stored + _sum(steps, "offload_load_blocks")
@@ -140,8 +139,8 @@ def mode_result(variant: str, tables: dict[str, pl.DataFrame], host_link_bytes_p
     return ModeResult(
         variant=variant, run_id=run["run_id"], status=run["status"], abort_s=run["abort_s"],
         preemptions=s["preemptions_recompute"] + s["preemptions_swap"],
-        preempted_requests=s["preempted_requests"], recomputed_tokens=recomputed,
-        prefill_tokens=prefill, recomputed_share=recomputed / prefill if prefill else 0.0,
+        preempted_requests=s["preempted_requests"], recomputed_tokens=s["recomputed_tokens"],
+        prefill_tokens=prefill, recomputed_share=s["recompute_tax"],
         swapped_gib=_sum(steps, "swap_out_blocks") * bpb / GIB, offloaded_gib=stored * bpb / GIB,
         host_tier_gib=tier, cpu_hit_tokens=_sum(req, "cpu_hit_tokens"),
         host_link_s=host_blocks * bpb / host_link_bytes_per_s,
