@@ -51,6 +51,8 @@ def windows(tables: dict[str, pl.DataFrame], window_s: float) -> pl.DataFrame:
     if isinstance(steps, StepSummary):      # a summary replay kept exactly these as it ran
         step_end, p99 = steps.end_s, steps.window_tbt_p99[window_s]
     else:
+        # In memory or spilled (a report's own replays): the three columns read, not the table.
+        steps = steps.select("start_s", "duration_s", "num_decode_tokens")
         step_end = (steps["start_s"] + steps["duration_s"]).max() if steps.height else None
         tbt = (steps.filter(pl.col("num_decode_tokens") > 0)
                .group_by(w=(pl.col("start_s") // window_s).cast(pl.Int64))

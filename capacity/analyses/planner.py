@@ -172,8 +172,14 @@ class Planner:
                         progress=_PROGRESS.get())
 
     def replay(self, trace: pl.DataFrame, config: EngineConfig, label: str) -> RunResult:
-        return self.run([Job(trace=trace, config=config, label=label,
-                             trace_name=self.trace_name)], workers=1)[0]
+        """One replay a person looks at (a plan's baseline, its recommended flags), made in this
+        process with its steps and TBT samples spilled to files past a million steps
+        (`run_jobs(spill=True)`): a report holds it to the end, so a day of traffic must not
+        hold gigabytes of step rows meanwhile. Readers take the columns they need
+        (`steps.select(...)`, `steps[name].max()`)."""
+        return run_jobs([Job(trace=trace, config=config, label=label,
+                             trace_name=self.trace_name)], workers=1, memo=self._memo,
+                        progress=_PROGRESS.get(), spill=True)[0]
 
     def run_shared(self, jobs: Sequence[Job]) -> list[RunResult]:
         """Like `run`, but jobs that differ only by max_num_seqs run smallest first, and a larger

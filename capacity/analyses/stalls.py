@@ -49,6 +49,9 @@ def attribute_stalls(tables: dict[str, pl.DataFrame], *, threshold_s: float | No
     # Host KV traffic: V0's swap-outs/ins, V1's CPU offloading stores/loads.
     moved = [c for c in ("swap_out_blocks", "swap_in_blocks", "offload_store_blocks",
                          "offload_load_blocks") if c in steps.columns]
+    # The columns read, not the table (a report's own replays may be spilled to files).
+    steps = steps.select("step", "start_s", "duration_s", "num_prefill_tokens",
+                         "num_decode_tokens", *moved, "num_preempted")
     slow = (steps.filter((pl.col("duration_s") > threshold_s) & (pl.col("num_decode_tokens") > 0))
             .select("step", "start_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
                     *moved, "num_preempted")

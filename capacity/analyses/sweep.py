@@ -41,11 +41,11 @@ class Job:
     trace_name: str = ""
 
 
-def _run(job: Job) -> RunResult:
+def _run(job: Job, spill_dir: str | None = None) -> RunResult:
     from replay.run import replay
     _mark(job.label)
     return replay(job.trace, job.config, label=job.label, trace_name=job.trace_name,
-                  on_progress=_still_running)
+                  on_progress=_still_running, spill_dir=spill_dir)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -303,10 +303,14 @@ def job_key(job: Job) -> str:
 
 def run_jobs(jobs: Sequence[Job], *, workers: int | None = None,
              on_done: Callable[[int, RunResult], None] | None = None,
-             memo: dict[str, RunResult] | None = None, progress=None) -> list[RunResult]:
+             memo: dict[str, RunResult] | None = None, progress=None,
+             spill: bool = False) -> list[RunResult]:
     """Replay every job; results in input order. `memo` (key -> result) reuses earlier replays
     and records new ones. `progress` (capacity/analyses/planner.py `Progress`) hears of each
-    replay to make and each made."""
+    replay to make and each made. `spill`: replays made in this process keep their steps and
+    TBT samples in spill files past a million steps (`replay(spill_dir=...)`, in the temporary
+    folder; the files go with the tables): the tables a person looks at, held to the end of a
+    report, cost the requests' memory, not the steps'. Replays made in workers come back whole."""
     memo = {} if memo is None else memo
     keys = [job_key(j) for j in jobs]
     todo: dict[str, int] = {}
@@ -330,7 +334,9 @@ def run_jobs(jobs: Sequence[Job], *, workers: int | None = None,
 
     if progress is not None and todo:
         progress.planned(len(todo))
-    execute(_run, [(k, (jobs[i],)) for k, i in todo.items()], workers=workers,
+    in_process = min(workers or default_workers(), max(len(todo), 1)) <= 1
+    spill_dir = tempfile.gettempdir() if spill and in_process else None
+    execute(_run, [(k, (jobs[i], spill_dir)) for k, i in todo.items()], workers=workers,
             on_result=finished)
     return [memo[k] for k in keys]
 

@@ -85,6 +85,7 @@ def _with_time(frame: pl.DataFrame, duration_s: float, bin_s: int) -> pl.DataFra
 
 
 def _run_seconds(steps: pl.DataFrame, sim_seconds: float | None) -> float:
+    steps = steps.select("start_s", "duration_s")
     end = float((steps["start_s"] + steps["duration_s"]).max() or 0.0) if steps.height else 0.0
     return max(float(sim_seconds or 0.0), end, 1.0)
 
@@ -94,6 +95,8 @@ def _run_seconds(steps: pl.DataFrame, sim_seconds: float | None) -> float:
 def load_frames(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: float | None,
                 ) -> tuple[pl.DataFrame, pl.DataFrame, int]:
     """Arrivals per second (mean rate per bin) and peak running / waiting / swapped per bin."""
+    # The columns read (a report's own replays may keep their steps in spill files).
+    steps = steps.select("start_s", "duration_s", "num_running", "num_waiting", "num_swapped")
     dur = _run_seconds(steps, sim_seconds)
     bin_s = bin_seconds(dur)
     full = _full_bins(dur, bin_s)
@@ -132,6 +135,7 @@ def load_and_queues(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: fl
 
 def kv_usage_frame(steps: pl.DataFrame, run: dict) -> tuple[pl.DataFrame, int]:
     """Peak GPU / host KV usage per bin: fraction of the pool (`usage`) and host GiB."""
+    steps = steps.select("start_s", "duration_s", "gpu_blocks_used", "cpu_blocks_used")
     dur = _run_seconds(steps, run.get("sim_seconds"))
     bin_s = bin_seconds(dur)
     gpu, cpu = max(1, run["num_gpu_blocks"]), run.get("num_cpu_blocks") or 0
