@@ -7,6 +7,7 @@ the same summary over that replica's own tables.
 """
 from __future__ import annotations
 
+import tempfile
 from dataclasses import asdict, dataclass
 
 import polars as pl
@@ -30,7 +31,8 @@ def run_fleet(trace: pl.DataFrame, config: EngineConfig, *, replicas: int, route
         return planner.run([Job(trace=s, config=cfg, label=f"fleet {router} replica {k}",
                                 trace_name=planner.trace_name) for k, s in enumerate(subs)])
     return replay_fleet(trace, config, replicas=replicas, router=router,
-                        trace_name=planner.trace_name, runner=runner)
+                        trace_name=planner.trace_name, runner=runner,
+                        spill_dir=tempfile.gettempdir() if planner.spill else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +69,8 @@ _REPLICA_KEYS = ("run_id", "status", "requests", "requests_finished", "throughpu
 
 def score(fleet: FleetResult, *, slo_ttft_p99_s: float = DEFAULT_SLO_TTFT_S,
           slo_tbt_p99_s: float = DEFAULT_SLO_TBT_S, budget: Budget = Budget()) -> FleetScore:
-    c = evaluate(fleet.tables(), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
+    # Stacked, not copied: the replicas' steps are read a few columns at a time.
+    c = evaluate(fleet.tables(stacked=True), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
     per = []
     for k, r in enumerate(fleet.replicas):
         s = summary(r.tables())

@@ -155,12 +155,15 @@ def summary_reducer(*, slo_ttft_s: float | None = None, slo_tbt_s: float | None 
 # ------------------------------------------------------------------ the planner
 class Planner:
     def __init__(self, *, workers: int | None = None, trace_name: str = "",
-                 keep_tables: bool = False) -> None:
+                 keep_tables: bool = False, spill: bool = False) -> None:
         """`keep_tables`: `map` replays in full too and keeps every replay's tables (for a
         caller that stores them all, `--db`); the values are the same either way."""
         self.workers = workers
         self.trace_name = trace_name
         self.keep_tables = keep_tables
+        # `run` spills the replays it makes in this process too (`run_jobs(spill=True)`): a
+        # fleet scored in a worker of its own (capacity/analyses/replicas.py).
+        self.spill = spill
         self._memo: dict[str, RunResult] = {}
         self._values: dict[tuple[str, str], Any] = {}    # (job key, reducer key) -> value
         self._reduced: dict[str, Reduced] = {}           # job key -> its latest summary replay
@@ -169,7 +172,7 @@ class Planner:
             on_done: Callable[[int, RunResult], None] | None = None) -> list[RunResult]:
         """Replay every job (reusing earlier replays); results in input order."""
         return run_jobs(jobs, workers=workers or self.workers, on_done=on_done, memo=self._memo,
-                        progress=_PROGRESS.get())
+                        progress=_PROGRESS.get(), spill=self.spill)
 
     def replay(self, trace: pl.DataFrame, config: EngineConfig, label: str) -> RunResult:
         """One replay a person looks at (a plan's baseline, its recommended flags), made in this

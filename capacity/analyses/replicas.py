@@ -48,9 +48,10 @@ class Replicas:
 
 def fleet_score(trace: pl.DataFrame, config: EngineConfig, replicas: int, router: str,
                 trace_name: str, kw: dict) -> FleetScore:
-    """One fleet replay, scored (runs in a worker: its replicas replay in that process)."""
+    """One fleet replay, scored (runs in a worker: its replicas replay in that process, their
+    steps and TBT samples spilled to files past a million steps)."""
     fleet = run_fleet(trace, config, replicas=replicas, router=router,
-                      planner=Planner(workers=1, trace_name=trace_name))
+                      planner=Planner(workers=1, trace_name=trace_name, spill=True))
     return score(fleet, **kw)
 
 

@@ -60,19 +60,27 @@ class FleetResult:
     def replica_requests(self) -> list[int]:
         return np.bincount(self.assignment, minlength=self.num_replicas).tolist()
 
-    def tables(self) -> dict[str, pl.DataFrame]:
+    def tables(self, *, stacked: bool = False) -> dict[str, pl.DataFrame]:
         """The fleet's tables: every replica's rows with a `replica` column, and one `runs` row
         for the fleet (run_id = fleet_id; sim_seconds from the first arrival to the last replica's
-        end; status aborted if any replica aborted), so the single-run analyses read a fleet."""
+        end; status aborted if any replica aborted), so the single-run analyses read a fleet.
+        `stacked`: `steps` and `tbt` are `StackedTable`s over the replicas' own tables (in
+        memory or spilled), not copies: what scoring a fleet of a day of traffic can afford."""
+        from replay.results.tables import StackedTable
         out: dict[str, list[pl.DataFrame]] = {}
         for k, r in enumerate(self.replicas):
             for name, df in r.tables().items():
-                if name == "runs":
+                if name == "runs" or (stacked and name in ("steps", "tbt")):
                     continue
                 frame = df if isinstance(df, pl.DataFrame) else df.frame()
                 out.setdefault(name, []).append(
                     frame.with_columns(replica=pl.lit(k, pl.Int32)))
         tables = {name: pl.concat(parts, how="vertical_relaxed") for name, parts in out.items()}
+        if stacked:
+            ks = list(range(len(self.replicas)))
+            for name in ("steps", "tbt"):
+                tables[name] = StackedTable([getattr(r, name) for r in self.replicas],
+                                            column="replica", values=ks)
         return {"runs": pl.DataFrame([self.fleet_run()]), **tables}
 
     def fleet_run(self) -> dict:
@@ -121,7 +129,8 @@ def _replica_run_id(fleet_id: str, k: int) -> str:
 class _SteppedReplica:
     """One replica's compiled core, grown one routed request at a time (see the module doc)."""
 
-    def __init__(self, engine: str, eng, executor, src: RequestState, keys) -> None:
+    def __init__(self, engine: str, eng, executor, src: RequestState, keys,
+                 spill_dir: str | None = None) -> None:
         n = src.n
         self.engine, self.eng, self.executor, self.src, self.src_keys = engine, eng, executor, src, keys
         self.ext = compiled.CORES[engine]
@@ -135,6 +144,13 @@ class _SteppedReplica:
         self.open = np.zeros(0, np.int64)  # local rows not yet gone (outstanding)
         self._live = np.zeros(0, np.int64) # admitted rows, maybe not yet terminal
         self.keys_in = self._keys_in(keys, n)
+        # With `spill_dir`, the step and TBT columns leave the core for files every
+        # SPILL_EVERY_STEPS steps, as a whole replay's do (compiled.run): a replica of a day of
+        # traffic holds its requests, not its steps.
+        self._drain = (compiled._Drain(None, spill_dir, compiled.SPILL_EVERY_STEPS,
+                                       compiled.SINK_EVERY_STEPS)
+                       if spill_dir is not None else None)
+        self._drained_at = 0
 
     def _keys_in(self, keys, n) -> tuple | None:
         """Block keys for local rows in the cores' argument form, filled in place as rows are
@@ -194,7 +210,10 @@ class _SteppedReplica:
             self._step()
 
     def _step(self) -> None:
-        _, _, clock, cursor = self.ext.run(self.core, 1)
+        _, step, clock, cursor = self.ext.run(self.core, 1)
+        if self._drain is not None and step - self._drained_at >= self._drain.every:
+            self._drain.take(self.ext.results(self.core))
+            self._drained_at = step
         if clock == np.inf or cursor > len(self.rows):
             raise RuntimeError("fleet replay: a replica's core went idle with work it could not "
                                "move (its loop looked for an arrival that is not routed yet)")
@@ -228,8 +247,13 @@ class _SteppedReplica:
                      "computed_at_preemption"):
             setattr(sub, name, getattr(d, name)[:k].copy())
         out = self.ext.results(self.core)
+        held = None
+        if self._drain is not None and self._drain.held is not None:
+            self._drain.take(out)                   # the rest, then every piece in step order
+            out.update({key: b"".join(v) for key, v in self._drain.pieces.items()})
+            held = self._drain.held
         fs, ft, fin, mt = (a[:k].copy() for a in self.outputs)
-        raw = compiled._raw(sub, out, fs, ft, fin, mt, self.eng.kv_bytes_per_block)
+        raw = compiled._raw(sub, out, fs, ft, fin, mt, self.eng.kv_bytes_per_block, held)
         if out.get("aborted"):
             raw.status, raw.abort_s = "aborted", out["abort_s"]
             raw.abort_reason = abort_reason(out["abort_row"], out["abort_needed"], out["abort_free"])
@@ -237,7 +261,8 @@ class _SteppedReplica:
 
 
 def _lor(trace: pl.DataFrame, config: EngineConfig, replicas: int, *, fleet_id: str,
-         trace_name: str, assign: np.ndarray | None = None) -> tuple[list[RunResult], np.ndarray]:
+         trace_name: str, assign: np.ndarray | None = None,
+         spill_dir: str | None = None) -> tuple[list[RunResult], np.ndarray]:
     """Stepped replicas; `assign` (tests) replaces the lor choice by a given assignment."""
     from replay.timing.executors import cost_model_for
     from replay.run import block_keys, request_state, result_of
@@ -250,7 +275,8 @@ def _lor(trace: pl.DataFrame, config: EngineConfig, replicas: int, *, fleet_id: 
     if why:
         raise ValueError(f"--router lor steps the compiled {config.scheduler} core, which cannot "
                          f"run here: {why}; use --router rr or prefix")
-    reps = [_SteppedReplica(config.scheduler, eng, ex, state, keys) for _ in range(replicas)]
+    reps = [_SteppedReplica(config.scheduler, eng, ex, state, keys, spill_dir)
+            for _ in range(replicas)]
     chosen = np.zeros(state.n, np.int64)
     arrival = state.arrival_s
     for i in range(state.n):
@@ -274,6 +300,7 @@ def _lor(trace: pl.DataFrame, config: EngineConfig, replicas: int, *, fleet_id: 
             continue
         res = result_of(r.raw(), sub, config, eng, executor="model", label="",
                         trace_name=trace_name, wall0=wall0)
+        r.core = None                               # its tables are made: free the core
         results.append(as_replica(res, fleet_id, k, router="lor", replicas=replicas))
     return results, chosen
 
@@ -306,12 +333,13 @@ def _sequential(subs: list[pl.DataFrame], config: EngineConfig, trace_name: str 
 
 def replay_fleet(trace: pl.DataFrame, config: EngineConfig | None = None, *, replicas: int,
                  router: str = "lor", trace_name: str = "", runner: Runner | None = None,
-                 stepped: bool = False) -> FleetResult:
+                 stepped: bool = False, spill_dir: str | None = None) -> FleetResult:
     """Replay `trace` on `replicas` identical engines behind `router`. rr / prefix replay each
     replica's share to the end through `runner` (sub-traces, config) -> runs (default: one
     after the other in this process; capacity passes its worker pool); lor steps all replicas
     together here. `stepped` drives rr / prefix through lor's stepping too (tests: both ways
-    give the same tables)."""
+    give the same tables). `spill_dir`: lor's replicas keep their steps and TBT samples in
+    files there past a million steps (a runner spills its own replays, or not)."""
     config = config or EngineConfig()
     if router not in ROUTERS:
         raise ValueError(f"--router {router!r}: use one of {', '.join(ROUTERS)}")
@@ -324,7 +352,7 @@ def replay_fleet(trace: pl.DataFrame, config: EngineConfig | None = None, *, rep
     if router == "lor" or stepped:
         assign = None if router == "lor" else static_assignment(trace, replicas, router)
         runs, chosen = _lor(trace, config, replicas, fleet_id=fid, trace_name=trace_name,
-                            assign=assign)
+                            assign=assign, spill_dir=spill_dir)
     else:
         chosen = static_assignment(trace, replicas, router)
         subs = [trace.filter(pl.Series(chosen == k)) for k in range(replicas)]

@@ -101,6 +101,77 @@ class _SpilledColumn:
         return self
 
 
+class StackedTable:
+    """Tables of one kind one after another (a fleet's replicas' `steps` or `tbt`), each in
+    memory or spilled, with a constant column per part (`replica`), read as a SpilledTable is:
+    `height`, `columns`, `table[name].max()/.sum()/.to_numpy()`, `select(...)` (those columns,
+    stacked), `spill.chunks()` and `frame()` (whole). Nothing is copied until a column is asked
+    for: scoring a fleet reads three step columns, not a stacked copy of every replica's steps."""
+
+    def __init__(self, parts: list, *, column: str, values: list[int]) -> None:
+        self.parts, self.column, self.values = parts, column, values
+
+    @property
+    def height(self) -> int:
+        return sum(p.height for p in self.parts)
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.parts[0].columns, self.column]
+
+    @property
+    def spill(self) -> "StackedTable":
+        return self                 # tbt_percentiles reads `table.spill.chunks()`
+
+    def chunks(self, rows: int = 1 << 20) -> Iterator[dict[str, np.ndarray]]:
+        for p in self.parts:
+            if isinstance(p, pl.DataFrame):
+                yield {c: p[c].to_numpy() for c in p.columns if c != "run_id"}
+            else:
+                yield from p.spill.chunks(rows)
+
+    def _part(self, p, v: int, names: list[str]) -> pl.DataFrame:
+        own = [n for n in names if n != self.column]
+        return p.select(own).with_columns(pl.lit(v, pl.Int32).alias(self.column)).select(names)
+
+    def select(self, *names: str) -> pl.DataFrame:
+        names = [n for group in names for n in ([group] if isinstance(group, str) else group)]
+        return pl.concat([self._part(p, v, names) for p, v in zip(self.parts, self.values)],
+                         how="vertical_relaxed")
+
+    def frame(self) -> pl.DataFrame:
+        return self.select(self.columns)
+
+    def __getitem__(self, name: str) -> "_StackedColumn":
+        return _StackedColumn(self, name)
+
+
+@dataclass(frozen=True, slots=True)
+class _StackedColumn:
+    table: StackedTable
+    name: str
+
+    def max(self):
+        found = [p[self.name].max() for p in self.table.parts if p.height]
+        found = [x for x in found if x is not None]
+        return max(found) if found else None
+
+    def sum(self):
+        total = 0
+        for p in self.table.parts:
+            col = p[self.name]
+            if isinstance(col, pl.Series) and col.dtype.is_integer():
+                col = col.cast(pl.Int64)            # Int32 sums wrap in polars
+            total += col.sum() or 0
+        return total
+
+    def cast(self, _dtype) -> "_StackedColumn":
+        return self
+
+    def to_numpy(self) -> np.ndarray:
+        return np.concatenate([p[self.name].to_numpy() for p in self.table.parts])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     run: dict
