@@ -384,14 +384,25 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
     else:
         pts += _points(trace, config, sizes[1:], planner, total)
     if default_sweep:
-        for _ in range(KNEE_HALVINGS):            # the knee is the smallest size: go below it
+        ahead: dict[float, OffloadPoint] = {}
+        for i in range(KNEE_HALVINGS):            # the knee is the smallest size: go below it
             ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
             if host_bounded_knee(ordered, tolerance).index != 1:
                 break
             half = nice_gib(ordered[1].kv_offloading_size_gib / 2)
             if not 0 < half < ordered[1].kv_offloading_size_gib:
                 break
-            pts += _points(trace, config, (half,), planner, total)
+            if half not in ahead:
+                # The next halving replays beside this one: it is the next probe whenever this
+                # one leaves the knee at the smallest size, as it does all the way down where
+                # any tier helps (two rounds in the time of one on two workers). It joins the
+                # points only if the search gets there: the answer is the one-at-a-time search's,
+                # and the replays made do not depend on --workers.
+                quarter = nice_gib(half / 2)
+                both = ((half, quarter) if 0 < quarter < half and i + 1 < KNEE_HALVINGS
+                        else (half,))
+                ahead.update(zip(both, _points(trace, config, both, planner, total)))
+            pts.append(ahead.pop(half))
         for _ in range(KNEE_BISECTIONS):          # bisect between the knee and the size below
             ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
             k = host_bounded_knee(ordered, tolerance).index

@@ -44,6 +44,7 @@ from capacity.analyses.search import ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
 from capacity.analyses.stability import Stability, stability
 from capacity.analyses.stalls import StallBatches, drill_steps, stall_batches
+from capacity.analyses.sweep import default_workers, in_worker, prewarm
 from capacity.analyses.tuning import Tuning, tune
 from capacity.analyses.versions import run_engine_words
 from capacity.analyses.whatifs import WhatIf, what_ifs
@@ -445,13 +446,22 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
               model_name: str | None = None, router: str = DEFAULTS.router,
               max_replicas: int = DEFAULTS.max_replicas, target_peak_scale: float = 1.0,
               noise_seeds: int = DEFAULTS.noise_seeds, surge: bool = True,
-              on_fleet=None) -> Plan:
-    """The plan (module docstring). `on_fleet` sees every fleet the replica search replays."""
+              on_fleet=None, on_baseline=None) -> Plan:
+    """The plan (module docstring). `on_fleet` sees every fleet the replica search replays;
+    `on_baseline` the baseline replay, as soon as it is made (the report renders its charts
+    meanwhile)."""
     t = _Targets(slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
                  precision=precision)
     rkw = dict(router=router, max_replicas=max_replicas, target_peak_scale=target_peak_scale,
                on_fleet=on_fleet)
+    # The pools the plan will use (the searches', and the one-worker pool its fleets and the
+    # drill-down replay in) start while the baseline replays here.
+    prewarm(planner.workers or default_workers(), "replay.run", "capacity.analyses.planner",
+            "capacity.analyses.headroom")
+    prewarm(1, "replay.run", "capacity.analyses.replicas", "capacity.analyses.plan")
     base = planner.replay(trace, config, "report baseline")
+    if on_baseline is not None:
+        on_baseline(base)
     st = stability(base.tables())
     if not st.sustainable:
         return _overloaded(trace, config, base, st, planner, t, **rkw)
@@ -491,7 +501,6 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         # The same replay once more, keeping the batches of the steps around the worst stalls
         # only (identical otherwise; every batch is one row per request per step), in a worker
         # of its own: its tables never reach this process.
-        from capacity.analyses.sweep import in_worker
         drill = in_worker(drill_of, trace, cfg, window)
     verdict = classify(tables)
     rule = alert_rule(tables, model_name=model_name) if fits else None

@@ -186,6 +186,23 @@ def execute(fn: Callable, calls: Sequence[tuple[Any, tuple]], *, workers: int | 
     execute_on(workers, fn, calls, on_result=on_result)
 
 
+def _ready(modules: tuple[str, ...]) -> None:
+    """A worker's first job: the imports its later jobs will need."""
+    import importlib
+    for name in modules:
+        importlib.import_module(name)
+
+
+def prewarm(workers: int, *modules: str) -> None:
+    """Start the pool of exactly `workers` processes now, importing `modules` there, without
+    waiting for it: a worker's spawn and imports (about a second) are paid while the caller
+    replays in this process (a plan's baseline), not when its first job waits for them."""
+    pool = _pool(workers)
+    for _ in range(workers):
+        pool.submit(_ready, modules)
+    _PROCS[workers].update(getattr(pool, "_processes", None) or {})
+
+
 def in_worker(fn: Callable, *args) -> Any:
     """fn(*args) in a worker process of its own (a one-worker pool, kept for the next call):
     a replay whose tables are only read there leaves the caller's memory as it was."""

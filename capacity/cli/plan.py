@@ -1,6 +1,7 @@
 """`kvcap size-swap`, `kvcap compare-modes` and `kvcap report` (the main job)."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -194,11 +195,10 @@ def report_cmd(
 
     from capacity.analyses.planner import Planner
     wall0 = time.perf_counter()
-    # The report's modules (altair, vl-convert: about a second) load in a thread while the
-    # planning process mostly waits for its workers' replays.
-    import threading
-    warm = threading.Thread(target=_import_report_modules, daemon=True)
-    warm.start()
+    # The report's modules (altair, vl-convert: about a second) load in a thread, which then
+    # renders the baseline's own charts as soon as the baseline is replayed, while the planning
+    # process mostly waits for its workers' replays.
+    ahead = _ChartsAhead()
     if evidence_db is not None and not evidence_db.is_file():
         raise CliError(f"--evidence-db: {evidence_db}: no such database (write it with `kvcap logs`)")
     if no_db and db is not None:
@@ -210,7 +210,8 @@ def report_cmd(
         plan = plan_from_cli(trace, engine, planner, slo_ttft_p99=slo_ttft_p99,
                              slo_tbt_p99=slo_tbt_p99, preemption_budget=preemption_budget,
                              precision=precision, router=router, target_peak=target_peak,
-                             max_num_seqs_grid=max_num_seqs_grid, model_name=model_name)
+                             max_num_seqs_grid=max_num_seqs_grid, model_name=model_name,
+                             on_baseline=ahead.baseline)
     prio = prio_note = None
     if trace["priority"].n_unique() >= 2 and plan.recommendation.config is not None:
         # Only about this trace: its own priority classes, under the recommended flags.
@@ -225,12 +226,12 @@ def report_cmd(
                                      engine=prometheus_engine, offset_s=prometheus_offset_s)
         except ValueError as e:
             raise CliError(f"--evidence-db: {e}") from None
-    warm.join()
     from capacity.report.build import build_report
     with phase("report: charts…", quiet=quiet):
         out.mkdir(parents=True, exist_ok=True)
         index, result = build_report(plan, out=out, name=name, trace=trace, priority=prio,
-                                     priority_note=prio_note, production=production)
+                                     priority_note=prio_note, production=production,
+                                     ahead=ahead.result())
     omitted: list[str] = []
     if no_db:
         db_path, stored = None, []
@@ -257,14 +258,52 @@ def report_cmd(
     print_plan(plan, result)
 
 
-def _import_report_modules() -> None:
-    import capacity.report.build  # noqa: F401
+class _ChartsAhead:
+    """A thread that imports the report's modules, then renders the baseline's own charts
+    (render.render_ahead) once `baseline(run)` hands it the replay."""
+
+    def __init__(self) -> None:
+        self._run = None
+        self._given = threading.Event()
+        self._ahead = self._error = None
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def baseline(self, run) -> None:
+        self._run = run
+        self._given.set()
+
+    def _work(self) -> None:
+        try:
+            # At the lowest CPU priority (Linux: per thread; the threads vl-convert starts from
+            # here inherit it): on a busy machine the rendering takes the CPU the workers leave
+            # idle, not theirs.
+            import os
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (AttributeError, OSError):
+                pass
+            from capacity.report.render import render_ahead
+            self._given.wait()
+            if self._run is not None:
+                self._ahead = render_ahead(self._run)
+        except BaseException as e:       # raised where the report is built (result)
+            self._error = e
+
+    def result(self):
+        """The rendered baseline charts (render.Ahead), or None when the plan never gave a
+        baseline; an error in the thread is raised here."""
+        self._given.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._ahead
 
 
 def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: float,
                   preemption_budget: str, precision: float, router: str, target_peak: float,
                   max_num_seqs_grid: str | None = None, model_name: str | None = None,
-                  surge: bool = True):
+                  surge: bool = True, on_baseline=None):
     """The one planning procedure behind `report`, `plan` and `headroom` (same inputs, same
     Plan: the same capacity and replica count in every command)."""
     from capacity.analyses.criteria import Budget
@@ -283,7 +322,7 @@ def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: f
     return make_plan(trace, engine, planner, slo_ttft_p99_s=slo_ttft_p99,
                      slo_tbt_p99_s=slo_tbt_p99, budget=budget, grid=grid, precision=precision,
                      model_name=model_name, router=router, target_peak_scale=target_peak,
-                     surge=surge)
+                     surge=surge, on_baseline=on_baseline)
 
 
 def print_plan(plan, result: dict) -> None:

@@ -73,8 +73,10 @@ def host_tier_sections(plan: Plan) -> list:
 
 
 def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
-                 priority_note: str | None = None, production=None) -> tuple[Path, dict]:
-    """`production`: the baseline replay vs. Prometheus (promvalidate.ProductionComparison), or None."""
+                 priority_note: str | None = None, production=None,
+                 ahead=None) -> tuple[Path, dict]:
+    """`production`: the baseline replay vs. Prometheus (promvalidate.ProductionComparison), or
+    None. `ahead`: the baseline's summary and charts, rendered already (render.render_ahead)."""
     extra = []
     if plan.tuning is not None:
         cfg = plan.recommendation.config
@@ -109,6 +111,7 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
                          recommendation=plan.recommendation, stability=plan.stability,
                          extra_sections=extra, host_tier_sections=host_tier_sections(plan),
                          extra_files={RULES_FILE: plan.alert.yaml} if plan.alert is not None else None,
+                         ahead=ahead,
                          extra_summary={**plan.contract(),
                                         "trace_has_prefix_hashes": result["trace_has_prefix_hashes"],
                                         **{k: result[k] for k in ("recommended_mode",

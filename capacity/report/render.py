@@ -252,17 +252,47 @@ def _v1_host_rows(s: dict) -> list[list]:
              f"{s.get('gpu_hit_tokens', 0):,} / {s.get('cpu_hit_tokens', 0):,}"]]
 
 
-def baseline_section(run: RunResult, s: dict) -> Section:
+def run_figures(run: RunResult, s: dict) -> dict[str, Figure]:
+    """The charts of one replay alone (the baseline's and latency sections'): the ones a report
+    can render as soon as its baseline is replayed (`Ahead`)."""
+    r, sim = run.run, run.run["sim_seconds"]
+    return {"load_and_queues": Figure("load_and_queues",
+                                      charts.load_and_queues(run.requests, run.steps, sim)),
+            "kv_usage": Figure("kv_usage", charts.kv_usage(run.steps, r)),
+            "preemptions_per_minute": Figure("preemptions_per_minute",
+                                             charts.preemptions(run.events, sim)),
+            "ttft_cdf": Figure("ttft_cdf", charts.ttft_cdf(run.requests, s["ttft_p99_s"])),
+            "tbt_cdf": Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"]))}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ahead:
+    """A replay's summary and its own charts, rendered before the rest of the report (`kvcap
+    report` renders the baseline's in a thread while the plan's searches run: the planning
+    process mostly waits for its workers, and vl-convert renders outside Python's lock)."""
+    run_id: str
+    run_sum: dict
+    figures: dict[str, Figure]
+    rendered: dict[str, tuple[str, bytes]]      # name -> (SVG, PNG)
+
+
+def render_ahead(run: RunResult) -> Ahead:
+    s = run_summary(run.tables())
+    figs = run_figures(run, s)
+    return Ahead(run_id=run.run_id, run_sum=s, figures=figs,
+                 rendered={name: render_chart(f.chart) for name, f in figs.items()})
+
+
+def baseline_section(run: RunResult, s: dict, figures: dict[str, Figure] | None = None
+                     ) -> Section:
     r = run.run
     cfg = [[k, r.get(k)] for k in CONFIG_KEYS if k in r]
     body = (text(f"Run `{run.run_id}`{' — ' + r['label'] if r.get('label') else ''}: the trace "
                  f"replayed once on {engine_words(r)}, under the configuration below.")
             + '<div class="cols">' + table(cfg, ["engine", "value"])
             + table(baseline_metric_rows(s), ["metric", "value"]) + "</div>")
-    sim = r["sim_seconds"]
-    figs = (Figure("load_and_queues", charts.load_and_queues(run.requests, run.steps, sim)),
-            Figure("kv_usage", charts.kv_usage(run.steps, r)),
-            Figure("preemptions_per_minute", charts.preemptions(run.events, sim)))
+    f = figures or run_figures(run, s)
+    figs = (f["load_and_queues"], f["kv_usage"], f["preemptions_per_minute"])
     return Section(title="Baseline run", body=body, charts=figs, anchor="baseline")
 
 
@@ -347,12 +377,15 @@ def modes_section(modes: ModeComparison | None) -> Section:
     return Section(title="Preemption modes", body=body, charts=(fig,), anchor="modes")
 
 
-def latency_section(run: RunResult, s: dict) -> Section:
+def latency_section(run: RunResult, s: dict, figures: dict[str, Figure] | None = None
+                    ) -> Section:
     body = text("TTFT over finished requests; TBT over every output token of the run (the "
                 "fleet distribution a Grafana panel of inter-token latency shows). "
                 "Percentiles are nearest-rank.")
-    figs = (Figure("ttft_cdf", charts.ttft_cdf(run.requests, s["ttft_p99_s"])),
-            Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"])))
+    f = figures or {"ttft_cdf": Figure("ttft_cdf", charts.ttft_cdf(run.requests,
+                                                                  s["ttft_p99_s"])),
+                    "tbt_cdf": Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"]))}
+    figs = (f["ttft_cdf"], f["tbt_cdf"])
     return Section(title="Latency", body=body, charts=figs, anchor="latency")
 
 
@@ -454,12 +487,14 @@ def summary_dict(*, title: str, trace_summary: dict, run: RunResult, run_sum: di
 def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
                    sizing: SwapSizing | None, modes: ModeComparison | None, rec, stab,
                    extra_sections: Sequence[Section],
-                   host_tier_sections: Sequence[Section] | None = None) -> list[Section]:
-    """`host_tier_sections`: in place of the swap sizing (V1: CPU offloading, the migration)."""
+                   host_tier_sections: Sequence[Section] | None = None,
+                   figures: dict[str, Figure] | None = None) -> list[Section]:
+    """`host_tier_sections`: in place of the swap sizing (V1: CPU offloading, the migration).
+    `figures`: the run's own charts, built already (`Ahead`)."""
     host = list(host_tier_sections) if host_tier_sections is not None else [swap_section(sizing)]
     secs = [recommendations_section(rec, stab), stability_section(stab),
-            workload_section(trace_summary), baseline_section(run, run_sum), *host,
-            modes_section(modes), latency_section(run, run_sum), *extra_sections]
+            workload_section(trace_summary), baseline_section(run, run_sum, figures), *host,
+            modes_section(modes), latency_section(run, run_sum, figures), *extra_sections]
     names = [f.name for s in secs for f in s.charts]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -472,18 +507,25 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
                  stability, extra_sections: Sequence[Section] = (),
                  extra_summary: dict | None = None,
                  host_tier_sections: Sequence[Section] | None = None,
-                 extra_files: dict[str, str] | None = None) -> Path:
+                 extra_files: dict[str, str] | None = None, ahead: Ahead | None = None) -> Path:
     """Write `out_dir/index.html`, `out_dir/<chart>.png` and `out_dir/summary.json`; return the
     path of index.html. `recommendation` (capacity.analyses.plan.Recommendation) is the top of
-    the page and of summary.json; `stability` (capacity.analyses.stability.Stability) follows."""
+    the page and of summary.json; `stability` (capacity.analyses.stability.Stability) follows.
+    `ahead`: `run`'s summary and charts, rendered already (`render_ahead`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run_sum = run_summary(run.tables())
+    if ahead is not None and ahead.run_id != run.run_id:
+        ahead = None
+    run_sum = ahead.run_sum if ahead else run_summary(run.tables())
     sections = build_sections(trace_summary=trace_summary, run=run, run_sum=run_sum,
                               sizing=sizing, modes=modes, rec=recommendation, stab=stability,
-                              extra_sections=extra_sections, host_tier_sections=host_tier_sections)
+                              extra_sections=extra_sections, host_tier_sections=host_tier_sections,
+                              figures=ahead.figures if ahead else None)
+    done = ahead.rendered if ahead else {}
     svgs, files = {}, {}
-    figs = [f for s in sections for f in s.charts]
+    for name, (svg, png) in done.items():
+        svgs[name], files[out / f"{name}.png"] = svg, png
+    figs = [f for s in sections for f in s.charts if f.name not in done]
     # vl-convert renders outside Python's lock for much of each chart: two at a time is ~30%
     # faster on two cores, and the order of the results is the figures' order either way.
     from concurrent.futures import ThreadPoolExecutor

@@ -349,12 +349,15 @@ def replay_fleet(trace: pl.DataFrame, config: EngineConfig | None = None, *, rep
     if not trace["arrival_s"].is_sorted():
         trace = trace.sort("arrival_s", maintain_order=True)
     fid = fleet_id_for(trace, config, replicas=replicas, router=router)
-    if router == "lor" or stepped:
+    # One replica: every router sends it everything, so it replays whole (the compiled loop,
+    # not lor's stepping: tests/test_fleet.py checks the tables are the single engine's).
+    if (router == "lor" and replicas > 1) or stepped:
         assign = None if router == "lor" else static_assignment(trace, replicas, router)
         runs, chosen = _lor(trace, config, replicas, fleet_id=fid, trace_name=trace_name,
                             assign=assign, spill_dir=spill_dir)
     else:
-        chosen = static_assignment(trace, replicas, router)
+        chosen = (np.zeros(trace.height, np.int64) if router == "lor"
+                  else static_assignment(trace, replicas, router))
         subs = [trace.filter(pl.Series(chosen == k)) for k in range(replicas)]
         whole = (runner or (lambda s, c: _sequential(s, c, trace_name)))(subs, config)
         runs = [as_replica(r, fid, k, router=router, replicas=replicas)
