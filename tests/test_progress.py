@@ -9,7 +9,7 @@ from rich.console import Console
 
 from capacity.analyses.planner import Planner, summary_reducer
 from capacity.analyses.sweep import Job
-from capacity.cli.progress import phase
+from capacity.views.progress import phase
 from replay.config import EngineConfig
 from traces.loaders import load_trace
 

@@ -32,7 +32,7 @@ Two ways to ask for replays:
                                        for s in scales])
 
 Progress: every replay the planner starts and finishes is told to the `Progress` set by
-`reporting(...)` (the CLI's bar, capacity/cli/progress.py), if any.
+`reporting(...)` (the bar of capacity/views/progress.py: the CLI's and the notebooks'), if any.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capacity.analyses.defaults import DEFAULTS
-from capacity.cli.progress import phase
+from capacity.views.progress import phase
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, emit_json, engine_flags, guarded,
                                  seconds_text, trace_input, trace_flags)
 

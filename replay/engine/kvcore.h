@@ -899,6 +899,40 @@ static int loop_run_released(Loop *lp, Req *q, void *core, const CoreOps *ops, i
     }
 }
 
+/* Take every step that starts before `t_limit` (lor's stepped replicas, replay/fleet/run.py: a
+ * request arriving at t_limit is not routed yet, and a step starting before it cannot contain
+ * it): arrivals due by a step's start enter first, as in loop_run; an idle core jumps to its
+ * next arrival only when that is before the limit (rows not routed yet arrive at +inf). 1 when
+ * done, 0 when the next step would start at or after the limit, -1 on error. With the GIL: the
+ * steps between two arrivals are few. */
+static int loop_run_until(Loop *lp, Req *q, void *core, const CoreOps *ops, double t_limit) {
+    while (!lp->done) {
+        while (lp->cursor < q->n && q->arrival[lp->cursor] <= lp->t)
+            ops->add_request(core, (int32_t)lp->cursor++);
+        if (!ops->has_unfinished(core)) {
+            if (lp->cursor >= q->n) { lp->done = 1; break; }
+            if (!(q->arrival[lp->cursor] < t_limit)) return 0;
+            if (q->arrival[lp->cursor] > lp->t) lp->t = q->arrival[lp->cursor];   /* idle gap */
+            continue;
+        }
+        if (!(lp->t < t_limit)) return 0;
+        int rc = ops->step(core);
+        if (rc < 0) return -1;
+        if (rc == 1) lp->done = 1;
+    }
+    return lp->done;
+}
+
+static PyObject *loop_run_until_py(Loop *lp, Req *q, void *core, const CoreOps *ops,
+                                   double t_limit) {
+    int rc = loop_run_until(lp, q, core, ops, t_limit);
+    if (rc < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    return Py_BuildValue("(iLdL)", rc, (long long)lp->step, lp->t, (long long)lp->cursor);
+}
+
 /* `run(core, max_steps)` of both modules: loop_run (GIL released), then (done, step, t, cursor)
  * for Python. */
 static PyObject *loop_run_py(Loop *lp, Req *q, void *core, const CoreOps *ops, long long max_steps) {

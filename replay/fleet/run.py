@@ -14,9 +14,9 @@ Every replica is the exact engine model (the compiled core of the engine). How e
   replica replays its share to the end with `replay()` (in parallel processes). This is exact by
   construction: a replica sees exactly its requests at their arrival times.
 - lor needs every replica's state at every arrival, so all replicas advance together in one
-  process: before request i (arrival t) is routed, each replica's core is stepped through its own
-  C loop (`run(core, 1)`, one engine step a call, the same loop a whole replay runs) until its
-  clock reaches t or it has nothing to do. A step that starts before t cannot contain request i
+  process: before request i (arrival t) is routed, each replica's core takes every step that
+  starts before t in its own C loop (`run_until(core, t)`: the loop a whole replay runs, stopped
+  at the limit, replay/engine/kvcore.h `loop_run_until`). A step that starts before t cannot contain request i
   (the loop admits a request at the first step that starts at or after its arrival), so stepping
   up to t needs no knowledge of where i goes. The replica's request arrays are allocated for the
   whole trace with arrival +inf in the rows not yet routed; routing writes the next row in place
@@ -142,7 +142,6 @@ class _SteppedReplica:
         self.cursor = 0                    # local rows the core has admitted
         self.clock = -np.inf
         self.open = np.zeros(0, np.int64)  # local rows not yet gone (outstanding)
-        self._live = np.zeros(0, np.int64) # admitted rows, maybe not yet terminal
         self.keys_in = self._keys_in(keys, n)
         # With `spill_dir`, the step and TBT columns leave the core for files every
         # SPILL_EVERY_STEPS steps, as a whole replay's do (compiled.run): a replica of a day of
@@ -184,45 +183,27 @@ class _SteppedReplica:
             self.core, _ = compiled.new_core(self.engine, d, self.eng.spec, self.executor,
                                              self.src_keys, self.outputs, keys_in=self.keys_in)
 
-    def _next_start(self) -> float | None:
-        """When the core's next step would start (None: it has nothing to do). A step admits
-        every request due by its start, so a step starting at t must wait until the requests
-        arriving at t are routed."""
-        live = self._live
-        if len(live) and (self.state.status[live] < _DONE).any():
-            return self.clock
-        if self.cursor < len(self.rows):            # idle: the loop jumps to the next arrival
-            return max(self.clock, float(self.state.arrival_s[self.cursor]))
-        return None
-
     def advance(self, t: float) -> None:
-        """Take every step that starts before t (they cannot contain a request arriving at t)."""
-        if self.core is None:
-            return
-        while True:
-            start = self._next_start()
-            if start is None or start >= t:
-                return
-            self._step()
+        """Take every step that starts before t (they cannot contain a request arriving at t):
+        the core's own loop (`run_until`), which admits every request due by a step's start and
+        jumps an idle gap only to an arrival before t."""
+        if self.core is not None:
+            self._run_until(t)
 
     def drain(self) -> None:
-        while self.core is not None and self._next_start() is not None:
-            self._step()
+        """Every step left once the whole trace is routed."""
+        if self.core is not None:
+            self._run_until(np.inf)
 
-    def _step(self) -> None:
-        _, step, clock, cursor = self.ext.run(self.core, 1)
+    def _run_until(self, t: float) -> None:
+        _, step, clock, cursor = self.ext.run_until(self.core, t)
         if self._drain is not None and step - self._drained_at >= self._drain.every:
             self._drain.take(self.ext.results(self.core))
             self._drained_at = step
         if clock == np.inf or cursor > len(self.rows):
             raise RuntimeError("fleet replay: a replica's core went idle with work it could not "
                                "move (its loop looked for an arrival that is not routed yet)")
-        if cursor != self.cursor:                   # rows admitted by this step
-            live = self._live
-            self._live = np.concatenate((live[self.state.status[live] < _DONE],
-                                         np.arange(self.cursor, cursor, dtype=np.int64)))
-            self.cursor = cursor
-        self.clock = clock
+        self.cursor, self.clock = cursor, clock
 
     def outstanding(self, t: float) -> int:
         """Requests sent here and not gone by t (finished at or before t, rejected, aborted)."""

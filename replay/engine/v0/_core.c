@@ -1242,6 +1242,16 @@ static PyObject *core_run(PyObject *self, PyObject *args) {
 }
 
 
+static PyObject *core_run_until(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    double t_limit;
+    if (!PyArg_ParseTuple(args, "Od", &cap, &t_limit)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core0");
+    if (!c) return NULL;
+    return loop_run_until_py(&c->lp, &c->q, c, &OPS, t_limit);
+}
+
 static PyObject *core_results(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *cap;
@@ -1484,6 +1494,8 @@ static PyMethodDef methods[] = {
     {"update", core_update, METH_VARARGS, "update(core) -> (sampled, finished): apply the output"},
     {"snapshot", core_snapshot, METH_VARARGS, "snapshot(core) -> queues, free blocks, tables"},
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
+    {"run_until", core_run_until, METH_VARARGS,
+     "run_until(core, t) -> (done, step, t, cursor): the steps that start before t"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
     {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on[, lo, hi])"},

@@ -1294,6 +1294,16 @@ static PyObject *core_run(PyObject *self, PyObject *args) {
     return loop_run_py(&c->lp, &c->q, c, &OPS, max_steps);
 }
 
+static PyObject *core_run_until(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cap;
+    double t_limit;
+    if (!PyArg_ParseTuple(args, "Od", &cap, &t_limit)) return NULL;
+    Core *c = (Core *)PyCapsule_GetPointer(cap, "kvcap.core");
+    if (!c) return NULL;
+    return loop_run_until_py(&c->lp, &c->q, c, &OPS, t_limit);
+}
+
 static PyObject *core_results(PyObject *self, PyObject *args) {
     PyObject *cap;
     if (!PyArg_ParseTuple(args, "O", &cap)) return NULL;
@@ -1526,6 +1536,8 @@ static PyObject *core_record_batches(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"new", core_new, METH_VARARGS, "new(arrays, spec, cost, keys) -> core handle"},
     {"run", core_run, METH_VARARGS, "run(core, max_steps) -> (done, step, t, cursor)"},
+    {"run_until", core_run_until, METH_VARARGS,
+     "run_until(core, t) -> (done, step, t, cursor): the steps that start before t"},
     {"results", core_results, METH_VARARGS, "results(core) -> dict of column bytearrays"},
     {"check", core_check, METH_VARARGS, "check(core): block-accounting invariants"},
     {"record_batches", core_record_batches, METH_VARARGS, "record_batches(core, on[, lo, hi])"},
