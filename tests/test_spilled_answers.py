@@ -112,3 +112,21 @@ def test_the_plan_spills_its_own_replays_and_answers_the_same(monkeypatch, trace
         assert isinstance(run.steps.spill, ColumnSpill) and isinstance(run.tbt.spill, ColumnSpill)
     assert spilled.contract() == held.contract()
     assert spilled.recommendation == held.recommendation
+
+
+def test_the_drill_down_and_the_swap_demand_spill_and_answer_the_same(monkeypatch, trace):
+    """The drill-down's replay (only its batches' window and the steps' starts are read) and
+    V0's swap-demand replay (three step columns) spill past the threshold, same answers."""
+    from capacity.analyses.plan import drill_of
+    from capacity.analyses.sizing import size_swap
+    config = EngineConfig(**PRESSED)
+    window = drill_steps(replay(trace, config).tables())
+    v0 = EngineConfig(scheduler="v0", preemption_mode="swap", swap_space=4,
+                      num_gpu_blocks_override=700, max_num_seqs=64)
+    light = synthesize("poisson", duration_s=120, rate_rps=3, seed=3)     # V0 keeps up, swaps
+    held = (drill_of(trace, config, window), size_swap(light, v0, planner=Planner(workers=1)))
+    assert held[0] is not None and held[1].peak_swapped_blocks > 0
+    monkeypatch.setattr(compiled, "SPILL_EVERY_STEPS", 97)
+    spilled = (drill_of(trace, config, window), size_swap(light, v0, planner=Planner(workers=1)))
+    _same(held[0], spilled[0])
+    assert spilled[1].as_dict() == held[1].as_dict()

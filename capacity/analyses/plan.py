@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 from dataclasses import dataclass
 
 import polars as pl
@@ -549,8 +550,11 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
 
 
 def drill_of(trace: pl.DataFrame, config: EngineConfig, window: tuple[int, int]):
-    """The drill-down of a replay (stalls.stall_batches), replayed with the batches of `window`."""
-    return stall_batches(replay(trace, config, record_batches=window).tables())
+    """The drill-down of a replay (stalls.stall_batches), replayed with the batches of `window`
+    (its steps spilled to files past a million steps: only their step numbers and starts are
+    read)."""
+    return stall_batches(replay(trace, config, record_batches=window,
+                                spill_dir=tempfile.gettempdir()).tables())
 
 
 def _host_tier_line(chosen: EngineConfig, sizing: SwapSizing | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,11 +193,12 @@ def size_swap(trace: pl.DataFrame, config: EngineConfig, *, headroom: float = 0.
     if planner.keep_tables:
         demand = planner.run([job], workers=1)[0]
     else:
-        # Its per-step series is read here and never again: not kept in the planner's memo
-        # (a day of traffic's steps are GiBs).
+        # Its per-step series is read here and never again: not kept in the planner's memo,
+        # and spilled to files past a million steps (a day of traffic's steps are GiBs).
         from replay.run import replay
-        demand = replay(job.trace, job.config, label=job.label, trace_name=planner.trace_name)
-    steps = demand.steps
+        demand = replay(job.trace, job.config, label=job.label, trace_name=planner.trace_name,
+                        spill_dir=tempfile.gettempdir())
+    steps = demand.steps.select("start_s", "evicted_blocks", "evicted_requests")
     peak_blocks = int(steps["evicted_blocks"].max() or 0) if steps.height else 0
     peak_reqs = int(steps["evicted_requests"].max() or 0) if steps.height else 0
     peak_at = None
