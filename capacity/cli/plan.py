@@ -1,7 +1,6 @@
 """`kvcap size-swap`, `kvcap compare-modes` and `kvcap report` (the main job)."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -198,7 +197,8 @@ def report_cmd(
     # The report's modules (altair, vl-convert: about a second) load in a thread, which then
     # renders the baseline's own charts as soon as the baseline is replayed, while the planning
     # process mostly waits for its workers' replays.
-    ahead = _ChartsAhead()
+    from capacity.report.ahead import ChartsAhead
+    ahead = ChartsAhead()
     if evidence_db is not None and not evidence_db.is_file():
         raise CliError(f"--evidence-db: {evidence_db}: no such database (write it with `kvcap logs`)")
     if no_db and db is not None:
@@ -256,48 +256,6 @@ def report_cmd(
         emit_json(result)
         return
     print_plan(plan, result)
-
-
-class _ChartsAhead:
-    """A thread that imports the report's modules, then renders the baseline's own charts
-    (render.render_ahead) once `baseline(run)` hands it the replay."""
-
-    def __init__(self) -> None:
-        self._run = None
-        self._given = threading.Event()
-        self._ahead = self._error = None
-        self._thread = threading.Thread(target=self._work, daemon=True)
-        self._thread.start()
-
-    def baseline(self, run) -> None:
-        self._run = run
-        self._given.set()
-
-    def _work(self) -> None:
-        try:
-            # At the lowest CPU priority (Linux: per thread; the threads vl-convert starts from
-            # here inherit it): on a busy machine the rendering takes the CPU the workers leave
-            # idle, not theirs.
-            import os
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except (AttributeError, OSError):
-                pass
-            from capacity.report.render import render_ahead
-            self._given.wait()
-            if self._run is not None:
-                self._ahead = render_ahead(self._run)
-        except BaseException as e:       # raised where the report is built (result)
-            self._error = e
-
-    def result(self):
-        """The rendered baseline charts (render.Ahead), or None when the plan never gave a
-        baseline; an error in the thread is raised here."""
-        self._given.set()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._ahead
 
 
 def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: float,

@@ -76,7 +76,7 @@ def build_report(plan: Plan, *, out: Path, name: str, trace, priority=None,
                  priority_note: str | None = None, production=None,
                  ahead=None) -> tuple[Path, dict]:
     """`production`: the baseline replay vs. Prometheus (promvalidate.ProductionComparison), or
-    None. `ahead`: the baseline's summary and charts, rendered already (render.render_ahead)."""
+    None. `ahead`: the baseline's summary and charts, rendered already (report/ahead.py)."""
     extra = []
     if plan.tuning is not None:
         cfg = plan.recommendation.config

@@ -30,6 +30,7 @@ from capacity.analyses.flags import serve_lines
 from capacity.analyses.sizing import SwapSizing
 from capacity import units
 from capacity.units import number
+from capacity.report.ahead import Ahead
 from replay.results.tables import RunResult
 from traces import atomic
 
@@ -254,7 +255,7 @@ def _v1_host_rows(s: dict) -> list[list]:
 
 def run_figures(run: RunResult, s: dict) -> dict[str, Figure]:
     """The charts of one replay alone (the baseline's and latency sections'): the ones a report
-    can render as soon as its baseline is replayed (`Ahead`)."""
+    can render as soon as its baseline is replayed (capacity/report/ahead.py)."""
     r, sim = run.run, run.run["sim_seconds"]
     return {"load_and_queues": Figure("load_and_queues",
                                       charts.load_and_queues(run.requests, run.steps, sim)),
@@ -263,24 +264,6 @@ def run_figures(run: RunResult, s: dict) -> dict[str, Figure]:
                                              charts.preemptions(run.events, sim)),
             "ttft_cdf": Figure("ttft_cdf", charts.ttft_cdf(run.requests, s["ttft_p99_s"])),
             "tbt_cdf": Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"]))}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ahead:
-    """A replay's summary and its own charts, rendered before the rest of the report (`kvcap
-    report` renders the baseline's in a thread while the plan's searches run: the planning
-    process mostly waits for its workers, and vl-convert renders outside Python's lock)."""
-    run_id: str
-    run_sum: dict
-    figures: dict[str, Figure]
-    rendered: dict[str, tuple[str, bytes]]      # name -> (SVG, PNG)
-
-
-def render_ahead(run: RunResult) -> Ahead:
-    s = run_summary(run.tables())
-    figs = run_figures(run, s)
-    return Ahead(run_id=run.run_id, run_sum=s, figures=figs,
-                 rendered={name: render_chart(f.chart) for name, f in figs.items()})
 
 
 def baseline_section(run: RunResult, s: dict, figures: dict[str, Figure] | None = None
@@ -511,7 +494,7 @@ def write_report(out_dir: str | Path, *, title: str, trace_summary: dict, run: R
     """Write `out_dir/index.html`, `out_dir/<chart>.png` and `out_dir/summary.json`; return the
     path of index.html. `recommendation` (capacity.analyses.plan.Recommendation) is the top of
     the page and of summary.json; `stability` (capacity.analyses.stability.Stability) follows.
-    `ahead`: `run`'s summary and charts, rendered already (`render_ahead`)."""
+    `ahead`: `run`'s summary and charts, rendered already (capacity/report/ahead.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if ahead is not None and ahead.run_id != run.run_id:
