@@ -2,8 +2,9 @@
 diurnal day (`kvcap trace synth diurnal --duration-s 86400 --rate 10 --lengths azure-conv`),
 replayed with full tables in memory, with full tables spilled to files past a million steps (what
 a plan's baseline and recommended replays do: `Planner.replay`), and as a summary replay
-(replay/results/summary.py, what a search's probes do), each in a fresh process. Prints a markdown table (the process's peak RSS includes the
-interpreter, polars and the loaded trace: "before" is that part).
+(replay/results/summary.py, what a search's probes do), each in a fresh process. Prints a
+markdown table (the process's peak RSS includes the interpreter, polars and the loaded trace:
+"before" is that part).
 
     nice .venv/bin/python bench/bench_memory.py [--hours 1,6,24]
 """

@@ -70,7 +70,8 @@ _REPLICA_KEYS = ("run_id", "status", "requests", "requests_finished", "throughpu
 def score(fleet: FleetResult, *, slo_ttft_p99_s: float = DEFAULT_SLO_TTFT_S,
           slo_tbt_p99_s: float = DEFAULT_SLO_TBT_S, budget: Budget = Budget()) -> FleetScore:
     # Stacked, not copied: the replicas' steps are read a few columns at a time.
-    c = evaluate(fleet.tables(stacked=True), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s, budget=budget)
+    c = evaluate(fleet.tables(stacked=True), slo_ttft_s=slo_ttft_p99_s, slo_tbt_s=slo_tbt_p99_s,
+                 budget=budget)
     per = []
     for k, r in enumerate(fleet.replicas):
         s = summary(r.tables())

@@ -53,8 +53,6 @@ def attribute_stalls(tables: dict[str, pl.DataFrame], *, threshold_s: float | No
     steps = steps.select("step", "start_s", "duration_s", "num_prefill_tokens",
                          "num_decode_tokens", *moved, "num_preempted")
     slow = (steps.filter((pl.col("duration_s") > threshold_s) & (pl.col("num_decode_tokens") > 0))
-            .select("step", "start_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
-                    *moved, "num_preempted")
             .with_columns(cause=pl.when(pl.sum_horizontal(moved) > 0)
                           .then(pl.lit("host KV traffic in the step (swap / CPU offloading)"))
                           .when(pl.col("num_prefill_tokens") > 0)

@@ -178,12 +178,17 @@ def execute(fn: Callable, calls: Sequence[tuple[Any, tuple]], *, workers: int | 
     """fn(*args) for each (key, args) of `calls`, in-process with one worker or one call, else
     on the pool; on_result(key, value) as each is done (in completion order). A worker that dies
     drops the pool and raises `WorkerDied` naming the replay it ran."""
-    workers = min(workers or default_workers(), max(len(calls), 1))
+    workers = pool_size(workers, len(calls))
     if workers <= 1:
         for key, args in calls:
             on_result(key, fn(*args))
         return
     execute_on(workers, fn, calls, on_result=on_result)
+
+
+def pool_size(workers: int | None, calls: int) -> int:
+    """The processes `execute` runs `calls` calls on (1: in this process)."""
+    return min(workers or default_workers(), max(calls, 1))
 
 
 def _ready(modules: tuple[str, ...]) -> None:
@@ -351,8 +356,7 @@ def run_jobs(jobs: Sequence[Job], *, workers: int | None = None,
 
     if progress is not None and todo:
         progress.planned(len(todo))
-    in_process = min(workers or default_workers(), max(len(todo), 1)) <= 1
-    spill_dir = tempfile.gettempdir() if spill and in_process else None
+    spill_dir = tempfile.gettempdir() if spill and pool_size(workers, len(todo)) <= 1 else None
     execute(_run, [(k, (jobs[i], spill_dir)) for k, i in todo.items()], workers=workers,
             on_result=finished)
     return [memo[k] for k in keys]

@@ -266,16 +266,15 @@ def run_figures(run: RunResult, s: dict) -> dict[str, Figure]:
             "tbt_cdf": Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"]))}
 
 
-def baseline_section(run: RunResult, s: dict, figures: dict[str, Figure] | None = None
-                     ) -> Section:
+def baseline_section(run: RunResult, s: dict, figures: dict[str, Figure]) -> Section:
+    """`figures`: `run_figures(run, s)`."""
     r = run.run
     cfg = [[k, r.get(k)] for k in CONFIG_KEYS if k in r]
     body = (text(f"Run `{run.run_id}`{' — ' + r['label'] if r.get('label') else ''}: the trace "
                  f"replayed once on {engine_words(r)}, under the configuration below.")
             + '<div class="cols">' + table(cfg, ["engine", "value"])
             + table(baseline_metric_rows(s), ["metric", "value"]) + "</div>")
-    f = figures or run_figures(run, s)
-    figs = (f["load_and_queues"], f["kv_usage"], f["preemptions_per_minute"])
+    figs = (figures["load_and_queues"], figures["kv_usage"], figures["preemptions_per_minute"])
     return Section(title="Baseline run", body=body, charts=figs, anchor="baseline")
 
 
@@ -360,15 +359,12 @@ def modes_section(modes: ModeComparison | None) -> Section:
     return Section(title="Preemption modes", body=body, charts=(fig,), anchor="modes")
 
 
-def latency_section(run: RunResult, s: dict, figures: dict[str, Figure] | None = None
-                    ) -> Section:
+def latency_section(figures: dict[str, Figure]) -> Section:
+    """`figures`: `run_figures(run, s)`."""
     body = text("TTFT over finished requests; TBT over every output token of the run (the "
                 "fleet distribution a Grafana panel of inter-token latency shows). "
                 "Percentiles are nearest-rank.")
-    f = figures or {"ttft_cdf": Figure("ttft_cdf", charts.ttft_cdf(run.requests,
-                                                                  s["ttft_p99_s"])),
-                    "tbt_cdf": Figure("tbt_cdf", charts.tbt_cdf(run.tbt, s["tbt_p99_s"]))}
-    figs = (f["ttft_cdf"], f["tbt_cdf"])
+    figs = (figures["ttft_cdf"], figures["tbt_cdf"])
     return Section(title="Latency", body=body, charts=figs, anchor="latency")
 
 
@@ -475,9 +471,10 @@ def build_sections(*, trace_summary: dict, run: RunResult, run_sum: dict,
     """`host_tier_sections`: in place of the swap sizing (V1: CPU offloading, the migration).
     `figures`: the run's own charts, built already (`Ahead`)."""
     host = list(host_tier_sections) if host_tier_sections is not None else [swap_section(sizing)]
+    figures = figures or run_figures(run, run_sum)
     secs = [recommendations_section(rec, stab), stability_section(stab),
             workload_section(trace_summary), baseline_section(run, run_sum, figures), *host,
-            modes_section(modes), latency_section(run, run_sum, figures), *extra_sections]
+            modes_section(modes), latency_section(figures), *extra_sections]
     names = [f.name for s in secs for f in s.charts]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -84,6 +84,12 @@ def _with_time(frame: pl.DataFrame, duration_s: float, bin_s: int) -> pl.DataFra
     return frame.with_columns(t=pl.col("bin") * bin_s / div)
 
 
+# The step columns each chart reads: a report's own replays may keep their steps in spill
+# files (replay/results/tables.py SpilledTable), read a column at a time.
+QUEUE_COLUMNS = ("start_s", "duration_s", "num_running", "num_waiting", "num_swapped")
+KV_COLUMNS = ("start_s", "duration_s", "gpu_blocks_used", "cpu_blocks_used")
+
+
 def _run_seconds(steps: pl.DataFrame, sim_seconds: float | None) -> float:
     steps = steps.select("start_s", "duration_s")
     end = float((steps["start_s"] + steps["duration_s"]).max() or 0.0) if steps.height else 0.0
@@ -95,8 +101,7 @@ def _run_seconds(steps: pl.DataFrame, sim_seconds: float | None) -> float:
 def load_frames(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: float | None,
                 ) -> tuple[pl.DataFrame, pl.DataFrame, int]:
     """Arrivals per second (mean rate per bin) and peak running / waiting / swapped per bin."""
-    # The columns read (a report's own replays may keep their steps in spill files).
-    steps = steps.select("start_s", "duration_s", "num_running", "num_waiting", "num_swapped")
+    steps = steps.select(QUEUE_COLUMNS)
     dur = _run_seconds(steps, sim_seconds)
     bin_s = bin_seconds(dur)
     full = _full_bins(dur, bin_s)
@@ -115,6 +120,7 @@ def load_frames(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: float 
 
 def load_and_queues(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: float | None):
     """Arrivals per second over time, above running / waiting / swapped requests over time."""
+    steps = steps.select(QUEUE_COLUMNS)             # read once (spilled: from files)
     arr, q, bin_s = load_frames(requests, steps, sim_seconds)
     dur = _run_seconds(steps, sim_seconds)
     top = alt.Chart(arr).mark_area(color=COLORS["arrivals"], opacity=0.8,
@@ -135,7 +141,7 @@ def load_and_queues(requests: pl.DataFrame, steps: pl.DataFrame, sim_seconds: fl
 
 def kv_usage_frame(steps: pl.DataFrame, run: dict) -> tuple[pl.DataFrame, int]:
     """Peak GPU / host KV usage per bin: fraction of the pool (`usage`) and host GiB."""
-    steps = steps.select("start_s", "duration_s", "gpu_blocks_used", "cpu_blocks_used")
+    steps = steps.select(KV_COLUMNS)
     dur = _run_seconds(steps, run.get("sim_seconds"))
     bin_s = bin_seconds(dur)
     gpu, cpu = max(1, run["num_gpu_blocks"]), run.get("num_cpu_blocks") or 0
@@ -151,6 +157,7 @@ def kv_usage_frame(steps: pl.DataFrame, run: dict) -> tuple[pl.DataFrame, int]:
 
 def kv_usage(steps: pl.DataFrame, run: dict):
     """GPU and host KV pools in use over time (fraction of each pool), and host GiB."""
+    steps = steps.select(KV_COLUMNS)                # read once (spilled: from files)
     frame, bin_s = kv_usage_frame(steps, run)
     dur = _run_seconds(steps, run.get("sim_seconds"))
     has_host = bool(run.get("num_cpu_blocks"))

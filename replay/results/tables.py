@@ -61,9 +61,8 @@ class SpilledTable:
         """Only these columns, whole, in memory (`DataFrame.select` of column names): what an
         analysis of a long run reads of it (three of the steps table's 18 columns: a sixth of
         its memory), in the dtypes the in-memory table has."""
-        names = tuple(n for group in names for n in ([group] if isinstance(group, str) else group))
         cols: dict[str, object] = {}
-        for name in names:
+        for name in _flat(names):
             if name == "run_id":
                 cols[name] = _run_ids(self.run_id, self.height)
             elif name == "step" and self.numbered:
@@ -76,6 +75,11 @@ class SpilledTable:
 
     def __getitem__(self, name: str) -> "_SpilledColumn":
         return _SpilledColumn(self.spill, name)
+
+
+def _flat(names) -> list[str]:
+    """`select`'s arguments as DataFrame.select takes them: names, or lists of names."""
+    return [n for group in names for n in ([group] if isinstance(group, str) else group)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +139,7 @@ class StackedTable:
         return p.select(own).with_columns(pl.lit(v, pl.Int32).alias(self.column)).select(names)
 
     def select(self, *names: str) -> pl.DataFrame:
-        names = [n for group in names for n in ([group] if isinstance(group, str) else group)]
+        names = _flat(names)
         return pl.concat([self._part(p, v, names) for p, v in zip(self.parts, self.values)],
                          how="vertical_relaxed")
 
