@@ -1,7 +1,8 @@
 """The torch stub executor (`--executor stub`): executes every step plan on real tensors.
 
-Per step, in vLLM's order: swap-out then swap-in copies (batched, on a copy stream on CUDA), the
-K/V write of every scheduled token into slot (block_table[pos // B], pos % B), attention over each
+Per step, in vLLM's order: swap-out then swap-in copies (batched, on a copy stream on CUDA), V1's
+CPU offloading stores and loads (`replay.stub.offload`: on the copy stream, overlapping the
+forward pass unless a flush makes it wait), the K/V write of every scheduled token into slot (block_table[pos // B], pos % B), attention over each
 request's context gathered through its block table (padded batched attention for one-token rows,
 bucketed by context length; one call per multi-token row), the weightless model's GEMMs (see
 `replay.stub.model`), the lm_head for the rows that sample. Storage and copies: `replay.stub.kv`.
@@ -29,12 +30,13 @@ from typing import Callable, Literal
 import numpy as np
 import torch
 
-from replay.engine.plan import StepPlan
+from replay.engine.plan import NO_OFFLOAD, StepPlan
 from replay.engine.prefix import BlockKeys, UniqueBlockKeys
 from replay.engine.spec import cdiv
 from replay.engine.state import RequestState, Status
 from replay.stub.kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fingerprints)
 from replay.stub.model import StepBatch, StubShape, StubShapeName, WeightlessModel
+from replay.stub.offload import OffloadCopies
 
 __all__ = ["StubExecutor", "StubIntegrityError", "StepRecord", "default_device", "kv_dtype"]
 
@@ -88,6 +90,8 @@ class StubExecutor:
         self.records: list[StepRecord] = []
         self.last_swap_s = 0.0
         self.last_measured_s = 0.0
+        # V1 CPU offloading: the tier lives in the host pool (created at the first offload plan).
+        self.offload: OffloadCopies | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -141,11 +145,17 @@ class StubExecutor:
             e0.record()
         else:
             t0 = time.perf_counter()
+        self.kv.settle()
         self.kv.swap(plan.swap_out, plan.swap_in)
         if cuda:
             e1.record()
         else:
             t1 = time.perf_counter()
+        if plan.offload is not NO_OFFLOAD or self.offload is not None:
+            if self.offload is None:
+                self.offload = OffloadCopies(self.kv.layout.num_cpu_blocks)
+            stores, loads, flush = self.offload.plan(plan.offload, self.step)
+            self.kv.offload(stores, loads, wait=flush)
         prep = _Prepared(self, plan)
         self.kv.write_fingerprints(prep.new_slots_t, prep.new_slots, prep.new_fps_t, prep.new_rows,
                                    prep.new_pos, self.step)

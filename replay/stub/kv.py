@@ -3,7 +3,8 @@
 Owns the tensors and every copy between them:
 - the device KV cache in vLLM's layout `[2, layers, num_blocks, block_size, kv_heads, head_dim]`
   (fp16/bf16, or `torch.float8_e4m3fn` storage for `kv_cache_dtype="fp8"`);
-- the host pool (`num_cpu_blocks` blocks) for V0 swap, pinned when CUDA is present. Its layout
+- the host pool (`num_cpu_blocks` blocks) for V0 swap or V1's CPU offloading tier (one chunk per
+  block; `replay.stub.offload` says which chunk is where), pinned when CUDA is present. Its layout
   is block-major, `[num_cpu_blocks, 2, layers, block_size, kv_heads, head_dim]`, so one swapped
   block is one contiguous host region: swaps are a gather on the device plus a few large copies
   instead of 2 x layers small ones per block (what keeps them near pinned-copy speed);
@@ -14,6 +15,7 @@ Must not import traces/, capacity/, polars or duckdb (the GPU machine has torch 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +106,8 @@ class PagedKV:
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(device=device)
             self.copy_done = torch.cuda.Event()
+        self._in_flight = None           # the last offload copies' end event (CUDA)
+        self.offload_copies: list = []
 
     # ------------------------------------------------------------------ per-layer views
     def flat(self, kind: int, layer: int) -> torch.Tensor:
@@ -130,7 +134,7 @@ class PagedKV:
         self.w_pos.reshape(-1)[slots_np] = pos_np
         self.w_step.reshape(-1)[slots_np] = step
 
-    # ------------------------------------------------------------------ swaps
+    # ------------------------------------------------------------------ swaps and offloads
     def swap(self, swap_out: np.ndarray, swap_in: np.ndarray) -> None:
         """Swap-out (gpu, cpu) pairs, then swap-in (cpu, gpu) pairs, before the forward pass.
 
@@ -141,13 +145,58 @@ class PagedKV:
             cur = torch.cuda.current_stream(self.device)
             self.copy_stream.wait_stream(cur)     # the previous step's KV writes come first
             with torch.cuda.stream(self.copy_stream):
-                self._swap_out(swap_out)
-                self._swap_in(swap_in)
+                self._to_host(swap_out, "swap-out")
+                self._to_device(swap_in, "swap-in")
             self.copy_done.record(self.copy_stream)
             cur.wait_event(self.copy_done)
         else:
-            self._swap_out(swap_out)
-            self._swap_in(swap_in)
+            self._to_host(swap_out, "swap-out")
+            self._to_device(swap_in, "swap-in")
+
+    def offload(self, stores: np.ndarray, loads: np.ndarray, *, wait: bool) -> None:
+        """CPU KV offloading copies: write-through stores (gpu, host) pairs, then loads (host,
+        gpu) pairs, through the same host pool (the offload tier, one chunk per host block).
+
+        On CUDA they run on the copy stream and overlap this step's forward pass, as vLLM's
+        offloading worker does; `settle()` makes the next step wait for them, and `wait` makes
+        this one wait (a flush, F9: a freed block a store still reads is handed out this step).
+        The copy time of each call is kept in `offload_copies` (read with `offload_seconds`)."""
+        if len(stores) == 0 and len(loads) == 0:
+            return
+        nbytes = (len(stores) + len(loads)) * self.layout.block_bytes
+        if self.cuda:
+            cur = torch.cuda.current_stream(self.device)
+            self.copy_stream.wait_stream(cur)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(self.copy_stream):
+                start.record()
+                self._to_host(stores, "offload store")
+                self._to_device(loads, "offload load")
+                end.record()
+            self._in_flight = end
+            if wait:
+                cur.wait_event(end)
+            self.offload_copies.append((len(stores), len(loads), nbytes, (start, end)))
+        else:
+            t0 = time.perf_counter()
+            self._to_host(stores, "offload store")
+            self._to_device(loads, "offload load")
+            self.offload_copies.append((len(stores), len(loads), nbytes, time.perf_counter() - t0))
+
+    def settle(self) -> None:
+        """The compute stream waits for the offload copies issued in earlier steps (a loaded
+        request computes from a later step on; a stored block is reused only after a flush)."""
+        if self._in_flight is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._in_flight)
+            self._in_flight = None
+
+    def offload_seconds(self) -> list[tuple[int, int, int, float]]:
+        """(store blocks, load blocks, bytes, copy seconds) per offload call so far."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return [(s, ld, b, t if isinstance(t, float) else t[0].elapsed_time(t[1]) / 1e3)
+                for s, ld, b, t in self.offload_copies]
 
     def _check_ids(self, gpu: np.ndarray, cpu: np.ndarray, what: str) -> None:
         lay = self.layout
@@ -158,14 +207,15 @@ class PagedKV:
             raise StubIntegrityError(f"{what}: host block id outside [0, {lay.num_cpu_blocks}) in "
                                      f"{cpu.tolist()}")
 
-    def _swap_out(self, pairs: np.ndarray) -> None:
+    def _to_host(self, pairs: np.ndarray, what: str) -> None:
+        """(gpu, host) pairs: one gather on the device into block-major order, then one copy per
+        run of consecutive host ids; fingerprints and writers move with the KV."""
         if len(pairs) == 0:
             return
         pairs = pairs[np.argsort(pairs[:, 1], kind="stable")]
         gpu, cpu = pairs[:, 0], pairs[:, 1]
-        self._check_ids(gpu, cpu, "swap-out")
+        self._check_ids(gpu, cpu, what)
         g = torch.from_numpy(np.ascontiguousarray(gpu)).to(self.device)
-        # One gather on the device into block-major order, then one copy per run of host ids.
         staged = self._blocks_u8[g]
         staged_fp = self.fp[g]
         for i, c0, m in _runs(cpu):
@@ -175,12 +225,13 @@ class PagedKV:
         self.hw_pos[cpu] = self.w_pos[gpu]
         self.hw_step[cpu] = self.w_step[gpu]
 
-    def _swap_in(self, pairs: np.ndarray) -> None:
+    def _to_device(self, pairs: np.ndarray, what: str) -> None:
+        """(host, gpu) pairs: one copy per run of host ids into a staging buffer, one scatter."""
         if len(pairs) == 0:
             return
         pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
         cpu, gpu = pairs[:, 0], pairs[:, 1]
-        self._check_ids(gpu, cpu, "swap-in")
+        self._check_ids(gpu, cpu, what)
         n = len(pairs)
         staged = torch.empty((n, *self._blocks_u8.shape[1:]), dtype=torch.uint8, device=self.device)
         staged_fp = torch.empty((n, self.layout.block_size), dtype=torch.int64, device=self.device)
