@@ -162,7 +162,7 @@ def test_an_offloading_replay_on_the_stub_makes_the_cost_models_decisions():
     from replay.engine.loop import run
     from replay.run import block_keys, make_scheduler, replay, request_state
     trace = _shared_prefix_slice(80)
-    # A 400-block pool preempts; a 0.5 GiB tier (256 Llama-3.1-8B chunks) evicts.
+    # A 400-block pool preempts; a 0.5 GiB tier (256 chunks of 16 tokens) evicts.
     cfg = EngineConfig(scheduler="v1", num_gpu_blocks_override=400, block_size=16,
                        max_num_seqs=64, max_model_len=8192, kv_offloading_size=0.5)
     model = replay(trace, cfg, executor="model", implementation="reference")

@@ -1,7 +1,8 @@
 """`kvcap calibrate`: measure step shapes with the torch stub on a device and fit the cost model.
 
 Owns the measurement grid (prefill tokens, prefill chunks over context, decode batch x context,
-mixed steps, swap-out / swap-in block counts, plain pinned host<->device copies for reference),
+mixed steps, swap-out / swap-in block counts, plain pinned host<->device copies for reference, and
+V1 offloading store / load copies of the largest swap's block count, reported beside them),
 the fit and the profile JSON that `CostConstants.with_profile` reads.
 
 The fit keeps the cost model's own formula (docs/cost-model.md) with efficiencies set to 1, so the
@@ -181,6 +182,27 @@ def _time_copies(dev: torch.device, nbytes: int, repeats: int) -> dict:
     return out
 
 
+def _time_offload(bench: _Bench, n: int, repeats: int) -> dict:
+    """V1 offloading copies of n scattered blocks (the stub's store and load path, on the copy
+    stream as in a replay), GB/s each way: the median (GPU) or fastest (CPU) of the repeats."""
+    kv = bench.ex.kv
+    gpu, host = bench.perm[:n].astype(np.int64), np.arange(n, dtype=np.int64)
+    none = np.zeros((0, 2), np.int64)
+    out = {}
+    for name, stores, loads in (("store", np.column_stack((gpu, host)), none),
+                                ("load", none, np.column_stack((host, gpu)))):
+        kv.offload_copies.clear()
+        for _ in range(repeats + 1):
+            kv.offload(stores, loads, wait=True)
+        secs = [c[3] for c in kv.offload_seconds()[1:]]
+        stat = np.median if kv.cuda else np.min
+        out[f"offload_{name}_gb_per_s"] = n * kv.layout.block_bytes / float(stat(secs)) / 1e9
+    out["offload_blocks"] = n
+    kv.offload_copies.clear()
+    kv.settle()
+    return out
+
+
 def _timed(dev: torch.device, fn: Callable[[], object]) -> float:
     if dev.type == "cuda":
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -316,10 +338,13 @@ def calibrate(opts: CalibrationOptions = CalibrationOptions(),
     bandwidth = _bandwidths(rows, block_bytes)
     biggest = max(s.swap_blocks for s in shapes)
     bandwidth.update(_time_copies(dev, max(biggest, 1) * block_bytes, repeats))
-    for d, p in (("out", "d2h"), ("in", "h2d")):
-        if f"swap_{d}_gb_per_s" in bandwidth:
-            bandwidth[f"swap_{d}_vs_pinned"] = (bandwidth[f"swap_{d}_gb_per_s"]
-                                                / bandwidth[f"pinned_{p}_gb_per_s"])
+    if biggest:
+        bandwidth.update(_time_offload(bench, biggest, repeats))
+    for d, p in (("swap_out", "d2h"), ("swap_in", "h2d"), ("offload_store", "d2h"),
+                 ("offload_load", "h2d")):
+        if f"{d}_gb_per_s" in bandwidth:
+            bandwidth[f"{d}_vs_pinned"] = (bandwidth[f"{d}_gb_per_s"]
+                                           / bandwidth[f"pinned_{p}_gb_per_s"])
     mape = lambda rs: float(np.mean([abs(r["error_pct"]) for r in rs])) if rs else float("nan")  # noqa: E731
     test = [r for r in rows if r["heldout"]]
     return {
