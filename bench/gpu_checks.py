@@ -207,7 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--gpu", default="auto",
-                    help="catalog GPU of the engine modelled; auto: the device's own (h200 on a CPU)")
+                    help="catalog GPU of the engine modelled; auto: the device's own "
+                         "(h200 on a CPU)")
     ap.add_argument("--stub-shape", default=None, choices=("full", "tiny"))
     ap.add_argument("--quick", action="store_true", help="small grid and slices (CPU smoke test)")
     ap.add_argument("--requests", type=int, default=None, help="trace rows of the main replay")
@@ -305,7 +306,8 @@ def main(argv=None) -> int:
         eng_o = resolve(cfg)
         st_o = RequestState(arrival_s=src.arrival_s[:n_off] / a.offload_rate_scale,
                             prompt_len=src.prompt_len[:n_off], output_len=src.output_len[:n_off])
-        log(f"offloading replay: {n_off} requests {a.offload_rate_scale:g}x denser, {eng_o.num_gpu_blocks} GPU blocks, "
+        log(f"offloading replay: {n_off} requests {a.offload_rate_scale:g}x denser, "
+            f"{eng_o.num_gpu_blocks} GPU blocks, "
             f"{eng_o.spec.num_cpu_blocks} CPU chunks ({a.kv_offloading_size} GiB)")
         off = stub_replay(eng_o, st_o, shared_prompts(st_o, eng_o.spec.block_size),
                           device=a.device, stub_shape=shape, models={}, deadline=deadline)
@@ -386,7 +388,8 @@ def markdown(r: dict) -> str:
         lines.append(f"\nStub: {rp['stub_steps_per_s']:.0f} steps/s.")
     o = r.get("offload_replay")
     if o:
-        lines += ["", f"## Offloading replay: {o['requests']} requests {o['rate_scale']:g}x denser, "
+        lines += ["", f"## Offloading replay: {o['requests']} requests "
+                  f"{o['rate_scale']:g}x denser, "
                   f"{o['num_gpu_blocks']} GPU blocks, {o['num_cpu_blocks']} CPU chunks "
                   f"({o['kv_offloading_size_gib']} GiB)", "", integrity_line(o)]
         if "offload" in o:

@@ -46,6 +46,39 @@ def test_killed_worker_is_one_line_naming_the_replay(small, monkeypatch):
     assert len(Planner(workers=2).run(jobs[:2])) == 2        # a fresh pool works
 
 
+class _Proc:
+    """What died_message reads of a worker process."""
+
+    def __init__(self, pid: int, exitcode: int | None) -> None:
+        self.pid, self.exitcode = pid, exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.exitcode = -9
+
+
+class _Pool:
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def test_a_reused_pid_does_not_hide_the_worker_that_died(tmp_path):
+    # break_pool stopped a worker of an earlier pool; a long session (the test suite: pids wrap
+    # at 32,768 here) gives its pid to a later worker, which the out-of-memory killer then
+    # kills. The message still names that worker's replay, not a worker the pool stopped.
+    import signal
+    stopped = _Proc(4242, None)
+    sweep.break_pool(_Pool(), {4242: stopped})
+    assert stopped.exitcode == -signal.SIGKILL
+    killed = _Proc(4242, -signal.SIGKILL)
+    terminated = _Proc(4243, -signal.SIGTERM)          # the pool's own SIGTERM to the other one
+    (tmp_path / "4242").write_text("1048576\ndoomed replay")
+    msg = str(sweep.died_message([terminated, killed], str(tmp_path), 2))
+    assert "'doomed replay'" in msg and "SIGKILL" in msg and "1.0 GiB" in msg
+
+
 def test_cli_says_which_replay_died(conv800):                 # noqa: F811
     # The smallest candidates always replay (a larger one may reuse them: map_shared); two
     # batched-token values make two of them, so the round goes to the pool.

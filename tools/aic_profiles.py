@@ -328,6 +328,15 @@ line's running count is off by more than `--max-error-pct` (15 %); a data-parall
 engines) is refused, its split of the trace is unknown. On a log synthesised from a replay with
 `kernel_scale` 1.15 it recovers 1.149 (4 req/s) and 1.171 (10 req/s, queueing throughout).
 
+## Against this project's own measured steps on a GPU
+
+The validation below compares the step model with AIConfigurator's kernel measurements, not with
+a step this project ran. `bench/gpu_calibrate.sh` (docs/stub.md, "The GPU check") replays Azure
+conv requests on the torch stub on a GPU and prices every step it ran with the shipped profile of
+that GPU: mean, p95 and signed error per step, decode-only and with prefill. It has not run on a
+GPU yet (no device was lent to the sessions so far), so no such error is stated here. Where it has
+run, its results are in `bench/results/gpu/<gpu>/` and this section gives them.
+
 ## Interpolation choices
 
 Measured against the same held-out points (previous protocol: every other batch size and

@@ -20,6 +20,7 @@ import resource
 import shutil
 import signal
 import tempfile
+import weakref
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -236,7 +237,9 @@ def execute_on(workers: int, fn: Callable, calls, *, on_result) -> None:
 
 
 _POLL_S = 0.5   # how often a waiting caller looks for a dead worker
-_KILLED: set[int] = set()       # pids of live workers that break_pool stopped
+# Live workers that break_pool stopped: the Process objects, not their pids (a long session
+# spawns enough processes for a pid of an earlier pool to come back as a new worker's).
+_KILLED: weakref.WeakSet = weakref.WeakSet()
 
 
 def wait_alive(pool: ProcessPoolExecutor, pending, procs: dict) -> set:
@@ -261,7 +264,7 @@ def break_pool(pool: ProcessPoolExecutor, procs: dict) -> None:
     marks the pool broken and ends; then nothing is left waiting at exit."""
     for p in list(procs.values()):
         if p.exitcode is None:
-            _KILLED.add(p.pid)          # not the one that died (died_message)
+            _KILLED.add(p)              # not the one that died (died_message)
             p.kill()
     for p in list(procs.values()):
         p.join(5.0)
@@ -283,7 +286,7 @@ def died_message(procs: list, status_dir: str | None, workers: int) -> WorkerDie
     """Which of the processes `procs` of a broken pool died, running what (its note in
     `status_dir`), and the likely cause, as one line."""
     def died(p) -> bool:        # neither alive nor stopped by the pool or break_pool
-        return p.exitcode not in (None, -signal.SIGTERM) and p.pid not in _KILLED
+        return p.exitcode not in (None, -signal.SIGTERM) and p not in _KILLED
     dead = [p for p in procs if died(p)]
     if not dead:                    # not reaped yet: the others are being terminated meanwhile
         for p in procs:

@@ -2,9 +2,10 @@
 
 Per step, in vLLM's order: swap-out then swap-in copies (batched, on a copy stream on CUDA), V1's
 CPU offloading stores and loads (`replay.stub.offload`: on the copy stream, overlapping the
-forward pass unless a flush makes it wait), the K/V write of every scheduled token into slot (block_table[pos // B], pos % B), attention over each
-request's context gathered through its block table (padded batched attention for one-token rows,
-bucketed by context length; one call per multi-token row), the weightless model's GEMMs (see
+forward pass unless a flush makes it wait), the K/V write of every scheduled token into slot
+(block_table[pos // B], pos % B), attention over each request's context gathered through its
+block table (padded batched attention for one-token rows, bucketed by context length; one call per
+multi-token row), the weightless model's GEMMs (see
 `replay.stub.model`), the lm_head for the rows that sample. Storage and copies: `replay.stub.kv`.
 
 Integrity: each written slot gets the fingerprint of (content key of its block, offset); after the
@@ -154,8 +155,8 @@ class StubExecutor:
         if plan.offload is not NO_OFFLOAD or self.offload is not None:
             if self.offload is None:
                 self.offload = OffloadCopies(self.kv.layout.num_cpu_blocks)
-            stores, loads, flush = self.offload.plan(plan.offload, self.step)
-            self.kv.offload(stores, loads, wait=flush)
+            stores, loads, wait = self.offload.plan(plan.offload, self.step, plan.rows)
+            self.kv.offload(stores, loads, wait=wait)
         prep = _Prepared(self, plan)
         self.kv.write_fingerprints(prep.new_slots_t, prep.new_slots, prep.new_fps_t, prep.new_rows,
                                    prep.new_pos, self.step)

@@ -38,9 +38,11 @@ class OffloadCopies:
         # What the replay made the stub copy (tests and the GPU check read them).
         self.num_store_blocks = self.num_load_blocks = self.num_evicted = self.num_flushes = 0
 
-    def plan(self, off: OffloadPlan, step: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    def plan(self, off: OffloadPlan, step: int,
+             rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
         """This step's (gpu, host) store pairs, (host, gpu) load pairs, and whether the forward
-        pass waits for them (a flush)."""
+        pass waits for them: a flush, or (never with vLLM's asynchronous loads, but then the
+        copies must come first) a loaded request among the step's scheduled `rows`."""
         stores, self._next_step = self._next_step, []
         for k in off.evicted:
             b = self.block_of.pop(k, None)
@@ -50,19 +52,19 @@ class OffloadCopies:
             self.free.append(b)
         flushed = set(off.flushed)
         for t in off.stores:
-            pairs = np.column_stack((np.asarray(t.gpu_blocks, np.int64), self._place(t.keys, t.row,
-                                                                                      step)))
+            gpu = np.asarray(t.gpu_blocks, np.int64)
+            pairs = np.column_stack((gpu, self._place(t.keys, t.row, step)))
             (stores if t.row in flushed else self._next_step).append(pairs)
-        loads = [np.column_stack((self._find(t.keys, t.row, step), np.asarray(t.gpu_blocks,
-                                                                               np.int64)))
-                 for t in off.loads]
+        loads = [np.column_stack((self._find(t.keys, t.row, step),
+                                  np.asarray(t.gpu_blocks, np.int64))) for t in off.loads]
         s = np.concatenate(stores) if stores else _NO_PAIRS
         ld = np.concatenate(loads) if loads else _NO_PAIRS
         self.num_store_blocks += len(s)
         self.num_load_blocks += len(ld)
         self.num_evicted += len(off.evicted)
         self.num_flushes += bool(flushed)
-        return s, ld, bool(flushed)
+        wait = bool(flushed) or bool(off.loads and np.isin([t.row for t in off.loads], rows).any())
+        return s, ld, wait
 
     def _place(self, keys, row: int, step: int) -> np.ndarray:
         out = np.empty(len(keys), np.int64)
