@@ -104,6 +104,22 @@ def shared_prompts(state: RequestState, block_size: int) -> TraceBlockKeys:
                           prefix_hashes=hashes, hash_block_tokens=512)
 
 
+def catalog_gpu(device_name: str) -> str:
+    """The catalog GPU of a torch device name; a variant the catalog lacks (an "NVIDIA H200 NVL")
+    is taken as its family's, so a device run is not lost to a name."""
+    try:
+        return get_gpu(device_name).name
+    except ValueError:
+        up = device_name.upper()
+        for token, name in (("H200", "h200"), ("H100 PCIE", "h100-pcie"), ("H100", "h100"),
+                            ("B200", "b200"), ("L40S", "l40s"), ("A100", "a100-80gb")):
+            if token in up:
+                print(f"gpu: {device_name!r} is not in the catalog; modelled as {name}",
+                      file=sys.stderr)
+                return name
+        raise SystemExit(f"gpu: {device_name!r} is not in the catalog; pass --gpu NAME")
+
+
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     if len(values) == 0:
         return float("nan")
@@ -230,7 +246,7 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     deadline = t_all + a.budget_s
     if a.gpu == "auto":
-        a.gpu = (get_gpu(torch.cuda.get_device_name()).name if a.device == "cuda" else "h200")
+        a.gpu = catalog_gpu(torch.cuda.get_device_name()) if a.device == "cuda" else "h200"
     out = Path(a.out or ROOT / "bench" / "results" / "gpu" / a.gpu)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

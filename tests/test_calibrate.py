@@ -127,3 +127,16 @@ def test_gpu_check_script_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp
     md = (out / "results.md").read_text()
     assert "| ttft p99 |" in md and "| shipped | all" in md and "offload store" in md
     assert "Integrity checks passed" in md
+
+
+def test_gpu_check_names_the_device_it_runs_on():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from gpu_checks import catalog_gpu
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert catalog_gpu("NVIDIA H100 80GB HBM3") == "h100"
+    assert catalog_gpu("NVIDIA H200") == "h200"
+    assert catalog_gpu("NVIDIA H200 NVL") == "h200"           # a variant the catalog lacks
+    with pytest.raises(SystemExit, match="pass --gpu"):
+        catalog_gpu("Tesla T4")
