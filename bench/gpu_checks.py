@@ -46,8 +46,7 @@ from replay.engine.loop import run  # noqa: E402
 from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys  # noqa: E402
 from replay.engine.state import RequestState  # noqa: E402
 from replay.engine.v1.scheduler import V1Scheduler  # noqa: E402
-from replay.stub.executor import StubExecutor, StubIntegrityError, kv_dtype  # noqa: E402
-from replay.stub.kv import KVLayout  # noqa: E402
+from replay.stub.executor import StubExecutor, StubIntegrityError, engine_layout  # noqa: E402
 from replay.stub.model import StubShape  # noqa: E402
 from replay.timing.catalog import get_gpu  # noqa: E402
 from replay.timing.executors import cost_model_for  # noqa: E402
@@ -91,9 +90,10 @@ def read_azure(path: Path, n: int) -> RequestState:
                         output_len=np.array(out)[order])
 
 
-def fresh_state(src: RequestState, rate_scale: float = 1.0) -> RequestState:
-    return RequestState(arrival_s=src.arrival_s / rate_scale, prompt_len=src.prompt_len,
-                        output_len=src.output_len)
+def fresh_state(src: RequestState, n: int, rate_scale: float = 1.0) -> RequestState:
+    """A new state of the first n requests of `src`, arriving `rate_scale` times faster."""
+    return RequestState(arrival_s=src.arrival_s[:n] / rate_scale, prompt_len=src.prompt_len[:n],
+                        output_len=src.output_len[:n])
 
 
 def shared_prompts(state: RequestState, block_size: int) -> TraceBlockKeys:
@@ -291,21 +291,18 @@ def main(argv=None) -> int:
         calibrated = cost_model_for(eng, calibration=str(profile_path))   # what users replay with
     else:
         # A tiny stub's rates describe the tiny model: compare it with its own formula.
-        layout = stub_layout(eng, StubShape.for_model(eng.model, eng.tensor_parallel_size, shape))
-        calibrated = stub_cost_model(eng, StubShape.for_model(eng.model, 1, shape), layout,
-                                     prof["constants"])
+        tiny = StubShape.for_model(eng.model, eng.tensor_parallel_size, shape)
+        calibrated = stub_cost_model(eng, tiny, engine_layout(eng, tiny), prof["constants"])
     models = {"calibrated": calibrated}
     shipped = resolve(EngineConfig(**base, gpu_memory_utilization=a.gpu_memory_utilization))
     models["shipped"] = cost_model_for(shipped)
     log(f"replaying {n} requests: {eng.num_gpu_blocks} GPU blocks, stub timing=measured")
-    main_state = RequestState(arrival_s=src.arrival_s[:n], prompt_len=src.prompt_len[:n],
-                              output_len=src.output_len[:n])
-    st = fresh_state(main_state, a.rate_scale)
+    st = fresh_state(src, n, a.rate_scale)
     rep = stub_replay(eng, st, UniqueBlockKeys(), device=a.device, stub_shape=shape, models=models,
                       deadline=deadline)
     rep.update(requests=n, rate_scale=a.rate_scale)
     for name, m in models.items():           # the same requests priced by each model alone
-        s2 = fresh_state(main_state, a.rate_scale)
+        s2 = fresh_state(src, n, a.rate_scale)
         rep[f"{name}_model"] = latency(run(s2, V1Scheduler(eng.spec, s2, UniqueBlockKeys()), m,
                                            kv_bytes_per_block=eng.kv_bytes_per_block), s2)
     results["replay"] = rep
@@ -320,8 +317,7 @@ def main(argv=None) -> int:
         cfg = EngineConfig(**base, num_gpu_blocks_override=a.offload_gpu_blocks,
                            kv_offloading_size=a.kv_offloading_size, max_model_len=8192)
         eng_o = resolve(cfg)
-        st_o = RequestState(arrival_s=src.arrival_s[:n_off] / a.offload_rate_scale,
-                            prompt_len=src.prompt_len[:n_off], output_len=src.output_len[:n_off])
+        st_o = fresh_state(src, n_off, a.offload_rate_scale)
         log(f"offloading replay: {n_off} requests {a.offload_rate_scale:g}x denser, "
             f"{eng_o.num_gpu_blocks} GPU blocks, "
             f"{eng_o.spec.num_cpu_blocks} CPU chunks ({a.kv_offloading_size} GiB)")
@@ -337,15 +333,6 @@ def main(argv=None) -> int:
     failed = [k for k in ("replay", "offload_replay")
               if k in results and not results[k]["integrity"]["passed"]]
     return 1 if failed else 0
-
-
-def stub_layout(eng, shape: StubShape) -> KVLayout:
-    """The stub's KV layout for `eng` (as `StubExecutor.for_engine` builds it)."""
-    spec = eng.spec
-    return KVLayout(num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
-                    head_dim=shape.head_dim, block_size=spec.block_size,
-                    num_gpu_blocks=spec.num_gpu_blocks, num_cpu_blocks=spec.num_cpu_blocks,
-                    dtype=kv_dtype(eng.config.kv_cache_dtype, eng.model.weight_dtype_bytes))
 
 
 def markdown(r: dict) -> str:

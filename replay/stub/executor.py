@@ -39,7 +39,8 @@ from replay.stub.kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fi
 from replay.stub.model import StepBatch, StubShape, StubShapeName, WeightlessModel
 from replay.stub.offload import OffloadCopies
 
-__all__ = ["StubExecutor", "StubIntegrityError", "StepRecord", "default_device", "kv_dtype"]
+__all__ = ["StubExecutor", "StubIntegrityError", "StepRecord", "default_device", "engine_layout",
+           "kv_dtype"]
 
 Timing = Literal["model", "measured"]
 _MASK64 = (1 << 64) - 1
@@ -51,6 +52,15 @@ _DONE = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def engine_layout(eng, shape: StubShape) -> KVLayout:
+    """The stub's KV layout for a resolved engine: its pools, `shape`'s per-GPU KV heads."""
+    spec = eng.spec
+    return KVLayout(num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
+                    head_dim=shape.head_dim, block_size=spec.block_size,
+                    num_gpu_blocks=spec.num_gpu_blocks, num_cpu_blocks=spec.num_cpu_blocks,
+                    dtype=kv_dtype(eng.config.kv_cache_dtype, eng.model.weight_dtype_bytes))
 
 
 def kv_dtype(kv_cache_dtype: str, weight_dtype_bytes: int = 2) -> torch.dtype:
@@ -104,12 +114,7 @@ class StubExecutor:
         dev = torch.device(device) if device is not None else default_device()
         shape_name = stub_shape or ("full" if dev.type == "cuda" else "tiny")
         shape = StubShape.for_model(eng.model, eng.tensor_parallel_size, shape_name)
-        spec = eng.spec
-        layout = KVLayout(num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
-                          head_dim=shape.head_dim, block_size=spec.block_size,
-                          num_gpu_blocks=spec.num_gpu_blocks, num_cpu_blocks=spec.num_cpu_blocks,
-                          dtype=kv_dtype(eng.config.kv_cache_dtype, eng.model.weight_dtype_bytes))
-        kv = PagedKV(layout, dev)
+        kv = PagedKV(engine_layout(eng, shape), dev)
         model = WeightlessModel(shape, dev, compute_dtype(dev), seed=seed)
         if keys is None:
             keys = _scheduler_keys(scheduler)
