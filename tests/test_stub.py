@@ -4,8 +4,6 @@ the differential test (stub with cost-model timing = `--executor model`, decisio
 Tiny shapes, one torch thread: the whole file runs in seconds on a CPU."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,21 +12,10 @@ from replay.engine.plan import StepPlan
 from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
 from replay.engine.state import RequestState
 from replay.stub.executor import StubExecutor, StubIntegrityError
-from replay.stub.kv import KVLayout, PagedKV, fingerprints
-from replay.stub.model import StubShape, WeightlessModel
+from replay.stub.kv import fingerprints
+from replay.stub.model import WeightlessModel
 
-torch.set_num_threads(1)
-CPU = torch.device("cpu")
-B = 4
-TINY = StubShape(kind="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
-                 head_dim=8, intermediate_size=64, vocab_size=50)
-AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
-
-
-def _kv(num_gpu_blocks=16, num_cpu_blocks=8, dtype=torch.bfloat16) -> PagedKV:
-    return PagedKV(KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, block_size=B,
-                            num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-                            dtype=dtype), CPU)
+from stub_helpers import AZURE_CONV, B, CPU, TINY, tiny_kv
 
 
 class FakeEngine:
@@ -39,7 +26,7 @@ class FakeEngine:
         self.state = RequestState(arrival_s=np.zeros(n), prompt_len=prompt_len,
                                   output_len=np.full(n, 100))
         self.tables: dict[int, list[int]] = {}
-        self.ex = StubExecutor(kv=_kv(**kv_kw), model=WeightlessModel(TINY, CPU, torch.float32),
+        self.ex = StubExecutor(kv=tiny_kv(**kv_kw), model=WeightlessModel(TINY, CPU, torch.float32),
                                keys=keys or UniqueBlockKeys(), state=self.state,
                                block_table=lambda r: self.tables[r], timing="measured")
 
@@ -62,7 +49,7 @@ def test_fingerprints_are_nonzero_and_tell_keys_and_offsets_apart():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_kv_write_then_gather_round_trips(dtype):
-    kv = _kv(dtype=dtype)
+    kv = tiny_kv(dtype=dtype)
     slots = torch.tensor([5, 6, 7, 40, 41])
     k = torch.randn(5, 1, 8)
     v = torch.randn(5, 1, 8)
@@ -76,7 +63,7 @@ def test_kv_write_then_gather_round_trips(dtype):
 
 
 def test_swap_out_and_in_moves_kv_fingerprints_and_writers():
-    kv = _kv()
+    kv = tiny_kv()
     kv.kv.copy_(torch.randn(kv.kv.shape).to(kv.kv.dtype))
     kv.fp.copy_(torch.arange(kv.fp.numel()).view(kv.fp.shape) + 1)
     kv.w_row[:] = np.arange(16)[:, None]

@@ -6,8 +6,6 @@ makes the cost model's decisions, step for step.
 Tiny shapes, one torch thread."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,15 +14,9 @@ from replay.engine.plan import OffloadPlan, OffloadTransfer, StepPlan
 from replay.engine.prefix import UniqueBlockKeys
 from replay.engine.state import RequestState
 from replay.stub.executor import StubExecutor, StubIntegrityError
-from replay.stub.kv import KVLayout, PagedKV
-from replay.stub.model import StubShape, WeightlessModel
+from replay.stub.model import WeightlessModel
 
-torch.set_num_threads(1)
-CPU = torch.device("cpu")
-B = 4
-TINY = StubShape(kind="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
-                 head_dim=8, intermediate_size=64, vocab_size=50)
-AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+from stub_helpers import AZURE_CONV, B, CPU, TINY, tiny_kv
 
 
 class Engine:
@@ -34,9 +26,7 @@ class Engine:
         self.keys = UniqueBlockKeys()
         self.state = RequestState(arrival_s=np.zeros(2), prompt_len=np.array([8, 8]),
                                   output_len=np.full(2, 100))
-        kv = PagedKV(KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, block_size=B,
-                              num_gpu_blocks=16, num_cpu_blocks=num_host_blocks,
-                              dtype=torch.bfloat16), CPU)
+        kv = tiny_kv(num_cpu_blocks=num_host_blocks)
         self.tables: dict[int, list[int]] = {}
         self.ex = StubExecutor(kv=kv, model=WeightlessModel(TINY, CPU, torch.float32),
                                keys=self.keys, state=self.state,
