@@ -141,29 +141,45 @@ def latency(raw, state: RequestState) -> dict:
             "requests_finished": int(np.isfinite(raw.finish_s).sum())}
 
 
+# A decode step is weight-bound when its context KV is under this share of the weights' bytes:
+# there the stub's GEMMs dominate, and they are a real engine's (its attention gathers the KV
+# through its block tables: a few times a fused paged kernel's memory traffic).
+WEIGHT_BOUND_KV_SHARE = 0.25
+
+
 class Priced:
     """The stub as the loop's executor, with every step also priced by reference cost models
     (the same plan), and a wall deadline."""
 
-    def __init__(self, stub: StubExecutor, models: dict, deadline: float) -> None:
+    def __init__(self, stub: StubExecutor, models: dict, deadline: float, *,
+                 weight_bytes: float, kv_bytes_per_token: float) -> None:
         self.stub, self.models, self.deadline = stub, models, deadline
         self.priced: dict[str, list[float]] = {k: [] for k in models}
         self.decode_only: list[bool] = []
+        self.weight_bound: list[bool] = []
+        self._kv_limit_tokens = WEIGHT_BOUND_KV_SHARE * weight_bytes / kv_bytes_per_token
 
     def step_s(self, plan, num_sampled: int) -> float:
         if time.perf_counter() > self.deadline:
             raise OutOfTime
         for k, m in self.models.items():
             self.priced[k].append(m.step_s(plan, num_sampled))
-        self.decode_only.append(bool(len(plan.rows)) and not plan.is_prefill.any())
+        decode = bool(len(plan.rows)) and not plan.is_prefill.any()
+        self.decode_only.append(decode)
+        ctx = int((plan.num_computed_tokens + plan.num_new_tokens).sum())
+        self.weight_bound.append(decode and ctx < self._kv_limit_tokens)
         return self.stub.step_s(plan, num_sampled)
 
 
-def step_errors(measured: np.ndarray, predicted: np.ndarray, decode_only: np.ndarray) -> dict:
-    """Absolute % error per step (mean, p95), signed mean (+ = the model is slower), by kind."""
+def step_errors(measured: np.ndarray, predicted: np.ndarray, decode_only: np.ndarray,
+                weight_bound: np.ndarray, gapless: np.ndarray) -> dict:
+    """Absolute % error per step (mean, p95), signed mean (+ = the model is slower), by kind, over
+    the gapless steps (the device's time alone: replay.stub.clock); `all_with_gaps` keeps all."""
     out = {}
-    for kind, sel in (("all", np.ones(len(measured), bool)), ("decode_only", decode_only),
-                      ("with_prefill", ~decode_only)):
+    every = np.ones(len(measured), bool)
+    for kind, sel in (("all", gapless), ("decode_only", decode_only & gapless),
+                      ("decode_weight_bound", weight_bound & gapless),
+                      ("with_prefill", ~decode_only & gapless), ("all_with_gaps", every)):
         m, p = measured[sel], predicted[sel]
         if len(m) == 0:
             out[kind] = {"steps": 0}
@@ -183,7 +199,9 @@ def stub_replay(eng, state: RequestState, keys, *, device: str, stub_shape, mode
     sched = V1Scheduler(eng.spec, state, keys)
     stub = StubExecutor.for_engine(eng, state=state, scheduler=sched, keys=keys, device=device,
                                    stub_shape=stub_shape, timing="measured", record=True)
-    ex = Priced(stub, models, deadline)
+    ex = Priced(stub, models, deadline,
+                weight_bytes=eng.model.weight_bytes / eng.tensor_parallel_size,
+                kv_bytes_per_token=eng.kv_bytes_per_token)
     out: dict = {"num_gpu_blocks": eng.num_gpu_blocks, "num_cpu_blocks": eng.spec.num_cpu_blocks}
     t0 = time.perf_counter()
     raw = None
@@ -200,10 +218,19 @@ def stub_replay(eng, state: RequestState, keys, *, device: str, stub_shape, mode
     if raw is not None:
         out["measured"] = latency(raw, state)
     rec = stub.records[WARMUP_STEPS:]
+    kept = slice(WARMUP_STEPS, len(stub.records))
     meas = np.array([r.measured_s for r in rec])
-    dec = np.array(ex.decode_only[WARMUP_STEPS:len(stub.records)], bool)
-    out["step_errors"] = {k: step_errors(meas, np.array(v[WARMUP_STEPS:len(stub.records)]), dec)
+    gapless = np.array([r.gapless for r in rec], bool)
+    dec = np.array(ex.decode_only[kept], bool)
+    wb = np.array(ex.weight_bound[kept], bool)
+    out["step_errors"] = {k: step_errors(meas, np.array(v[kept]), dec, wb, gapless)
                           for k, v in ex.priced.items()} if len(rec) else {}
+    if len(rec):
+        enq = np.array([r.enqueue_s for r in rec])
+        out["timing"] = {"steps": len(rec), "gapless_steps": int(gapless.sum()),
+                         "measured_ms_mean": float(meas.mean() * 1e3),
+                         "host_enqueue_ms_mean": float(enq.mean() * 1e3),
+                         "weight_bound_steps": int(wb.sum())}
     if stub.offload is not None:
         off = stub.offload
         copies = stub.kv.offload_seconds()
@@ -275,7 +302,8 @@ def main(argv=None) -> int:
         "profile": profile_path.name, "constants": prof["constants"],
         "calibration_fit": {k: prof["fit"][k] for k in ("mape_heldout_pct", "mape_train_pct",
                                                          "max_abs_error_heldout_pct",
-                                                         "num_train", "num_heldout", "seconds")},
+                                                         "num_train", "num_heldout", "seconds",
+                                                         "gapless_pct")},
         "bandwidth": bw})
     save()
 
@@ -351,7 +379,8 @@ def markdown(r: dict) -> str:
         lines += ["| calibration | value |", "|---|---|",
                   f"| held-out step-time error (mean abs) | {f['mape_heldout_pct']:.1f} % "
                   f"({f['num_heldout']} shapes; train {f['mape_train_pct']:.1f} %, worst held-out "
-                  f"{f['max_abs_error_heldout_pct']:.1f} %) |"]
+                  f"{f['max_abs_error_heldout_pct']:.1f} %) |",
+                  f"| timed runs gapless | {f.get('gapless_pct', float('nan')):.0f} % |"]
         lines += [f"| {k} | {v:.4g} |" for k, v in r["constants"].items()]
         bw = r["bandwidth"]
         lines += ["", "| copy | GB/s | vs pinned |", "|---|---:|---:|",
@@ -368,8 +397,9 @@ def markdown(r: dict) -> str:
     if rp:
         lines += ["", f"## Replay: {rp['requests']} Azure conv requests (V1, synchronous loop, "
                   f"{rp['num_gpu_blocks']} GPU blocks)", "", integrity_line(rp), "",
+                  timing_line(rp), "",
                   "Per-step error against the stub's measured steps (+ = the model is slower; "
-                  f"first {WARMUP_STEPS} steps left out):", "",
+                  f"first {WARMUP_STEPS} steps left out; gapless steps unless said):", "",
                   "| model | steps | mean abs | p95 abs | mean signed | measured mean | "
                   "model mean |", "|---|---|---:|---:|---:|---:|---:|"]
         for name, errs in rp["step_errors"].items():
@@ -402,6 +432,17 @@ def markdown(r: dict) -> str:
                          f"steps; {c['copy_calls']} copy calls of {c['blocks_per_call_mean']:.1f} "
                          f"blocks on average at {c['in_replay_gb_per_s']:.2f} GB/s.")
     return "\n".join(lines) + "\n"
+
+
+def timing_line(rp: dict) -> str:
+    t = rp.get("timing")
+    if not t:
+        return "No step was timed."
+    return (f"{t['gapless_steps']} of {t['steps']} steps gapless (the device ran every kernel "
+            f"back to back: its time, not Python's); measured {t['measured_ms_mean']:.2f} ms a "
+            f"step on average, host launches {t['host_enqueue_ms_mean']:.2f} ms; "
+            f"{t['weight_bound_steps']} weight-bound decode steps (context KV under "
+            f"{WEIGHT_BOUND_KV_SHARE:.0%} of the weights' bytes).")
 
 
 def integrity_line(rp: dict) -> str:

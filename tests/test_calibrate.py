@@ -121,12 +121,17 @@ def test_gpu_check_script_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp
         e = rp["step_errors"][name]["all"]
         assert e["steps"] == rp["measured"]["num_steps"] - 5
         assert 0 <= e["mean_abs_pct"] <= e["p95_abs_pct"] or e["steps"] < 20
+    t = rp["timing"]       # on the CPU every step is the host's time, so every step is gapless
+    assert t["gapless_steps"] == t["steps"] == rp["measured"]["num_steps"] - 5
+    assert results["calibration_fit"]["gapless_pct"] == 100.0
+    wb = rp["step_errors"]["shipped"]["decode_weight_bound"]["steps"]
+    assert 0 < wb == t["weight_bound_steps"] <= rp["step_errors"]["shipped"]["decode_only"]["steps"]
     off = results["offload_replay"]
     assert off["integrity"]["passed"] and off["measured"]["requests_finished"] == 80
     assert off["offload"]["store_blocks"] > 0 and off["offload"]["evicted_chunks"] > 0
     md = (out / "results.md").read_text()
     assert "| ttft p99 |" in md and "| shipped | all" in md and "offload store" in md
-    assert "Integrity checks passed" in md
+    assert "Integrity checks passed" in md and "steps gapless" in md
 
 
 def test_gpu_check_names_the_device_it_runs_on():

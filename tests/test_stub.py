@@ -12,7 +12,7 @@ from replay.engine.plan import StepPlan
 from replay.engine.prefix import TraceBlockKeys, UniqueBlockKeys
 from replay.engine.state import RequestState
 from replay.stub.executor import StubExecutor, StubIntegrityError
-from replay.stub.kv import fingerprints
+from replay.stub.kv import KVLayout, PagedKV, fingerprints
 from replay.stub.model import WeightlessModel
 
 from stub_helpers import AZURE_CONV, B, CPU, TINY, tiny_kv
@@ -239,3 +239,56 @@ def test_measured_timing_replays_and_records_steps():
                  stub_options={"device": "cpu", "timing": "measured"})
     d = res.steps["duration_s"].to_numpy()
     assert res.run["status"] == "completed" and (d > 0).all() and d.max() < 5.0
+
+
+# ----------------------------------------------------------------------------- attention
+def test_paged_attention_equals_dense_attention_per_request(monkeypatch):
+    """Decode buckets (one gather per bucket in (row, KV head, position) order, padding masked),
+    a chunk over earlier context, a whole prompt and GQA: each query's output equals softmax
+    attention over its own request's K/V read position by position, causal within the step."""
+    from replay.stub import executor as stub_executor
+    from replay.stub.model import StubShape
+    monkeypatch.setitem(stub_executor._DECODE_BUCKET_RATIO, "cpu", 1.5)   # several buckets
+    shape = StubShape(kind="tiny", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2,
+                      head_dim=8, intermediate_size=64, vocab_size=50)
+    kv = PagedKV(KVLayout(num_layers=1, num_kv_heads=2, head_dim=8, block_size=B,
+                          num_gpu_blocks=40, num_cpu_blocks=1, dtype=torch.float32), CPU)
+    # rows 0..3 decode (contexts 3, 10, 11, 21), row 4 a chunk of 5 after 6, row 5 a prompt of 7
+    computed, new = [2, 9, 10, 20, 6, 0], [1, 1, 1, 1, 5, 7]
+    perm = np.random.default_rng(1).permutation(40).tolist()
+    tables, used = {}, 0
+    for r, (c, n) in enumerate(zip(computed, new)):
+        nb = -(-(c + n) // B)
+        tables[r], used = perm[used:used + nb], used + nb
+    n_rows = len(new)
+    state = RequestState(arrival_s=np.zeros(n_rows), prompt_len=np.full(n_rows, 100),
+                         output_len=np.ones(n_rows))
+    ex = StubExecutor(kv=kv, model=WeightlessModel(shape, CPU, torch.float32), keys=UniqueBlockKeys(),
+                      state=state, block_table=lambda r: tables[r], timing="measured")
+    order = [3, 0, 5, 2, 4, 1]        # plan order is not token order
+    plan = StepPlan(rows=np.array(order, np.int64), num_new_tokens=np.array([new[r] for r in order]),
+                    num_computed_tokens=np.array([computed[r] for r in order]),
+                    is_prefill=np.array([new[r] > 1 for r in order]),
+                    swap_out=np.zeros((0, 2), np.int64), swap_in=np.zeros((0, 2), np.int64))
+    prep = stub_executor._Prepared(ex, plan)
+    batch = prep.batch
+    assert len(batch.decode_groups) == 3                   # contexts 3 | 10, 11 | 21
+    assert [g[:2] for g in batch.decode_groups] == [(0, 1), (1, 3), (3, 4)]
+    assert prep.new_rows.tolist() == [0, 1, 2, 3] + [5] * 7 + [4] * 5
+    g = torch.Generator().manual_seed(0)
+    kv.kv.copy_(torch.randn(kv.kv.shape, generator=g))
+    T = prep.num_tokens
+    q = torch.randn(T, 4, 8, generator=g)
+    out = ex.model._attention(kv, 0, q, batch)
+    K, V = kv.kv[0, 0], kv.kv[1, 0]                        # [blocks, B, kv_heads, d]
+    for t in range(T):
+        r, pos = int(prep.new_rows[t]), int(prep.new_pos[t])
+        blocks = torch.tensor([tables[r][p // B] for p in range(pos + 1)])
+        offs = torch.tensor([p % B for p in range(pos + 1)])
+        k, v = K[blocks, offs], V[blocks, offs]              # [pos + 1, kv_heads, d]
+        for h in range(4):
+            w = (k[:, h // 2] @ q[t, h] * 8 ** -0.5).softmax(0)
+            torch.testing.assert_close(out[t, h], w @ v[:, h // 2], rtol=1e-5, atol=1e-5)
+    # the new tokens' slots follow the token order too
+    exp_slots = [tables[r][p // B] * B + p % B for r, p in zip(prep.new_rows, prep.new_pos)]
+    assert prep.new_slots.tolist() == exp_slots

@@ -333,9 +333,13 @@ engines) is refused, its split of the trace is unknown. On a log synthesised fro
 The validation below compares the step model with AIConfigurator's kernel measurements, not with
 a step this project ran. `bench/gpu_calibrate.sh` (docs/stub.md, "The GPU check") replays Azure
 conv requests on the torch stub on a GPU and prices every step it ran with the shipped profile of
-that GPU: mean, p95 and signed error per step, decode-only and with prefill. It has not run on a
-GPU yet (no device was lent to the sessions so far), so no such error is stated here. Where it has
-run, its results are in `bench/results/gpu/<gpu>/` and this section gives them.
+that GPU: mean, p95 and signed error per step, decode-only, with prefill, and weight-bound decode
+(context KV under a quarter of the weights' bytes). That last row is the check of the profile: the
+stub's GEMMs are a real engine's, while its attention gathers the KV through the block tables (a
+few times a fused paged kernel's traffic). Steps are the device's time with Python's launches
+hidden, as CUDA graphs hide vLLM's (docs/stub.md, "Timing"). It has not run on a GPU yet (no
+device was lent to the sessions so far), so no such error is stated here. Where it has run, its
+results are in `bench/results/gpu/<gpu>/` and this section gives them.
 
 ## Interpolation choices
 

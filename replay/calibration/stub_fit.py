@@ -307,19 +307,21 @@ def calibrate(opts: CalibrationOptions = CalibrationOptions(),
     t_start = time.perf_counter()
     for s in shapes:
         plan = _plan(bench, s)
-        times, swaps = [], []
+        times, swaps, gapless = [], [], []
         for i in range(repeats + 1):                         # the first run warms up
             bench.ex.step_s(plan, len(s.rows))
             if i:
                 times.append(bench.ex.last_measured_s)
                 swaps.append(bench.ex.last_swap_s)
+                gapless.append(bench.ex.last_gapless)
         # A GPU is ours alone: the median. A shared CPU is disturbed by others: the fastest run.
         stat = np.median if dev.type == "cuda" else np.min
         flops, nbytes, sbytes = _features(cm, plan)
         rows.append({"family": s.family, "label": s.label, "rows": [list(r) for r in s.rows],
                      "swap_blocks": s.swap_blocks, "measured_s": float(stat(times)),
                      "swap_s": float(stat(swaps)), "flops": flops, "bytes": nbytes,
-                     "swap_bytes": sbytes, "num_tokens": int(plan.num_new_tokens.sum())})
+                     "swap_bytes": sbytes, "num_tokens": int(plan.num_new_tokens.sum()),
+                     "gapless": sum(gapless) / len(gapless)})
         log(f"{s.label:<40} {rows[-1]['measured_s'] * 1e3:9.3f} ms")
     held = _heldout(shapes)
     train = [r for r, h in zip(rows, held) if not h]
@@ -361,7 +363,9 @@ def calibrate(opts: CalibrationOptions = CalibrationOptions(),
                 "mape_heldout_pct": mape(test), "mape_train_pct": mape(train),
                 "max_abs_error_heldout_pct": max((abs(r["error_pct"]) for r in test), default=0.0),
                 "num_train": len(train), "num_heldout": len(test), "repeats": repeats,
-                "quick": opts.quick, "seconds": time.perf_counter() - t_start},
+                "quick": opts.quick, "seconds": time.perf_counter() - t_start,
+                # Timed runs whose kernels ran without waiting for Python (replay.stub.clock).
+                "gapless_pct": 100.0 * float(np.mean([r["gapless"] for r in rows]))},
         "bandwidth": bandwidth,
         "measurements": rows,
     }

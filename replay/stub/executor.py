@@ -15,16 +15,17 @@ request still reads raises `StubIntegrityError` naming the step, row, position, 
 Shared prefix-cache blocks pass: their content keys are equal.
 
 Timing: `timing="model"` (default) executes for real but returns the cost model's duration, so the
-replay's decisions equal `--executor model`; `timing="measured"` returns the measured step time
-(CUDA events on a GPU, `time.perf_counter` on the CPU). The integrity check runs outside the timed
-region. It runs on the reference implementation only (the compiled cores price steps in C).
+replay's decisions equal `--executor model`; `timing="measured"` returns the measured step time:
+on a GPU the device's time for the step's kernels, its Python launches hidden behind a GPU sleep
+(`replay.stub.clock`; each step records whether that held), on the CPU `time.perf_counter`. Index
+building and uploads come before the clock starts, the integrity check after it stops. It runs on
+the reference implementation only (the compiled cores price steps in C).
 
 Imports torch, numpy and replay's engine modules only; must not import traces/, capacity/, polars
 or duckdb (the GPU machine has none of them).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -35,7 +36,9 @@ from replay.engine.plan import NO_OFFLOAD, StepPlan
 from replay.engine.prefix import BlockKeys, UniqueBlockKeys
 from replay.engine.spec import cdiv
 from replay.engine.state import RequestState, Status
-from replay.stub.kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fingerprints)
+from replay.stub.clock import StepClock
+from replay.stub.kv import (UNWRITTEN, KVLayout, PagedKV, StubIntegrityError, fingerprints,
+                             upload)
 from replay.stub.model import StepBatch, StubShape, StubShapeName, WeightlessModel
 from replay.stub.offload import OffloadCopies
 
@@ -45,8 +48,10 @@ __all__ = ["StubExecutor", "StubIntegrityError", "StepRecord", "default_device",
 Timing = Literal["model", "measured"]
 _MASK64 = (1 << 64) - 1
 # Decode rows share one padded attention call while their contexts are within this ratio: on a
-# GPU padding costs memory traffic; on the CPU (tiny shapes) the per-call overhead dominates.
-_DECODE_BUCKET_RATIO = {"cuda": 1.5, "cpu": float("inf")}
+# GPU padding costs memory traffic (a row reads up to 2x its context) and every bucket costs 5 kernels
+# per layer, which must stay inside what the device queues ahead of a step (clock.py); on the CPU
+# (tiny shapes) the per-call overhead dominates.
+_DECODE_BUCKET_RATIO = {"cuda": 2.0, "cpu": float("inf")}
 _DONE = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
 
 
@@ -76,6 +81,8 @@ class StepRecord:
     measured_s: float
     swap_s: float              # measured swap copies alone
     model_s: float             # the cost model's duration for the same plan (nan without one)
+    enqueue_s: float           # host time spent launching the step
+    gapless: bool              # the device ran the step without waiting for the host (clock.py)
     num_tokens: int
     swap_out_blocks: int
     swap_in_blocks: int
@@ -85,7 +92,7 @@ class StubExecutor:
     def __init__(self, *, kv: PagedKV, model: WeightlessModel, keys: BlockKeys,
                  state: RequestState, block_table: Callable[[int], list[int]],
                  timing: Timing = "model", cost_model=None, check: bool = True,
-                 record: bool = False) -> None:
+                 record: bool = False, hide_launch: bool = True) -> None:
         if timing not in ("model", "measured"):
             raise ValueError(f"timing: {timing!r} is not 'model' or 'measured'")
         if timing == "model" and cost_model is None:
@@ -94,6 +101,7 @@ class StubExecutor:
         self.block_table = block_table
         self.timing, self.cost_model, self.check, self.record = timing, cost_model, check, record
         self.device = kv.device
+        self.clock = StepClock(kv.device, hide_launch=hide_launch and timing == "measured")
         self.B = kv.layout.block_size
         self._arange_b = np.arange(self.B, dtype=np.int64)
         self._expected: dict[int, np.ndarray] = {}
@@ -101,6 +109,7 @@ class StubExecutor:
         self.records: list[StepRecord] = []
         self.last_swap_s = 0.0
         self.last_measured_s = 0.0
+        self.last_gapless = True
         # V1 CPU offloading: the tier lives in the host pool (created at the first offload plan).
         self.offload: OffloadCopies | None = None
 
@@ -130,13 +139,15 @@ class StubExecutor:
         model_s = (self.cost_model.step_s(plan, num_sampled) if self.cost_model is not None
                    else float("nan"))
         with torch.inference_mode():
-            measured_s, swap_s, prep = self._execute(plan)
+            t, prep = self._execute(plan)
             if self.check:
                 self._check(prep)
-        self.last_swap_s, self.last_measured_s = swap_s, measured_s
+        measured_s = t.total_s
+        self.last_swap_s, self.last_measured_s, self.last_gapless = t.swap_s, measured_s, t.gapless
         if self.record:
             self.records.append(StepRecord(
-                step=self.step, measured_s=measured_s, swap_s=swap_s, model_s=model_s,
+                step=self.step, measured_s=measured_s, swap_s=t.swap_s, model_s=model_s,
+                enqueue_s=t.enqueue_s, gapless=t.gapless,
                 num_tokens=int(plan.num_new_tokens.sum()), swap_out_blocks=len(plan.swap_out),
                 swap_in_blocks=len(plan.swap_in)))
         if self.step % 1024 == 0:
@@ -145,33 +156,27 @@ class StubExecutor:
 
     # ------------------------------------------------------------------ one step
     def _execute(self, plan: StepPlan):
-        cuda = self.device.type == "cuda"
-        if cuda:
-            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            e0.record()
-        else:
-            t0 = time.perf_counter()
-        self.kv.settle()
-        self.kv.swap(plan.swap_out, plan.swap_in)
-        if cuda:
-            e1.record()
-        else:
-            t1 = time.perf_counter()
+        # Host work first (indices, uploads, offload bookkeeping): outside the step's clock,
+        # which times the device's work (see replay.stub.clock).
+        prep = _Prepared(self, plan)
+        self.model.inputs(prep.num_tokens)
+        copies = None
         if plan.offload is not NO_OFFLOAD or self.offload is not None:
             if self.offload is None:
                 self.offload = OffloadCopies(self.kv.layout.num_cpu_blocks)
-            stores, loads, wait = self.offload.plan(plan.offload, self.step, plan.rows)
+            copies = self.offload.plan(plan.offload, self.step, plan.rows)
+        clock = self.clock
+        clock.start()
+        self.kv.settle()
+        self.kv.swap(plan.swap_out, plan.swap_in)
+        clock.mark()
+        if copies is not None:
+            stores, loads, wait = copies
             self.kv.offload(stores, loads, wait=wait)
-        prep = _Prepared(self, plan)
         self.kv.write_fingerprints(prep.new_slots_t, prep.new_slots, prep.new_fps_t, prep.new_rows,
                                    prep.new_pos, self.step)
         self.model.forward(self.kv, prep.batch)
-        if cuda:
-            e2.record()
-            e2.synchronize()
-            return e0.elapsed_time(e2) / 1e3, e0.elapsed_time(e1) / 1e3, prep
-        t2 = time.perf_counter()
-        return t2 - t0, t1 - t0, prep
+        return clock.stop(), prep
 
     def expected(self, row: int, num_tokens: int) -> np.ndarray:
         """Fingerprints of positions [0, num_tokens) of a request (cached per row, grown by block)."""
@@ -223,7 +228,10 @@ class StubExecutor:
 
 
 class _Prepared:
-    """One step's indices: numpy on the host (for the check), small tensors on the device."""
+    """One step's indices: numpy on the host (for the check), small tensors on the device.
+
+    Built before the step's clock starts. Token order: decode rows first, sorted by context
+    length (each bucket a contiguous range), then the multi-token rows in plan order."""
 
     def __init__(self, ex: StubExecutor, plan: StepPlan) -> None:
         B, dev, kv = ex.B, ex.device, ex.kv
@@ -234,10 +242,7 @@ class _Prepared:
         self.rows = rows
         self.ctx_slots_parts: list[np.ndarray] = []
         self.ctx_exp_parts: list[np.ndarray] = []
-        new_slots, new_fps, new_rows, new_pos = [], [], [], []
-        decode: list[tuple[int, int, np.ndarray]] = []     # (token index, total, table)
-        prefill: list[tuple[int, int, int, np.ndarray]] = []
-        tok = 0
+        tables: list[np.ndarray] = []
         for r, n, c in zip(rows, n_new, n_ctx):
             total = c + n
             table = np.asarray(ex.block_table(r), dtype=np.int64)
@@ -250,30 +255,35 @@ class _Prepared:
             if nb and (table.min() < 0 or table.max() >= N):
                 raise StubIntegrityError(f"step {ex.step}: request row {r}: block table "
                                          f"{table.tolist()} has ids outside [0, {N})")
-            slots = (table[:, None] * B + ex._arange_b).reshape(-1)[:total]
-            exp = ex.expected(r, total)[:total]
-            self.ctx_slots_parts.append(slots)
-            self.ctx_exp_parts.append(exp)
-            new_slots.append(slots[c:]); new_fps.append(exp[c:])
-            new_rows.append(np.full(n, r, np.int32)); new_pos.append(np.arange(c, total, dtype=np.int32))
-            if n == 1:
-                decode.append((tok, total, table))
-            else:
-                prefill.append((tok, tok + n, c, table))
-            tok += n
-        self.num_tokens = tok
+            tables.append(table)
+            self.ctx_slots_parts.append((table[:, None] * B + ex._arange_b).reshape(-1)[:total])
+            self.ctx_exp_parts.append(ex.expected(r, total)[:total])
+        n_arr = np.asarray(n_new, np.int64)
+        total_arr = np.asarray(n_ctx, np.int64) + n_arr
+        dec = np.flatnonzero(n_arr == 1)
+        dec = dec[np.argsort(total_arr[dec], kind="stable")]
+        order = np.concatenate((dec, np.flatnonzero(n_arr != 1))).astype(np.int64)
+        # First token of each row (indexed like plan.rows) in the step's token order.
+        tok0 = np.empty(len(rows), np.int64)
+        tok0[order] = np.concatenate(([0], np.cumsum(n_arr[order])[:-1])) if len(rows) else []
         cat = (lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt))
-        self.new_slots = cat(new_slots, np.int64)
-        self.new_rows = cat(new_rows, np.int32)
-        self.new_pos = cat(new_pos, np.int32)
-        to_dev = (lambda a: _to_device(a, dev))
+        self.num_tokens = tok = int(n_arr.sum())
+        self.new_slots = cat([self.ctx_slots_parts[i][n_ctx[i]:] for i in order], np.int64)
+        new_fps = cat([self.ctx_exp_parts[i][n_ctx[i]:] for i in order], np.int64)
+        self.new_rows = np.repeat(np.asarray(rows, np.int32)[order], n_arr[order])
+        self.new_pos = cat([np.arange(n_ctx[i], total_arr[i], dtype=np.int32) for i in order],
+                           np.int32)
+        to_dev = (lambda a: upload(a, dev))
         self.new_slots_t = to_dev(self.new_slots)
-        self.new_fps_t = to_dev(cat(new_fps, np.int64))
+        self.new_fps_t = to_dev(new_fps)
         batch = StepBatch(num_tokens=tok, new_slots=self.new_slots_t)
-        batch.decode_groups = _decode_groups(decode, B, dev, ex.model.dtype)
-        for t0, t1, c, table in prefill:
-            total = c + (t1 - t0)
-            tb = to_dev(table)
+        batch.decode_groups = _decode_groups(
+            [(int(tok0[i]), int(total_arr[i]), tables[i]) for i in dec], B,
+            kv.layout.num_kv_heads, dev, ex.model.dtype)
+        for i in order[len(dec):]:
+            c, t0 = n_ctx[i], int(tok0[i])
+            t1, total = t0 + n_new[i], int(total_arr[i])
+            tb = to_dev(tables[i])
             ctx = (tb[:, None] * B + torch.arange(B, device=dev)).reshape(-1)[:total]
             mask = None
             if c > 0:
@@ -282,17 +292,17 @@ class _Prepared:
             batch.prefill_rows.append((t0, t1, ctx, mask))
         if len(rows):
             known = ex.state.prompt_len[plan.rows] + ex.state.num_output[plan.rows]
-            ends = np.cumsum(plan.num_new_tokens) - 1
-            samp = ends[plan.num_computed_tokens + plan.num_new_tokens >= known]
-            batch.sample_idx = to_dev(samp.astype(np.int64))
+            samp = (tok0 + n_arr - 1)[total_arr >= known]
+            batch.sample_idx = to_dev(np.sort(samp))
         self.batch = batch
 
 
-def _decode_groups(decode: list, B: int, dev: torch.device, dtype: torch.dtype) -> list:
-    """Padded attention groups of one-token rows, bucketed so padding stays under ~50 %."""
+def _decode_groups(decode: list, B: int, num_kv_heads: int, dev: torch.device,
+                   dtype: torch.dtype) -> list:
+    """Padded attention buckets of one-token rows (given sorted by context, their tokens
+    consecutive), split so padding stays under ~50 % on a GPU."""
     if not decode:
         return []
-    decode = sorted(decode, key=lambda d: d[1])
     ratio = _DECODE_BUCKET_RATIO.get(dev.type, 1.5)
     groups, cur = [], [decode[0]]
     for d in decode[1:]:
@@ -301,6 +311,7 @@ def _decode_groups(decode: list, B: int, dev: torch.device, dtype: torch.dtype) 
             cur = []
         cur.append(d)
     groups.append(cur)
+    heads = torch.arange(num_kv_heads, device=dev)
     out = []
     for g in groups:
         b, S = len(g), g[-1][1]
@@ -308,21 +319,17 @@ def _decode_groups(decode: list, B: int, dev: torch.device, dtype: torch.dtype) 
         tables = np.zeros((b, nbmax), np.int64)
         for i, (_, _, table) in enumerate(g):
             tables[i, :len(table)] = table
-        tok = _to_device(np.array([d[0] for d in g], np.int64), dev)
-        totals = _to_device(np.array([d[1] for d in g], np.int64), dev)
-        tables_t = _to_device(tables, dev)
+        totals = upload(np.array([d[1] for d in g], np.int64), dev)
+        tables_t = upload(tables, dev)
         pos = torch.arange(S, device=dev)
         # Slot of every (row, position): padding reads a valid slot and is masked out.
-        ctx = tables_t[:, pos // B] * B + pos % B
-        bias = torch.zeros((len(g), 1, 1, S), dtype=dtype, device=dev)
-        bias.masked_fill_((pos[None, :] >= totals[:, None])[:, None, None, :], float("-inf"))
-        out.append((tok, ctx, bias))
+        ctx = tables_t[:, pos // B] * B + pos % B                              # [b, S]
+        idx = (ctx[:, None, :] * num_kv_heads + heads[None, :, None]).reshape(-1)
+        bias = torch.zeros((b, S), dtype=dtype, device=dev)
+        bias.masked_fill_(pos[None, :] >= totals[:, None], float("-inf"))
+        bias = bias[:, None, None, :].expand(b, num_kv_heads, 1, S).reshape(b * num_kv_heads, 1, S)
+        out.append((g[0][0], g[0][0] + b, idx, bias))
     return out
-
-
-def _to_device(a: np.ndarray, dev: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t if dev.type == "cpu" else t.to(dev)
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:

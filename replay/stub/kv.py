@@ -66,6 +66,15 @@ class KVLayout:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
 
+def upload(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host index array on `device`. On CUDA through pinned memory, asynchronously: a pageable
+    copy would synchronize the stream, and inside a step that stalls the queued kernels."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
     """(start index in ids, first id, length) of runs of consecutive ids (ids sorted)."""
     if len(ids) == 0:
@@ -92,6 +101,10 @@ class PagedKV:
         Nc = lay.num_cpu_blocks
         self.host_kv = torch.zeros((Nc, 2, L, B, H, d), dtype=lay.dtype, pin_memory=pin)
         self.host_fp = torch.zeros((Nc, B), dtype=torch.int64, pin_memory=pin)
+        # Per-layer views, made once: each view costs a few microseconds of Python per layer and
+        # step, which on a GPU is launch time (replay.stub.clock).
+        self._flat = [[self.kv[k, layer].view(N * B, H, d) for layer in range(L)] for k in (0, 1)]
+        self._rows = [[self.kv[k, layer].view(N * B * H, d) for layer in range(L)] for k in (0, 1)]
         # Byte views: copies do not care about the dtype (and CPU index_copy_ lacks fp8).
         self._kv_u8 = self.kv.view(torch.uint8)
         self._blocks_u8 = self._kv_u8.permute(2, 0, 1, 3, 4, 5)     # [N, 2, L, B, H, d*elem]
@@ -112,16 +125,20 @@ class PagedKV:
     # ------------------------------------------------------------------ per-layer views
     def flat(self, kind: int, layer: int) -> torch.Tensor:
         """K (kind 0) or V (kind 1) of one layer as `[num_blocks * block_size, kv_heads, head_dim]`."""
-        lay = self.layout
-        return self.kv[kind, layer].view(lay.num_gpu_blocks * lay.block_size, lay.num_kv_heads,
-                                         lay.head_dim)
+        return self._flat[kind][layer]
+
+    def rows(self, kind: int, layer: int) -> torch.Tensor:
+        """K or V of one layer as `[num_blocks * block_size * kv_heads, head_dim]`: one row per
+        (slot, KV head), what a decode bucket's gather indexes."""
+        return self._rows[kind][layer]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of the scheduled tokens (`[T, kv_heads, head_dim]`) into their slots."""
         dt = self.layout.dtype
         for kind, x in ((0, k), (1, v)):
-            dst = self.flat(kind, layer)
-            x = x.to(dt)
+            dst = self._flat[kind][layer]
+            if x.dtype != dt:
+                x = x.to(dt)
             if dt == torch.float8_e4m3fn:
                 dst.view(torch.uint8).index_copy_(0, slots, x.view(torch.uint8))
             else:
@@ -215,7 +232,7 @@ class PagedKV:
         pairs = pairs[np.argsort(pairs[:, 1], kind="stable")]
         gpu, cpu = pairs[:, 0], pairs[:, 1]
         self._check_ids(gpu, cpu, what)
-        g = torch.from_numpy(np.ascontiguousarray(gpu)).to(self.device)
+        g = upload(gpu, self.device)
         staged = self._blocks_u8[g]
         staged_fp = self.fp[g]
         for i, c0, m in _runs(cpu):
@@ -238,7 +255,7 @@ class PagedKV:
         for i, c0, m in _runs(cpu):
             staged[i:i + m].copy_(self._host_u8[c0:c0 + m], non_blocking=True)
             staged_fp[i:i + m].copy_(self.host_fp[c0:c0 + m], non_blocking=True)
-        g = torch.from_numpy(np.ascontiguousarray(gpu)).to(self.device)
+        g = upload(gpu, self.device)
         self._blocks_u8.index_copy_(0, g, staged)
         self.fp.index_copy_(0, g, staged_fp)
         self.w_row[gpu] = self.hw_row[cpu]

@@ -2,7 +2,7 @@
 
 Owns `StubShape` (`full`: the model's real per-GPU dimensions; `tiny`: small hidden size, heads and
 layers so a CPU replays thousands of requests), `StepBatch` (the device-side index tensors of one
-step) and `WeightlessModel.forward`: per layer the QKV GEMM, the K/V write into the paged cache,
+step) and `WeightlessModel.forward`: per layer the Q and KV GEMMs, the K/V write into the paged cache,
 attention over each request's context gathered through its block table, the output projection and
 the MLP GEMMs; then the lm_head for the rows that sample.
 
@@ -54,11 +54,16 @@ class StubShape:
 
 @dataclass(slots=True, kw_only=True)
 class StepBatch:
-    """Device index tensors of one step (built once per step, used by every layer)."""
+    """Device index tensors of one step (built once per step, used by every layer).
+
+    Tokens are ordered decode rows first (by context length, so each bucket is one contiguous
+    token range), then the multi-token rows: every layer then slices instead of scattering."""
     num_tokens: int
     new_slots: torch.Tensor                       # [T] cache slot of each scheduled token
-    # Decode rows (one new token) bucketed by context length: (token idx [b], context slots
-    # [b, S] padded, additive mask [b, 1, 1, S]: 0 inside the context, -inf on padding).
+    # Decode rows (one new token) bucketed by context length: (first token, end token, KV index
+    # [b * kv_heads * S] into the cache viewed as `[slots * kv_heads, head_dim]` in (row, KV
+    # head, position) order, padded to the bucket's longest context S; additive mask
+    # [b * kv_heads, 1, S]: 0 inside the context, -inf on padding).
     decode_groups: list = field(default_factory=list)
     # Rows with several new tokens: (first token, end token, context slots [S], mask or None).
     prefill_rows: list = field(default_factory=list)
@@ -76,7 +81,10 @@ class WeightlessModel:
             return (torch.randn(rows, cols, generator=g) / rows ** 0.5).to(device=device, dtype=dtype)
 
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        self.w_qkv = w(s.hidden_size, q + 2 * kv)
+        # The QKV projection as two GEMMs of the same total size: Q comes out contiguous, so
+        # every decode bucket's queries are a view, not a copy per layer.
+        self.w_q = w(s.hidden_size, q)
+        self.w_kv = w(s.hidden_size, 2 * kv)
         self.w_o = w(q, s.hidden_size)
         self.w_gate_up = w(s.hidden_size, 2 * s.intermediate_size)
         self.w_down = w(s.intermediate_size, s.hidden_size)
@@ -84,8 +92,9 @@ class WeightlessModel:
         self._x = torch.zeros(0, s.hidden_size, device=device, dtype=dtype)
         self._gen = g
 
-    def _inputs(self, n: int) -> torch.Tensor:
-        """Random token embeddings (grown on demand, reused: values do not matter)."""
+    def inputs(self, n: int) -> torch.Tensor:
+        """Random token embeddings (grown on demand, reused: values do not matter). The executor
+        calls it before it starts a step's clock: growing copies from the host."""
         if self._x.shape[0] < n:
             m = max(n, 2 * self._x.shape[0], 256)
             self._x = torch.randn(m, self.shape.hidden_size, generator=self._gen).to(
@@ -93,44 +102,50 @@ class WeightlessModel:
         return self._x[:n]
 
     def forward(self, kv: PagedKV, batch: StepBatch) -> torch.Tensor | None:
-        """Run every layer over the batch; returns the sampled token ids (or None)."""
+        """Run every layer over the batch; returns the sampled token ids (or None).
+
+        About a dozen kernels per layer, plus 5 per decode bucket and a few per multi-token row
+        (a real engine's fused layer has ~10): few enough that a step's launches fit in what the
+        device queues ahead, so its measured time is the kernels' (`replay.stub.clock`)."""
         s, T = self.shape, batch.num_tokens
         if T == 0:
             return None
-        H, Hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-        x = self._inputs(T)
+        H, Hkv, d, inter = s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size
+        x = self.inputs(T)
         for layer in range(s.num_layers):
-            qkv = x @ self.w_qkv
-            q = qkv[:, :H * d].view(T, H, d)
-            k = qkv[:, H * d:(H + Hkv) * d].view(T, Hkv, d)
-            v = qkv[:, (H + Hkv) * d:].view(T, Hkv, d)
-            kv.write(layer, batch.new_slots, k, v)
+            q = (x @ self.w_q).view(T, H, d)
+            kvp = x @ self.w_kv
+            kv.write(layer, batch.new_slots, kvp[:, :Hkv * d].view(T, Hkv, d),
+                     kvp[:, Hkv * d:].view(T, Hkv, d))
             attn = self._attention(kv, layer, q, batch)
-            h = x + attn.view(T, H * d) @ self.w_o
+            h = torch.addmm(x, attn.view(T, H * d), self.w_o)
             gu = h @ self.w_gate_up
-            gate, up = gu[:, :s.intermediate_size], gu[:, s.intermediate_size:]
-            h = h + (F.silu(gate) * up) @ self.w_down
+            h = torch.addmm(h, F.silu(gu[:, :inter]) * gu[:, inter:], self.w_down)
             # RMS norm keeps the random activations bounded across layers.
-            x = h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype)
+            x = F.rms_norm(h, (s.hidden_size,), eps=1e-6)
         if batch.sample_idx is None or batch.sample_idx.numel() == 0:
             return None
         return (x[batch.sample_idx] @ self.w_lm).argmax(-1)
 
     def _attention(self, kv: PagedKV, layer: int, q: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        K, V = kv.flat(0, layer), kv.flat(1, layer)
-        dt = self.dtype
+        dt, d = self.dtype, self.shape.head_dim
         out = torch.empty_like(q)
         g = self.shape.num_heads // self.shape.num_kv_heads
-        scale = self.shape.head_dim ** -0.5
-        for tok, ctx, bias in batch.decode_groups:
+        scale = d ** -0.5
+        # K and V of one layer as [slots * kv_heads, head_dim]: one gather per bucket yields the
+        # bucket's context in (row, KV head, position) order, ready for a batched GEMM.
+        K, V = kv.rows(0, layer), kv.rows(1, layer)
+        for t0, t1, idx, bias in batch.decode_groups:
             # One query per row: grouped GEMVs over the gathered context (query heads h*g..h*g+g-1
             # share KV head h), as a paged decode kernel does; no K/V expansion for GQA.
-            kk = _gather(K, ctx).transpose(1, 2).to(dt, memory_format=torch.contiguous_format)
-            vv = _gather(V, ctx).transpose(1, 2).to(dt, memory_format=torch.contiguous_format)
-            b, Hkv = kk.shape[0], kk.shape[1]
-            qq = q[tok].view(b, Hkv, g, -1)
-            p = (torch.matmul(qq, kk.transpose(-1, -2)) * scale + bias).softmax(-1)
-            out[tok] = torch.matmul(p, vv).view(b, Hkv * g, -1)
+            bh = bias.shape[0]
+            kk = _rows(K, idx, dt).view(bh, -1, d)
+            vv = _rows(V, idx, dt).view(bh, -1, d)
+            p = torch.baddbmm(bias, q[t0:t1].view(bh, g, d), kk.transpose(1, 2),
+                              alpha=scale).softmax(-1)
+            torch.bmm(p, vv, out=out[t0:t1].view(bh, g, d))
+        if batch.prefill_rows:
+            K, V = kv.flat(0, layer), kv.flat(1, layer)
         for t0, t1, ctx, mask in batch.prefill_rows:
             kk = _gather(K, ctx).to(dt).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, d]
             vv = _gather(V, ctx).to(dt).transpose(0, 1).unsqueeze(0)
@@ -139,6 +154,15 @@ class WeightlessModel:
                                                is_causal=mask is None, enable_gqa=True)
             out[t0:t1] = o[0].transpose(0, 1)
         return out
+
+
+def _rows(cache: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cache[idx] along dim 0 in `dtype` (fp8 through bytes: index_select lacks it on the CPU)."""
+    if cache.dtype == torch.float8_e4m3fn:
+        got = cache.view(torch.uint8).index_select(0, idx).view(cache.dtype)
+    else:
+        got = cache.index_select(0, idx)
+    return got if got.dtype == dtype else got.to(dtype)
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
