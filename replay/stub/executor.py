@@ -31,6 +31,7 @@ from typing import Callable, Literal
 
 import numpy as np
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from replay.engine.plan import NO_OFFLOAD, StepPlan
 from replay.engine.prefix import BlockKeys, UniqueBlockKeys
@@ -285,10 +286,10 @@ class _Prepared:
             t1, total = t0 + n_new[i], int(total_arr[i])
             tb = to_dev(tables[i])
             ctx = (tb[:, None] * B + torch.arange(B, device=dev)).reshape(-1)[:total]
-            mask = None
-            if c > 0:
-                qpos = c + torch.arange(t1 - t0, device=dev)
-                mask = torch.arange(total, device=dev)[None, :] <= qpos[:, None]
+            # A chunk after earlier context is causal aligned to its end (query i sees positions
+            # up to c + i): a bias object, not a mask tensor, so a GPU runs flash attention
+            # instead of materialising n x total scores.
+            mask = causal_lower_right(t1 - t0, total) if c > 0 else None
             batch.prefill_rows.append((t0, t1, ctx, mask))
         if len(rows):
             known = ex.state.prompt_len[plan.rows] + ex.state.num_output[plan.rows]

@@ -65,7 +65,8 @@ class StepBatch:
     # head, position) order, padded to the bucket's longest context S; additive mask
     # [b * kv_heads, 1, S]: 0 inside the context, -inf on padding).
     decode_groups: list = field(default_factory=list)
-    # Rows with several new tokens: (first token, end token, context slots [S], mask or None).
+    # Rows with several new tokens: (first token, end token, context slots [S], lower-right
+    # causal bias after earlier context, or None: plain causal).
     prefill_rows: list = field(default_factory=list)
     sample_idx: torch.Tensor | None = None        # token index of each sampling row
 
