@@ -397,7 +397,7 @@ def markdown(r: dict) -> str:
     if rp:
         lines += ["", f"## Replay: {rp['requests']} Azure conv requests (V1, synchronous loop, "
                   f"{rp['num_gpu_blocks']} GPU blocks)", "", integrity_line(rp), "",
-                  timing_line(rp), "",
+                  timing_line(rp, dev.get("type")), "",
                   "Per-step error against the stub's measured steps (+ = the model is slower; "
                   f"first {WARMUP_STEPS} steps left out; gapless steps unless said):", "",
                   "| model | steps | mean abs | p95 abs | mean signed | measured mean | "
@@ -434,13 +434,15 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def timing_line(rp: dict) -> str:
+def timing_line(rp: dict, device_type: str | None) -> str:
     t = rp.get("timing")
     if not t:
         return "No step was timed."
-    return (f"{t['gapless_steps']} of {t['steps']} steps gapless (the device ran every kernel "
-            f"back to back: its time, not Python's); measured {t['measured_ms_mean']:.2f} ms a "
-            f"step on average, host launches {t['host_enqueue_ms_mean']:.2f} ms; "
+    how = ("the device ran every kernel back to back: its time, not Python's"
+           if device_type == "cuda" else "on the CPU the host's time is the step's")
+    return (f"{t['gapless_steps']} of {t['steps']} steps gapless ({how}); measured "
+            f"{t['measured_ms_mean']:.2f} ms a step on average, host launches "
+            f"{t['host_enqueue_ms_mean']:.2f} ms; "
             f"{t['weight_bound_steps']} weight-bound decode steps (context KV under "
             f"{WEIGHT_BOUND_KV_SHARE:.0%} of the weights' bytes).")
 
