@@ -21,12 +21,12 @@ from stub_helpers import AZURE_CONV, B, CPU, TINY, tiny_kv
 class FakeEngine:
     """Hand-made block tables and plans: the executor sees only `block_table(row)`."""
 
-    def __init__(self, prompt_len, keys=None, **kv_kw) -> None:
+    def __init__(self, prompt_len, keys=None, model_dtype=torch.float32, **kv_kw) -> None:
         n = len(prompt_len)
         self.state = RequestState(arrival_s=np.zeros(n), prompt_len=prompt_len,
                                   output_len=np.full(n, 100))
         self.tables: dict[int, list[int]] = {}
-        self.ex = StubExecutor(kv=tiny_kv(**kv_kw), model=WeightlessModel(TINY, CPU, torch.float32),
+        self.ex = StubExecutor(kv=tiny_kv(**kv_kw), model=WeightlessModel(TINY, CPU, model_dtype),
                                keys=keys or UniqueBlockKeys(), state=self.state,
                                block_table=lambda r: self.tables[r], timing="measured")
 
@@ -78,8 +78,9 @@ def test_swap_out_and_in_moves_kv_fingerprints_and_writers():
 
 
 # ----------------------------------------------------------------------------- integrity
-def test_prefill_decode_and_chunks_pass_the_check():
-    e = FakeEngine([6, 9])
+@pytest.mark.parametrize("model_dtype", [torch.float32, torch.bfloat16])  # bf16: as on a GPU
+def test_prefill_decode_and_chunks_pass_the_check(model_dtype):
+    e = FakeEngine([6, 9], model_dtype=model_dtype)
     e.tables = {0: [3, 7], 1: [1, 8, 2]}
     assert e.step([0, 1], [6, 5], [0, 0]) > 0          # prefill + first chunk
     e.step([0, 1], [1, 4], [6, 5])                     # decode + last chunk (context > 0)
@@ -242,7 +243,8 @@ def test_measured_timing_replays_and_records_steps():
 
 
 # ----------------------------------------------------------------------------- attention
-def test_paged_attention_equals_dense_attention_per_request(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # bf16: the GPU's dtypes
+def test_paged_attention_equals_dense_attention_per_request(monkeypatch, dtype):
     """Decode buckets (one gather per bucket in (row, KV head, position) order, padding masked),
     a chunk over earlier context, a whole prompt and GQA: each query's output equals softmax
     attention over its own request's K/V read position by position, causal within the step."""
@@ -252,7 +254,7 @@ def test_paged_attention_equals_dense_attention_per_request(monkeypatch):
     shape = StubShape(kind="tiny", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2,
                       head_dim=8, intermediate_size=64, vocab_size=50)
     kv = PagedKV(KVLayout(num_layers=1, num_kv_heads=2, head_dim=8, block_size=B,
-                          num_gpu_blocks=40, num_cpu_blocks=1, dtype=torch.float32), CPU)
+                          num_gpu_blocks=40, num_cpu_blocks=1, dtype=dtype), CPU)
     # rows 0..3 decode (contexts 3, 10, 11, 21), row 4 a chunk of 5 after 6, row 5 a prompt of 7
     computed, new = [2, 9, 10, 20, 6, 0], [1, 1, 1, 1, 5, 7]
     perm = np.random.default_rng(1).permutation(40).tolist()
@@ -263,7 +265,7 @@ def test_paged_attention_equals_dense_attention_per_request(monkeypatch):
     n_rows = len(new)
     state = RequestState(arrival_s=np.zeros(n_rows), prompt_len=np.full(n_rows, 100),
                          output_len=np.ones(n_rows))
-    ex = StubExecutor(kv=kv, model=WeightlessModel(shape, CPU, torch.float32), keys=UniqueBlockKeys(),
+    ex = StubExecutor(kv=kv, model=WeightlessModel(shape, CPU, dtype), keys=UniqueBlockKeys(),
                       state=state, block_table=lambda r: tables[r], timing="measured")
     order = [3, 0, 5, 2, 4, 1]        # plan order is not token order
     plan = StepPlan(rows=np.array(order, np.int64), num_new_tokens=np.array([new[r] for r in order]),
@@ -278,9 +280,11 @@ def test_paged_attention_equals_dense_attention_per_request(monkeypatch):
     g = torch.Generator().manual_seed(0)
     kv.kv.copy_(torch.randn(kv.kv.shape, generator=g))
     T = prep.num_tokens
-    q = torch.randn(T, 4, 8, generator=g)
-    out = ex.model._attention(kv, 0, q, batch)
-    K, V = kv.kv[0, 0], kv.kv[1, 0]                        # [blocks, B, kv_heads, d]
+    q = torch.randn(T, 4, 8, generator=g).to(dtype)
+    out = ex.model._attention(kv, 0, q, batch).float()
+    K, V = kv.kv[0, 0].float(), kv.kv[1, 0].float()         # [blocks, B, kv_heads, d]
+    q = q.float()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
     for t in range(T):
         r, pos = int(prep.new_rows[t]), int(prep.new_pos[t])
         blocks = torch.tensor([tables[r][p // B] for p in range(pos + 1)])
@@ -288,7 +292,7 @@ def test_paged_attention_equals_dense_attention_per_request(monkeypatch):
         k, v = K[blocks, offs], V[blocks, offs]              # [pos + 1, kv_heads, d]
         for h in range(4):
             w = (k[:, h // 2] @ q[t, h] * 8 ** -0.5).softmax(0)
-            torch.testing.assert_close(out[t, h], w @ v[:, h // 2], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[t, h], w @ v[:, h // 2], rtol=tol, atol=tol)
     # the new tokens' slots follow the token order too
     exp_slots = [tables[r][p // B] * B + p % B for r, p in zip(prep.new_rows, prep.new_pos)]
     assert prep.new_slots.tolist() == exp_slots
