@@ -293,7 +293,8 @@ def main(argv=None) -> int:
         f"catalog GPU {a.gpu}")
     prof = calibrate(CalibrationOptions(device=a.device, model=a.model, gpu=a.gpu,
                                         stub_shape=a.stub_shape, quick=a.quick), log=log)
-    profile_path = write_profile(prof, out / f"profile-{a.gpu}-{a.model}.json")
+    # The resolved name: --model may be a config.json path.
+    profile_path = write_profile(prof, out / f"profile-{a.gpu}-{prof['model']}.json")
     gc.collect()                      # the calibration's stub: its pool is ~34 GiB at full shape,
     if a.device == "cuda":            # the replay's 51 GiB on an H100 (78 GiB)
         torch.cuda.empty_cache()

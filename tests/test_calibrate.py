@@ -94,7 +94,16 @@ _DEVICE_LACKS = ("polars", "duckdb", "altair", "vl_convert", "capacity",
                  "replay.engine.v0._core", "replay.engine.v1._core")
 
 
-def test_gpu_check_script_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp_path):
+# A small Llama-style model with grouped KV heads, its real shape on the stub ("full", the GPU's
+# path: 8 query heads over 2 KV heads, head_dim 32) so the CPU can run it.
+_SMALL_GQA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 8192,
+              "torch_dtype": "bfloat16", "head_dim": 32}
+
+
+@pytest.mark.parametrize("shape", ["tiny", "full"])
+def test_gpu_check_script_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp_path, shape):
     trace = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
     if not trace.exists():
         pytest.skip("shared Azure trace not present")
@@ -104,12 +113,22 @@ def test_gpu_check_script_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp
         "import sys\nfor m in %r:\n    sys.modules[m] = None\n" % (_DEVICE_LACKS,))
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = tmp_path / "out"
+    args, n_off, model = ["--requests", "12"], 80, "llama-3.1-8b"
+    if shape == "full":
+        (tmp_path / "small").mkdir()
+        (tmp_path / "small" / "config.json").write_text(json.dumps(_SMALL_GQA))
+        # A pool and a tier sized for a CPU (its blocks are 32 KiB); the tier still evicts.
+        args += ["--stub-shape", "full", "--model", str(tmp_path / "small"),
+                 "--gpu-memory-utilization", "0.02", "--offload-requests", "20",
+                 "--kv-offloading-size", "0.002"]
+        n_off, model = 20, "small"
     res = subprocess.run(["bash", str(ROOT / "bench" / "gpu_calibrate.sh"), str(out),
-                          "--device", "cpu", "--quick", "--requests", "12"], cwd=ROOT, env=env,
+                          "--device", "cpu", "--quick", *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["gpu_catalog"] == "h200"
+    assert results["gpu_catalog"] == "h200" and results["stub_shape"] == shape
+    assert (out / f"profile-h200-{model}.json").is_file()
     bw = results["bandwidth"]
     assert all(bw[f"{k}_gb_per_s"] > 0 for k in ("swap_out", "swap_in", "offload_store",
                                                   "offload_load", "pinned_d2h", "pinned_h2d"))
@@ -127,7 +146,7 @@ def test_gpu_check_script_runs_on_the_cpu_with_only_what_the_gpu_machine_has(tmp
     wb = rp["step_errors"]["shipped"]["decode_weight_bound"]["steps"]
     assert 0 < wb == t["weight_bound_steps"] <= rp["step_errors"]["shipped"]["decode_only"]["steps"]
     off = results["offload_replay"]
-    assert off["integrity"]["passed"] and off["measured"]["requests_finished"] == 80
+    assert off["integrity"]["passed"] and off["measured"]["requests_finished"] == n_off
     assert off["offload"]["store_blocks"] > 0 and off["offload"]["evicted_chunks"] > 0
     md = (out / "results.md").read_text()
     assert "| ttft p99 |" in md and "| shipped | all" in md and "offload store" in md
