@@ -47,16 +47,28 @@ def test_killed_worker_is_one_line_naming_the_replay(small, monkeypatch):
 
 
 class _Proc:
-    """What died_message reads of a worker process."""
+    """What break_pool and died_message read of a worker process. `unread`: how many first reads
+    of exitcode give None although the process has ended (another thread is reaping it)."""
 
-    def __init__(self, pid: int, exitcode: int | None) -> None:
-        self.pid, self.exitcode = pid, exitcode
+    def __init__(self, pid: int, exitcode: int | None, *, unread: int = 0) -> None:
+        self.pid, self._exitcode, self._unread = pid, exitcode, unread
+        r, w = os.pipe()                    # the sentinel: ready once the write end is closed
+        self.sentinel, self._w = r, w
+        if exitcode is not None:
+            os.close(w)
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._unread:
+            self._unread -= 1
+            return None
+        return self._exitcode
 
     def join(self, timeout: float | None = None) -> None:
         pass
 
     def kill(self) -> None:
-        self.exitcode = -9
+        self._exitcode = -9
 
 
 class _Pool:
@@ -77,6 +89,22 @@ def test_a_reused_pid_does_not_hide_the_worker_that_died(tmp_path):
     (tmp_path / "4242").write_text("1048576\ndoomed replay")
     msg = str(sweep.died_message([terminated, killed], str(tmp_path), 2))
     assert "'doomed replay'" in msg and "SIGKILL" in msg and "1.0 GiB" in msg
+
+
+def test_the_worker_that_died_is_named_while_the_pool_is_still_reaping_it(tmp_path):
+    # The pool's thread reaps the dead worker (waitpid) and sets its exit code a moment later,
+    # holding for the GIL in between; meanwhile exitcode reads None here. break_pool must not
+    # take it for a live worker it stopped, nor died_message name the worker that the pool
+    # terminated instead (the full suite on 2 cores hit this once).
+    import signal
+    doomed = _Proc(5151, -signal.SIGKILL, unread=3)
+    terminated = _Proc(5152, -signal.SIGTERM)
+    sweep.break_pool(_Pool(), {5152: terminated, 5151: doomed})
+    assert doomed not in sweep._KILLED
+    (tmp_path / "5151").write_text("2097152\ndoomed replay")
+    (tmp_path / "5152").write_text("1048576\nprobe 16")
+    msg = str(sweep.died_message([terminated, doomed], str(tmp_path), 2))
+    assert "'doomed replay'" in msg and "SIGKILL" in msg and "2.0 GiB" in msg
 
 
 def test_cli_says_which_replay_died(conv800):                 # noqa: F811

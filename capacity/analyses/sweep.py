@@ -20,11 +20,13 @@ import resource
 import shutil
 import signal
 import tempfile
+import time
 import weakref
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
+from multiprocessing.connection import wait as wait_ready
 from typing import Any, Callable, Sequence
 
 import polars as pl
@@ -263,7 +265,9 @@ def break_pool(pool: ProcessPoolExecutor, procs: dict) -> None:
     the result pipe so that the pool's thread reads end-of-file (not half a message, forever),
     marks the pool broken and ends; then nothing is left waiting at exit."""
     for p in list(procs.values()):
-        if p.exitcode is None:
+        # Its sentinel, not its exit code: the one that died may not be reaped yet (or the pool's
+        # thread is reaping it: exitcode reads None meanwhile), and it must not count as stopped.
+        if not _ended(p):
             _KILLED.add(p)              # not the one that died (died_message)
             p.kill()
     for p in list(procs.values()):
@@ -277,6 +281,21 @@ def break_pool(pool: ProcessPoolExecutor, procs: dict) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _ended(p) -> bool:
+    """Has the process exited (its sentinel is ready), reaped or not."""
+    return bool(wait_ready([p.sentinel], 0))
+
+
+def _exit_code(p, deadline: float) -> int | None:
+    """The process's exit code, waiting for it until `deadline` (time.monotonic()). A process that
+    the pool's thread is reaping reads None between that thread's waitpid and its setting the
+    code (the thread waits for the GIL meanwhile): sleeping hands it over."""
+    while (code := p.exitcode) is None and time.monotonic() < deadline:
+        p.join(0.01)
+        time.sleep(0.001)
+    return code
+
+
 def _worker_died(workers: int) -> WorkerDied:
     """Which worker of the broken pool died, running what, and the likely cause."""
     return died_message(list(_PROCS.get(workers, {}).values()), _STATUS.get(workers), workers)
@@ -285,13 +304,13 @@ def _worker_died(workers: int) -> WorkerDied:
 def died_message(procs: list, status_dir: str | None, workers: int) -> WorkerDied:
     """Which of the processes `procs` of a broken pool died, running what (its note in
     `status_dir`), and the likely cause, as one line."""
-    def died(p) -> bool:        # neither alive nor stopped by the pool or break_pool
-        return p.exitcode not in (None, -signal.SIGTERM) and p not in _KILLED
-    dead = [p for p in procs if died(p)]
-    if not dead:                    # not reaped yet: the others are being terminated meanwhile
-        for p in procs:
-            p.join(3.0)
-        dead = [p for p in procs if died(p)] or procs[:1]
+    # Every worker of a broken pool ends (the pool terminates the others, break_pool kills them):
+    # wait for all exit codes first, or the one that died may read as alive and another, which the
+    # pool terminated, be named instead.
+    deadline = time.monotonic() + 3.0
+    codes = [_exit_code(p, deadline) for p in procs]
+    dead = [p for p, c in zip(procs, codes) if c not in (None, -signal.SIGTERM) and p not in _KILLED]
+    dead = dead or procs[:1]
     label, kib = "", 0
     code = dead[0].exitcode if dead else None
     if dead:
