@@ -289,10 +289,10 @@ def _ended(p) -> bool:
 def _exit_code(p, deadline: float) -> int | None:
     """The process's exit code, waiting for it until `deadline` (time.monotonic()). A process that
     the pool's thread is reaping reads None between that thread's waitpid and its setting the
-    code (the thread waits for the GIL meanwhile): sleeping hands it over."""
+    code (the thread waits for the GIL meanwhile): sleeping hands it over. Reading exitcode
+    reaps a process that nobody else is reaping."""
     while (code := p.exitcode) is None and time.monotonic() < deadline:
-        p.join(0.01)
-        time.sleep(0.001)
+        time.sleep(0.01)
     return code
 
 
@@ -308,14 +308,13 @@ def died_message(procs: list, status_dir: str | None, workers: int) -> WorkerDie
     # wait for all exit codes first, or the one that died may read as alive and another, which the
     # pool terminated, be named instead.
     deadline = time.monotonic() + 3.0
-    codes = [_exit_code(p, deadline) for p in procs]
-    dead = [p for p, c in zip(procs, codes) if c not in (None, -signal.SIGTERM) and p not in _KILLED]
-    dead = dead or procs[:1]
+    ended = [(p, _exit_code(p, deadline)) for p in procs]
+    dead = [(p, c) for p, c in ended if c not in (None, -signal.SIGTERM) and p not in _KILLED]
+    proc, code = (dead or ended or [(None, None)])[0]
     label, kib = "", 0
-    code = dead[0].exitcode if dead else None
-    if dead:
+    if proc is not None:
         try:
-            with open(os.path.join(status_dir or "", str(dead[0].pid))) as f:
+            with open(os.path.join(status_dir or "", str(proc.pid))) as f:
                 rss, _, label = f.read().partition("\n")
             kib = int(rss)
         except (OSError, ValueError):
