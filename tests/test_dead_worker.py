@@ -6,6 +6,7 @@ it sends itself SIGKILL)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -69,6 +70,7 @@ class _Proc:
 
     def kill(self) -> None:
         self._exitcode = -9
+        os.close(self._w)                   # ended: its sentinel is ready, as a real one's
 
 
 class _Pool:
@@ -80,7 +82,6 @@ def test_a_reused_pid_does_not_hide_the_worker_that_died(tmp_path):
     # break_pool stopped a worker of an earlier pool; a long session (the test suite: pids wrap
     # at 32,768 here) gives its pid to a later worker, which the out-of-memory killer then
     # kills. The message still names that worker's replay, not a worker the pool stopped.
-    import signal
     stopped = _Proc(4242, None)
     sweep.break_pool(_Pool(), {4242: stopped})
     assert stopped.exitcode == -signal.SIGKILL
@@ -96,7 +97,6 @@ def test_the_worker_that_died_is_named_while_the_pool_is_still_reaping_it(tmp_pa
     # holding for the GIL in between; meanwhile exitcode reads None here. break_pool must not
     # take it for a live worker it stopped, nor died_message name the worker that the pool
     # terminated instead (the full suite on 2 cores hit this once).
-    import signal
     doomed = _Proc(5151, -signal.SIGKILL, unread=3)
     terminated = _Proc(5152, -signal.SIGTERM)
     sweep.break_pool(_Pool(), {5152: terminated, 5151: doomed})
