@@ -255,7 +255,7 @@ def wait_alive(pool: ProcessPoolExecutor, pending, procs: dict) -> set:
         if done:
             return done
         procs.update(getattr(pool, "_processes", None) or {})
-        if any(p.exitcode is not None for p in list(procs.values())):
+        if any(_ended(p) for p in list(procs.values())):
             break_pool(pool, procs)
             raise BrokenProcessPool("a worker process died")
 
