@@ -22,8 +22,11 @@ venv: $(STAMP)
 report: $(STAMP)
 	$(VENV)/bin/kvcap report -o report
 
+# One pytest worker per core, each taking whole test files (their module fixtures run once);
+# `make test PYTEST_WORKERS=0` runs them in this process, one after another.
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The invariant corpus (issue 31): every command on every scenario, table -> docs/answers.md.
 check-answers: $(STAMP)

@@ -77,7 +77,7 @@ def tuned(conv800):
                       "--workers", "2")
 
 
-def test_tune_picks_the_largest_margin_and_it_holds(conv800, tuned):
+def test_tune_picks_the_largest_margin_and_it_holds(conv800, tuned, tmp_path):
     out = tuned
     assert {"recommended_max_num_seqs", "margin_rate_scale", "candidates"} <= out.keys()
     rec = out["recommended_max_num_seqs"]
@@ -89,7 +89,7 @@ def test_tune_picks_the_largest_margin_and_it_holds(conv800, tuned):
     assert "--max-num-seqs" in out["flags"] and str(rec) in out["flags"]
     # The pick still meets the SLOs at its margin: replay its flags there.
     at = kvcap_json("replay", conv800, *POOL, *out["flags"], "--rate-scale",
-                    out["margin_rate_scale"])
+                    out["margin_rate_scale"], "--db", tmp_path / "at.duckdb")
     assert at["ttft_p99_s"] <= 3 and at["tbt_p99_s"] <= 0.2
 
 

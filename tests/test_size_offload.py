@@ -81,7 +81,8 @@ def test_json_contract_engine_and_loop_and_a_curve(small):
 
 
 @compiled_only
-def test_mooncake_curve_and_its_recommendation_confirmed_by_a_replay(sweep, mooncake_head):
+def test_mooncake_curve_and_its_recommendation_confirmed_by_a_replay(sweep, mooncake_head,
+                                                                     tmp_path):
     out = sweep
     pts = out["points"]
     # a real curve: the CPU tier gives hits, and they grow with its size
@@ -100,7 +101,7 @@ def test_mooncake_curve_and_its_recommendation_confirmed_by_a_replay(sweep, moon
     assert within(pts[i]) and not any(within(p) for p in pts[:i])     # the knee
     # an independent replay at the recommended size: the flags say the same
     assert out["flags"] == ["--kv-offloading-size", f"{rec:g}", "--kv-offloading-backend", "native"]
-    run = kvcap_json("replay", mooncake_head, *POOL, *out["flags"])
+    run = kvcap_json("replay", mooncake_head, *POOL, *out["flags"], "--db", tmp_path / "r.duckdb")
     assert run["cpu_hit_tokens"] == pts[i]["cpu_hit_tokens"]
     assert run["ttft_p99_s"] == pytest.approx(pts[i]["ttft_p99_s"])
     assert run["ttft_p99_s"] <= best_ttft * (1 + tol)
