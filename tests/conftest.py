@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-# The CLI's default --db, relative to the checkout (many tests run kvcap there). A test that
-# forgets --db would append its runs to the developer's own file, and under `make test`'s parallel
-# workers two such tests would fight over the file's lock.
-DEFAULT_DB = Path(__file__).resolve().parents[1] / "kvcap.duckdb"
+from replay.results.dbfile import DEFAULT_DB as CLI_DEFAULT_DB
+
+# The CLI's default --db in the checkout (many tests run kvcap there). A test that forgets --db
+# would append its runs to the developer's own file, and under `make test`'s parallel workers two
+# such tests would fight over the file's lock.
+DEFAULT_DB = Path(__file__).resolve().parents[1] / CLI_DEFAULT_DB
 
 
 def _db_state():
