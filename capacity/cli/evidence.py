@@ -16,6 +16,7 @@ from rich.table import Table
 
 from capacity.cli.common import CliError, emit_json, guarded, shown
 from capacity.units import number
+from replay.results.dbfile import DEFAULT_DB
 
 err = Console(stderr=True)
 
@@ -40,7 +41,7 @@ def logs_cmd(
     files: List[Path] = typer.Argument(..., help="vLLM server logs, client results (JSON, CSV, JSONL), "
                                        "Prometheus /metrics scrapes (a folder, or a file with time lines) "
                                        "and query_range JSON exports."),
-    db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to write the evidence tables to."),
+    db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="DuckDB file to write the evidence tables to."),
     year: Optional[int] = typer.Option(None, "--year", help="Year of the log timestamps (vLLM prints none)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="server | client | prometheus (default: detect "
                                        "from content)."),
@@ -96,7 +97,7 @@ def logs_cmd(
 
 @guarded
 def attribute_cmd(
-    db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
+    db: Path = typer.Option(Path(DEFAULT_DB), "--db"),
     threshold_s: Optional[float] = typer.Option(None, "--threshold-s",
                                                 help="ITL above this is a spike (default: 5 x median ITL)."),
     window_s: float = typer.Option(2.0, "--window-s", help="Seconds added on both sides of a spike's gap."),
@@ -125,7 +126,7 @@ def attribute_cmd(
 
 @guarded
 def validate_cmd(
-    db: Path = typer.Option(Path("kvcap.duckdb"), "--db"),
+    db: Path = typer.Option(Path(DEFAULT_DB), "--db"),
     run: str = typer.Option(..., "--run", help="Run id of the replay (see `kvcap runs`)."),
     offset_s: float = typer.Option(0.0, "--offset-s", help="Replay t=0 is this many seconds after the first log line."),
     source: Optional[str] = typer.Option(None, "--source", help="Server log file name (when several are loaded)."),

@@ -13,6 +13,7 @@ from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, 
                                  guarded, print_flags, store_runs, trace_input, trace_flags)
 from capacity.cli.common import seconds_text as _t
 from capacity.analyses.defaults import DEFAULTS
+from replay.results.dbfile import DEFAULT_DB
 
 # The report folder's DuckDB keeps a run's per-step tables up to this many steps (about four hours
 # of busy traffic, some 40 MB for the two runs); `--db FILE` keeps every table of every replay.
@@ -238,7 +239,7 @@ def report_cmd(
     elif db is not None:
         db_path, stored = db, planner.runs
     else:
-        db_path = out / "kvcap.duckdb"
+        db_path = out / DEFAULT_DB
         stored = [r for r in (plan.baseline, plan.recommended_run) if r is not None]
         # A day of traffic is millions of steps per run: the folder keeps those runs' requests,
         # events and stalls, not their per-step tables (the charts are drawn already).

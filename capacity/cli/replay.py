@@ -8,6 +8,7 @@ import typer
 
 from capacity.cli.common import (HASH_BLOCK_TOKENS_OPTION, CliError, emit_json, engine_flags,
                                  guarded, shown, trace_flags, trace_input_arrivals)
+from replay.results.dbfile import DEFAULT_DB
 
 # rich is imported where a terminal is drawn on: `kvcap replay --json` never loads it.
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def replay_cmd(
     rate_scale: float = typer.Option(1.0, "--rate-scale", help="Replay the trace X times faster."),
     executor: str = typer.Option("model", "--executor", help="model (cost model) | stub (torch)."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Cost-model profile JSON."),
-    db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to append the run to."),
+    db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="DuckDB file to append the run to."),
     label: Optional[str] = typer.Option(None, "--label"),
     trace_format: Optional[str] = typer.Option(None, "--format", help="Trace format (default: detect)."),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
@@ -216,7 +217,7 @@ def _facts_from_logs(db: Path, source: Optional[str], engine):
 
 
 @guarded
-def runs_cmd(db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file to list."),
+def runs_cmd(db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="DuckDB file to list."),
              as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """List the stored runs: trace, engine, knobs, offered rate, TTFT/TBT p99, preemptions,
     verdict (`kvcap export RUN_ID` writes one run's tables)."""

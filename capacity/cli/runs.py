@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from capacity.cli.common import CliError, emit_json, guarded
+from replay.results.dbfile import DEFAULT_DB
 
 # The run's own columns `kvcap runs --json` gives (those a file written before them lacks are
 # null), then the computed outcome.
@@ -234,7 +235,7 @@ def export_cmd(run_id: str = typer.Argument(..., help="Run id (or a prefix of on
                                         "per table (runs, requests, steps, events, stalls, tbt; "
                                         "batches and fleets when the run has them)."),
                fmt: str = typer.Option("csv", "--format", help="csv | parquet."),
-               db: Path = typer.Option(Path("kvcap.duckdb"), "--db", help="DuckDB file holding the run."),
+               db: Path = typer.Option(Path(DEFAULT_DB), "--db", help="DuckDB file holding the run."),
                as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Write one stored run's tables as CSV or Parquet files into a new folder."""
     res = export_run(db, run_id, fmt, out)
