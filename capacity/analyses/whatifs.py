@@ -116,10 +116,18 @@ def _judge(knob: str, value: object, released: bool, objective: str, base: ModeR
     if significant:
         words = f"{what} {verb} by {g:.0%}, above the noise ({threshold:.0%}): {nums}"
     elif g > 0:
-        words = (f"{what} changes nothing that matters: {nums} (gain {g:.1%}; it needs more than "
-                 f"the noise, {threshold:.0%}"
-                 + (f", and a tax {MIN_TAX_POINTS * 100:.0f} point lower" if objective == "recomputed_share"
-                    else "") + ")")
+        # Say which rule it failed: a relative gain printed beside the TTFT numbers read as a
+        # 24% TTFT gain that the verdict then dismissed.
+        obj = "recompute tax" if objective == "recomputed_share" else "TTFT p99"
+        if noise is None:
+            why = f"{obj} {g:.1%} better; no noise was measured to judge it against"
+        elif g <= threshold:
+            why = f"{obj} {g:.1%} better, within the noise ({threshold:.0%})"
+        else:
+            points = (base.recomputed_share - new.recomputed_share) * 100
+            why = (f"recompute tax {g:.0%} lower, above the noise ({threshold:.0%}), but by "
+                   f"{points:.1f} points; a finding needs {MIN_TAX_POINTS * 100:.0f} point or more")
+        words = f"{what} changes nothing that matters: {nums} ({why})"
     else:
         words = f"{what} does not help here: {nums}"
     return WhatIf(knob=knob, value=value, released=released, objective=objective,
