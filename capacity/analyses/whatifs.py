@@ -99,34 +99,36 @@ def _judge(knob: str, value: object, released: bool, objective: str, base: ModeR
            new: ModeResult, noise: Noise | None) -> WhatIf:
     g = gain(getattr(base, objective), getattr(new, objective))
     threshold = noise.threshold(objective) if noise is not None else 0.0
+    tax_cut = base.recomputed_share - new.recomputed_share
     significant = noise is not None and g > threshold
-    if objective == "recomputed_share" and base.recomputed_share - new.recomputed_share < MIN_TAX_POINTS:
+    if objective == "recomputed_share" and tax_cut < MIN_TAX_POINTS:
         significant = False
     ttft = (f"TTFT p99 {seconds_words(base.ttft_p99_s)} → {seconds_words(new.ttft_p99_s)}")
     if knob == "preemption_victim":
         what = f"a least-computed-first victim ({LCF_NOTE})"
         nums = (f"recompute tax {base.recomputed_share:.1%} → {new.recomputed_share:.1%}, "
                 f"{ttft}")
-        verb = "would cut the recompute tax"
+        obj = "recompute tax"
+        verb = f"would cut the {obj}"
     else:
         what = (f"vLLM 0.34's cache-aware admission (--cache-aware-admission-window {value}, "
                 "threshold 0.5)")
         nums = ttft
-        verb = "would cut TTFT p99"
+        obj = "TTFT p99"
+        verb = f"would cut {obj}"
     if significant:
         words = f"{what} {verb} by {g:.0%}, above the noise ({threshold:.0%}): {nums}"
     elif g > 0:
         # Say which rule it failed: a relative gain printed beside the TTFT numbers read as a
         # 24% TTFT gain that the verdict then dismissed.
-        obj = "recompute tax" if objective == "recomputed_share" else "TTFT p99"
         if noise is None:
             why = f"{obj} {g:.1%} better; no noise was measured to judge it against"
         elif g <= threshold:
             why = f"{obj} {g:.1%} better, within the noise ({threshold:.0%})"
-        else:
-            points = (base.recomputed_share - new.recomputed_share) * 100
-            why = (f"recompute tax {g:.0%} lower, above the noise ({threshold:.0%}), but by "
-                   f"{points:.1f} points; a finding needs {MIN_TAX_POINTS * 100:.0f} point or more")
+        else:  # above the noise, so the tax rule above dismissed it
+            why = (f"{obj} {g:.0%} lower, above the noise ({threshold:.0%}), but by "
+                   f"{tax_cut * 100:.1f} points; a finding needs {MIN_TAX_POINTS * 100:.0f} point "
+                   "or more")
         words = f"{what} changes nothing that matters: {nums} ({why})"
     else:
         words = f"{what} does not help here: {nums}"
