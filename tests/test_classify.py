@@ -97,3 +97,17 @@ def test_any_model_name_gives_valid_yaml_and_a_closed_promql_string(burst, name)
         literal, end = json.JSONDecoder().raw_decode(inner)    # Go/PromQL escapes = JSON's here
         assert literal == name
         assert inner[end:] in (f"}}[5m]) > {rule.threshold}", "}[5m]) > 0")
+
+
+def test_no_preemption_free_window_with_decode_is_structural_not_a_crash():
+    """Preemption in the burst's windows only (a third of them, all at or next to the peak), and
+    no decode step in any other window: no TBT baseline to recover to. It used to format None."""
+    requests = pl.DataFrame({"arrival_s": [0.0, 1.0, 2.0, 3.0, 4.0, 130.0, 190.0, 250.0, 310.0]})
+    events = pl.DataFrame({"kind": ["preempt_recompute", "preempt_recompute"], "t_s": [5.0, 65.0]})
+    steps = pl.DataFrame({"start_s": [5.0, 6.0, 65.0, 66.0], "duration_s": [0.05] * 4,
+                          "num_decode_tokens": [5, 5, 3, 3]})
+    c = classify({"requests": requests, "events": events, "steps": steps})
+    assert (c.windows, c.windows_with_preemption, c.outside_peak_windows) == (6, 2, 0)
+    assert c.baseline_tbt_p99_s is None and c.worst_recovery_s is None
+    assert c.verdict == "structural"
+    assert "no TBT baseline to recover to" in c.evidence

@@ -112,6 +112,8 @@ def classify(tables: dict[str, pl.DataFrame], *, window_s: float = 60.0,
             f"{recovery_factor:g}× its baseline {baseline * 1000:.0f} ms at most {worst:.0f} s "
             f"after each episode (limit {recovery_s:.0f} s)"), **common)
     why = (f"{outside} preempted windows are outside the peaks" if outside
+           else "no window without preemption has decode steps: no TBT baseline to recover to"
+           if worst is None
            else f"P99 TBT takes {worst:.0f} s to recover (limit {recovery_s:.0f} s)")
     return Classification(verdict="structural", evidence=(
         f"preemption in {share:.0%} of windows and {why}"), **common)

@@ -93,7 +93,7 @@ def search_loads(trace: pl.DataFrame, configs: dict[Hashable, EngineConfig], pla
                     label=f"{label} {'flash crowd ' if surge else ''}x{s:g}",
                     trace_name=planner.trace_name) for k, s in todo]
         # Each probe is reduced to its LoadPoint where it was replayed: no tables kept.
-        reducers = [_point_reducer(s, surge is not None, slo_ttft_p99_s, slo_tbt_p99_s, budget)
+        reducers = [point_reducer(s, surge is not None, slo_ttft_p99_s, slo_tbt_p99_s, budget)
                     for _, s in todo]
         out = []
         for (k, s), p in zip(todo, planner.map_shared(jobs, reducers)):
@@ -113,12 +113,14 @@ def probe(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *, rate_s
     probe at that scale is, so it is shared through the planner's memo)."""
     job = Job(trace=_load(trace, rate_scale, None), config=config,
               label=f"{label} x{rate_scale:g}", trace_name=planner.trace_name)
-    return planner.map([job], _point_reducer(rate_scale, False, slo_ttft_p99_s, slo_tbt_p99_s,
+    return planner.map([job], point_reducer(rate_scale, False, slo_ttft_p99_s, slo_tbt_p99_s,
                                              budget))[0]
 
 
-def _point_reducer(rate_scale: float, surge: bool, slo_ttft_p99_s: float, slo_tbt_p99_s: float,
-                   budget: Budget):
+def point_reducer(rate_scale: float, surge: bool, slo_ttft_p99_s: float, slo_tbt_p99_s: float,
+                  budget: Budget):
+    """The question a load search asks of its probe at `rate_scale` (the plan asks the ×1
+    probe's of its earlier replays up front: capacity/analyses/plan.py)."""
     from capacity.analyses.planner import SCORE_SPEC, reducer
     return reducer(load_point, spec=SCORE_SPEC, rate_scale=rate_scale, surge=surge,
                    slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget)
@@ -200,11 +202,14 @@ def headroom(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *, slo
 def sustainable_load(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                      served_share: float | None = None, precision: float = PRECISION,
                      slo_ttft_p99_s: float = math.inf, slo_tbt_p99_s: float = math.inf,
+                     budget: Budget = Budget(peak_only=False),
                      ) -> tuple[ScaleSearch, tuple[LoadPoint, ...]]:
     """The largest rate scale at which `config` keeps up. `served_share` (served / offered rate
-    of the baseline) is the first guess below 1: an overloaded engine serves at its capacity."""
+    of the baseline) is the first guess below 1: an overloaded engine serves at its capacity.
+    Whether it keeps up does not depend on the SLOs and the budget; they score the points (a
+    capacity search with the same ones reuses these replays)."""
     guesses = {"c": served_share} if served_share else None
     return search_loads(trace, {"c": config}, planner, passes=keeps_up,
                         slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s,
-                        budget=Budget(peak_only=False), precision=precision, guesses=guesses,
+                        budget=budget, precision=precision, guesses=guesses,
                         label="sustainable load")["c"]

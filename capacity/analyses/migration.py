@@ -83,8 +83,12 @@ def migration(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         except ValueError as e:
             v0_note = f"V0 twin not sized: {str(e).splitlines()[0]}"
     if config.scheduler == "v0" and v1 is None:
+        from capacity.analyses.planner import summary_reducer
         try:
-            v1 = size_offload(trace, twin(config, "v1"), planner=planner)
+            # The twin's size-0 replay is `block_change`'s at V1's block size: it answers both.
+            with planner.asking_too((summary_reducer(), lambda job: job.trace is trace
+                                     and not job.config.kv_offloading_size)):
+                v1 = size_offload(trace, twin(config, "v1"), planner=planner)
         except ValueError as e:
             v1_note = f"V1 twin not sized: {str(e).splitlines()[0]}"
     words, hits = block_change(trace, config, planner)

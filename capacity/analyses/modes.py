@@ -165,6 +165,13 @@ def mode_reducer(variant: str, host_link_bytes_per_s: float, slo_ttft_p99_s=None
                    slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s)
 
 
+def variant_reducer(config: EngineConfig, variant: str, slo_ttft_p99_s=None, slo_tbt_p99_s=None):
+    """The reducer `compare_modes` asks of `variant`'s replay under `config` (the plan asks it of
+    the offload sweep's points up front: the knee's replay answers both)."""
+    return mode_reducer(variant, resolve(config).gpu.host_link_bandwidth_bytes_per_s,
+                        slo_ttft_p99_s, slo_tbt_p99_s)
+
+
 def _sum(df: pl.DataFrame, name: str) -> int:
     return int(df[name].cast(pl.Int64).sum() or 0) if name in df.columns else 0
 
@@ -349,7 +356,6 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
     mode must clear to replace vLLM's default; None: any strict gain does."""
     from traces.schema import has_prefix_hashes
     planner = planner or Planner()
-    gpu = resolve(config).gpu
     # V0 cannot swap under priority scheduling (real vLLM crashes: reference G/D4).
     no_swap = config.scheduler == "v0" and resolve(config).spec.policy == "priority"
     names = [n for n, _ in variants(config.scheduler)
@@ -358,8 +364,8 @@ def compare_modes(trace: pl.DataFrame, config: EngineConfig, *, planner: Planner
             for name in names}
     out = planner.map([Job(trace=trace, config=c, label=f"compare-modes {name}",
                            trace_name=planner.trace_name) for name, c in cfgs.items()],
-                      [mode_reducer(name, gpu.host_link_bandwidth_bytes_per_s, slo_ttft_p99_s,
-                                    slo_tbt_p99_s) for name in cfgs])
+                      [variant_reducer(config, name, slo_ttft_p99_s, slo_tbt_p99_s)
+                       for name in cfgs])
     results = [r for r, _ in out]
     default = ("recompute+prefix-cache" if resolve(config).spec.enable_prefix_caching
                else "recompute")

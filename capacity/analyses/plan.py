@@ -33,10 +33,10 @@ from capacity.analyses.classify import AlertRule, Classification, alert_rule, cl
 from capacity.analyses.criteria import Budget, evaluate
 from capacity.analyses.defaults import DEFAULTS
 from capacity.analyses.flags import apply_flags, vllm_flags
-from capacity.analyses.headroom import (Headroom, LoadPoint, headroom, ok, probe, search_loads,
-                                        sustainable_load)
+from capacity.analyses.headroom import (Headroom, LoadPoint, headroom, ok, point_reducer, probe,
+                                        search_loads, sustainable_load)
 from capacity.analyses.migration import Migration, migration
-from capacity.analyses.modes import ModeComparison, compare_modes
+from capacity.analyses.modes import OFFLOAD, ModeComparison, compare_modes, variant_reducer
 from capacity.analyses.noise import Noise, gain, measure_noise
 from capacity.analyses.offload import OffloadSizing, size_offload
 from capacity.analyses.planner import Planner
@@ -45,7 +45,7 @@ from capacity.analyses.search import ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
 from capacity.analyses.stability import Stability, stability
 from capacity.analyses.stalls import StallBatches, drill_steps, stall_batches
-from capacity.analyses.sweep import default_workers, in_worker, prewarm
+from capacity.analyses.sweep import Job, default_workers, in_worker, prewarm
 from capacity.analyses.tuning import Tuning, tune
 from capacity.analyses.versions import run_engine_words
 from capacity.analyses.whatifs import WhatIf, what_ifs
@@ -305,7 +305,10 @@ def _capacity_words(rate: ScaleSearch, offered: float, binding: Binding | None =
 def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner, t: _Targets, *,
                 router: str, max_replicas: int, target_peak_scale: float, on_fleet) -> Plan:
     served = st.served_rps / st.offered_rps if st.offered_rps else None
-    sus, _ = sustainable_load(trace, config, planner, precision=t.precision, served_share=served)
+    # Scored as the capacity search scores (whether it keeps up does not depend on it): the
+    # capacity search's probes at the same scales, its first guess included, are these replays.
+    sus, _ = sustainable_load(trace, config, planner, precision=t.precision, served_share=served,
+                              **t.slo, budget=t.budget)
     rate, pts, binding = _capacity(trace, config, planner, t, guess=sus.scale, label="capacity")
     reps = _replicas(trace, config, planner, t, rate, binding, router=router,
                      max_replicas=max_replicas, target_peak_scale=target_peak_scale,
@@ -361,6 +364,13 @@ def _host_tier_and_modes(trace, config, base, planner, t: _Targets, noise: Noise
                               swap_space_gib=sizing.recommended_swap_space_gib
                               if sizing is not None and sizing.needed else None)
     return sizing, offload, modes
+
+
+def _has_host_tier(config: EngineConfig) -> bool:
+    """A replay the mode comparison may ask of its host-tier variant (V1's CPU offloading, V0's
+    swap): asking it of the others would only cost them (the mode's summary keeps every TBT)."""
+    return bool(config.kv_offloading_size) if config.scheduler == "v1" else \
+        config.preemption_mode == "swap"
 
 
 def _margin_of(trace, config, planner, t: _Targets) -> float | None:
@@ -467,12 +477,24 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     if not st.sustainable:
         return _overloaded(trace, config, base, st, planner, t, **rkw)
     noise = measure_noise(trace, config, planner, seeds=noise_seeds, precision=precision)
-    sizing, offload, modes = _host_tier_and_modes(trace, config, base, planner, t, noise)
-    moved = migration(trace, config, planner, sizing=sizing, offload=offload)
-    mode_cfg = modes.config if modes.config.preemption_mode != "none" else config
-    tn = tune(trace, mode_cfg, budget=budget, planner=planner, precision=precision,
-              max_num_seqs_grid=grid or default_grid(resolve(mode_cfg).spec.max_num_seqs), **t.slo)
-    chosen, seqs_dep, seqs_words = _choose_seqs(trace, mode_cfg, tn, planner, t, noise)
+    # The configuration the plan recommends is one of the ×1 replays the host tier, the modes and
+    # the tuning make, and its capacity search probes it at ×1 again; the mode comparison asks
+    # again of the replay that sized the host tier. A summary replay keeps no tables, so those
+    # replays answer the later questions as they are made: each replay is made once (issue 36).
+    def at_x1(job: Job) -> bool:                 # this trace at ×1, this scheduler (no twin)
+        return job.trace is trace and job.config.scheduler == config.scheduler
+
+    with planner.asking_too(
+            (point_reducer(1.0, False, t.slo_ttft_p99_s, t.slo_tbt_p99_s, budget), at_x1),
+            (variant_reducer(config, OFFLOAD if config.scheduler == "v1" else "swap", **t.slo),
+             lambda job: at_x1(job) and _has_host_tier(job.config))):
+        sizing, offload, modes = _host_tier_and_modes(trace, config, base, planner, t, noise)
+        moved = migration(trace, config, planner, sizing=sizing, offload=offload)
+        mode_cfg = modes.config if modes.config.preemption_mode != "none" else config
+        tn = tune(trace, mode_cfg, budget=budget, planner=planner, precision=precision,
+                  max_num_seqs_grid=grid or default_grid(resolve(mode_cfg).spec.max_num_seqs),
+                  **t.slo)
+        chosen, seqs_dep, seqs_words = _choose_seqs(trace, mode_cfg, tn, planner, t, noise)
     departures = _mode_departure(modes) + ([seqs_dep] if seqs_dep else [])
     rate, pts, binding = _capacity(trace, chosen, planner, t, label="headroom")
     mbt_words = ""

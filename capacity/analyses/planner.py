@@ -31,6 +31,12 @@ Two ways to ask for replays:
                                                slo_tbt_p99_s=0.1, budget=Budget())
                                        for s in scales])
 
+Questions asked ahead: a summary replay keeps no tables, so a reducer asked of a job after its
+summary replay replays it again. `with planner.asking_too((reducer, when), ...):` has every
+summary replay of a job that `when(job)` holds for answer `reducer` too, for later (the plan asks
+its capacity search's ×1 question of its tuning candidates this way). `repeated` lists the jobs
+replayed in summary mode more than once; `replays_made` counts every replay.
+
 Progress: every replay the planner starts and finishes is told to the `Progress` set by
 `reporting(...)` (the bar of capacity/views/progress.py: the CLI's and the notebooks'), if any.
 """
@@ -116,6 +122,24 @@ def _key_of(reduce) -> str:
     return f"{_qualname(reduce)}()"
 
 
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """What a question asked ahead (`Planner.asking_too`) gives where it fails: nothing is
+    memoized, so asking it for real replays the job and fails (or answers) there."""
+    error: str
+
+
+def _answer_ahead(tables: dict, *, reduce) -> Any:
+    try:
+        return reduce(tables)
+    except Exception as e:        # a question for later must not fail the replay asked now
+        return Unanswered(f"{type(e).__name__}: {e}")
+
+
+def _ahead(reduce: Reducer) -> Reducer:
+    return Reducer(_answer_ahead, (("reduce", reduce),), _spec_of(reduce))
+
+
 def _spec_of(reduce) -> SummarySpec:
     return reduce.spec if isinstance(reduce, Reducer) else SummarySpec()
 
@@ -167,12 +191,19 @@ class Planner:
         self._memo: dict[str, RunResult] = {}
         self._values: dict[tuple[str, str], Any] = {}    # (job key, reducer key) -> value
         self._reduced: dict[str, Reduced] = {}           # job key -> its latest summary replay
+        # Replays made, and the jobs replayed in summary mode more than once: a reducer asked
+        # after its job's summary replay replays it again (no tables were kept). A procedure
+        # that knows its later questions asks them as the replays are made (`asking_too`);
+        # tests hold `repeated` empty on the plan (issue 36: identical replays run once).
+        self.replays_made = 0
+        self._summarized: dict[str, list[str]] = {}     # job key -> labels of its summary replays
+        self._asking_too: tuple[tuple[Reducer, Callable[[Job], bool]], ...] = ()
 
     def run(self, jobs: Sequence[Job], *, workers: int | None = None,
             on_done: Callable[[int, RunResult], None] | None = None) -> list[RunResult]:
         """Replay every job (reusing earlier replays); results in input order."""
         return run_jobs(jobs, workers=workers or self.workers, on_done=on_done, memo=self._memo,
-                        progress=_PROGRESS.get(), spill=self.spill)
+                        progress=_Tally(self, _PROGRESS.get()), spill=self.spill)
 
     def replay(self, trace: pl.DataFrame, config: EngineConfig, label: str) -> RunResult:
         """One replay a person looks at (a plan's baseline, its recommended flags), made in this
@@ -182,7 +213,7 @@ class Planner:
         (`steps.select(...)`, `steps[name].max()`)."""
         return run_jobs([Job(trace=trace, config=config, label=label,
                              trace_name=self.trace_name)], workers=1, memo=self._memo,
-                        progress=_PROGRESS.get(), spill=True)[0]
+                        progress=_Tally(self, _PROGRESS.get()), spill=True)[0]
 
     def run_shared(self, jobs: Sequence[Job]) -> list[RunResult]:
         """Like `run`, but jobs that differ only by max_num_seqs run smallest first, and a larger
@@ -207,6 +238,22 @@ class Planner:
         docstring); results in input order. `reduce`: one reducer, or a list, one per job."""
         return self._values_of(list(zip(jobs, _per_job(reduce, len(jobs)))), workers)
 
+    @contextlib.contextmanager
+    def asking_too(self, *asks: tuple[Reducer, Callable[[Job], bool]]) -> Iterator[None]:
+        """Within the block, every summary replay of a job for which `when(job)` holds answers
+        `reducer` too, for each (reducer, when) in `asks` (and in any enclosing block), memoized
+        for a later `map` of the same replay: a summary replay keeps no tables, so a question
+        asked after it would replay it again. A question that fails there is not memoized
+        (asked later, it replays and fails then). `when` should hold only where the question
+        will come: a reducer that needs more of a replay (SummarySpec) costs every replay it
+        is added to."""
+        before = self._asking_too
+        self._asking_too = before + tuple(asks)
+        try:
+            yield
+        finally:
+            self._asking_too = before
+
     def map_shared(self, jobs: Sequence[Job], reduce) -> list:
         """`map` with `run_shared`'s reuse: a job that differs from a smaller one only by a
         max_num_seqs that replay never filled takes its own reducer's value of that replay."""
@@ -228,6 +275,9 @@ class Planner:
         def reuse(head: int, k: int) -> None:
             rk, hk, kk = _key_of(reducers[k]), job_key(jobs[head]), job_key(jobs[k])
             self._values[(kk, rk)] = self._values[(hk, rk)]
+            for r in self._also_for(jobs[k]):    # the replay answered them for this job too
+                if (hk, ak := _key_of(r)) in self._values:
+                    self._values.setdefault((kk, ak), self._values[(hk, ak)])
             if hk in self._memo:
                 self._memo.setdefault(kk, self._memo[hk])
             else:
@@ -257,14 +307,20 @@ class Planner:
                 for rk, r in rs.items():
                     self._values[(jk, rk)] = r(tables)
             return [self._values[(job_key(j), _key_of(r))] for j, r in pairs]
+        for job, rs in need.values():             # tables are kept above: asked when needed
+            for r in self._also_for(job):
+                rs.setdefault(_key_of(r), _ahead(r))
         progress = _PROGRESS.get()
         if progress is not None and need:
             progress.planned(len(need))
 
         def finished(jk: str, red: Reduced) -> None:
             self._reduced[jk] = red
+            self.replays_made += 1
+            self._summarized.setdefault(jk, []).append(red.run["label"])
             for rk, value in zip(need[jk][1], red.values):
-                self._values[(jk, rk)] = value
+                if not isinstance(value, Unanswered):
+                    self._values[(jk, rk)] = value
             if progress is not None:
                 progress.replayed(red.run["label"])
 
@@ -272,6 +328,10 @@ class Planner:
                  for jk, (job, rs) in need.items()]
         execute(_reduce, calls, workers=workers or self.workers, on_result=finished)
         return [self._values[(job_key(j), _key_of(r))] for j, r in pairs]
+
+    def _also_for(self, job: Job) -> list[Reducer]:
+        """The reducers `asking_too` adds to a summary replay of `job`."""
+        return [r for r, when in self._asking_too if when(job)]
 
     def _peak(self, job: Job) -> int:
         jk = job_key(job)
@@ -290,6 +350,35 @@ class Planner:
     def reduced(self) -> list[dict]:
         """The `runs` rows of the summary replays made for `map` (no tables were kept)."""
         return list({r.run["run_id"]: r.run for r in self._reduced.values()}.values())
+
+    @property
+    def num_distinct_runs(self) -> int:
+        """Distinct run ids among the replays made, in full or in summary (a search's replay
+        replayed in full afterwards under the same config, the recommended flags, is one)."""
+        return len({r.run_id for r in self._memo.values()}
+                   | {r.run["run_id"] for r in self._reduced.values()})
+
+    @property
+    def repeated(self) -> list[str]:
+        """The labels of the jobs replayed in summary mode more than once (each job's labels
+        joined by " / "): work a search could have asked for up front. Empty on the plan."""
+        return [" / ".join(labels) for labels in self._summarized.values() if len(labels) > 1]
+
+
+class _Tally:
+    """Counts the planner's full replays, passing each on to the progress display."""
+
+    def __init__(self, planner: Planner, progress: Progress | None) -> None:
+        self.planner, self.progress = planner, progress
+
+    def planned(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.planned(n)
+
+    def replayed(self, label: str) -> None:
+        self.planner.replays_made += 1
+        if self.progress is not None:
+            self.progress.replayed(label)
 
 
 def _per_job(reduce, n: int) -> list:

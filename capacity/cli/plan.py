@@ -249,8 +249,10 @@ def report_cmd(
         store_runs(db_path, list({r.run_id: r for r in stored}.values()),
                    without_steps=set(omitted))
     result |= {"report": str(index), "db": None if db_path is None else str(db_path),
-               # every distinct replay: in full (planner.runs) or reduced where it ran
-               "runs": len(planner.runs) + len(planner.reduced), "runs_stored": len(stored),
+               # the replays made (the phases' counts), and the distinct runs among them (the
+               # recommended flags, scored in a search, are replayed in full once more)
+               "replays": planner.replays_made, "runs": planner.num_distinct_runs,
+               "runs_stored": len(stored),
                "steps_omitted": omitted,
                "wall_seconds": time.perf_counter() - wall0}
     if as_json:
@@ -287,11 +289,11 @@ def plan_from_cli(trace, engine, planner, *, slo_ttft_p99: float, slo_tbt_p99: f
 def print_plan(plan, result: dict) -> None:
     c = Console()
     rec = plan.recommendation
-    c.print(f"[bold]report:[/bold] {result['report']}  ({result['runs']} replays, "
+    c.print(f"[bold]report:[/bold] {result['report']}  ({result['replays']} replays, "
             f"{result['wall_seconds']:.0f} s)")
     if result["db"] is not None and result["runs_stored"] < result["runs"]:
         c.print(f"[bold]runs:[/bold] {result['db']} holds the baseline and recommended replays "
-                f"({result['runs_stored']} of {result['runs']}); --db FILE keeps every one")
+                f"({result['runs_stored']} of {result['runs']} runs); --db FILE keeps every one")
     if result.get("steps_omitted"):
         c.print(f"[bold]runs:[/bold] their per-step tables (steps, tbt) are left out of the "
                 f"folder for runs over {FOLDER_MAX_STEPS:,} steps "
