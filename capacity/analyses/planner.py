@@ -122,7 +122,7 @@ def _key_of(reduce) -> str:
     return f"{_qualname(reduce)}()"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Unanswered:
     """What a question asked ahead (`Planner.asking_too`) gives where it fails: nothing is
     memoized, so asking it for real replays the job and fails (or answers) there."""
@@ -133,7 +133,7 @@ def _answer_ahead(tables: dict, *, reduce) -> Any:
     try:
         return reduce(tables)
     except Exception as e:        # a question for later must not fail the replay asked now
-        return Unanswered(f"{type(e).__name__}: {e}")
+        return Unanswered(error=f"{type(e).__name__}: {e}")
 
 
 def _ahead(reduce: Reducer) -> Reducer:
