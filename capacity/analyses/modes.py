@@ -166,8 +166,8 @@ def mode_reducer(variant: str, host_link_bytes_per_s: float, slo_ttft_p99_s=None
 
 
 def variant_reducer(config: EngineConfig, variant: str, slo_ttft_p99_s=None, slo_tbt_p99_s=None):
-    """The reducer `compare_modes` asks of `variant`'s replay under `config` (the plan asks it of
-    the offload sweep's points up front: the knee's replay answers both)."""
+    """The reducer `compare_modes` asks of `variant`'s replay under `config` (the plan asks the
+    host-tier variant's ahead of the replays that size the tier: `Planner.asking_too`)."""
     return mode_reducer(variant, resolve(config).gpu.host_link_bandwidth_bytes_per_s,
                         slo_ttft_p99_s, slo_tbt_p99_s)
 

@@ -249,8 +249,8 @@ def report_cmd(
         store_runs(db_path, list({r.run_id: r for r in stored}.values()),
                    without_steps=set(omitted))
     result |= {"report": str(index), "db": None if db_path is None else str(db_path),
-               # the replays made (the phases' counts), and the distinct runs among them (the
-               # recommended flags, scored in a search, are replayed in full once more)
+               # the replays made (what the phases count) and the distinct run ids among them
+               # (a search's replay made in full again under the same config counts once)
                "replays": planner.replays_made, "runs": planner.num_distinct_runs,
                "runs_stored": len(stored),
                "steps_omitted": omitted,
