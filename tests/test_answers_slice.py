@@ -40,8 +40,9 @@ def test_corpus_covers_the_issue():
     assert {s.scheduler for s in ss} == {"v0", "v1"}
     assert any(corpus.flag_value(s.engine, "--preemption-mode") == "swap" for s in ss)
     assert {corpus.flag_value(s.engine, "--model") or "llama-3.1-8b" for s in ss} \
-        == {"llama-3.1-8b", "llama-3.1-70b"}
-    assert {corpus.flag_value(s.engine, "--tensor-parallel-size") or "1" for s in ss} == {"1", "4"}
+        >= {"llama-3.1-8b", "llama-3.1-70b", "qwen3-32b", "mistral-7b"}
+    assert {corpus.flag_value(s.engine, "--tensor-parallel-size") or "1" for s in ss} \
+        == {"1", "2", "4"}
     assert {s.trace.source for s in ss if s.trace.public} == set(corpus.PUBLIC)
     assert any(s.trace.has_prefix_hashes for s in ss) and any(not s.trace.has_prefix_hashes for s in ss)
     assert any(s.trace.has_priorities for s in ss)

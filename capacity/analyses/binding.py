@@ -78,7 +78,9 @@ def diagnose(points: tuple[LoadPoint, ...], floor: LoadPoint, *, floor_prompt_to
     prompt alone; `scale`/`failed_at`: the search's answer."""
     kw = dict(slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s)
     alone = f"the p99-length prompt ({floor_prompt_tokens:,} tokens) alone"
-    if _ttft_fails(floor, slo_ttft_p99_s):
+    # A floor with no TTFT never ran (rejected: too large for the pool); that is no prefill time,
+    # and the plan states its rejections on their own (capacity/analyses/rejections.py).
+    if floor.ttft_p99_s is not None and floor.ttft_p99_s > slo_ttft_p99_s:
         return Binding(constraint="long_prompt_prefill", knob=KNOBS["long_prompt_prefill"],
                        floor=floor, replicas_help=False, evidence=(
                            f"{alone} has TTFT {_ms(floor.ttft_p99_s)} > the "

@@ -40,6 +40,9 @@ class CandidatePlan:
     probes: tuple[tuple[int, bool, str], ...]
     explanation: str
     plan: object = None                # the candidate's Plan (capacity.analyses.plan)
+    # Requests vLLM refuses on this candidate (a prompt too long for its model's context, KV
+    # larger than its pool): a fleet that refuses them is not the same service.
+    rejected: int = 0
 
     def as_dict(self) -> dict:
         def brief(s: FleetScore | None) -> dict | None:
@@ -60,7 +63,7 @@ class CandidatePlan:
                 "tbt_p99_s": self.fleet.candidate.tbt_p99_s if self.fleet else None,
                 "fleet": brief(self.fleet), "one_fewer": brief(self.one_fewer),
                 "probes": [{"replicas": n, "ok": o, "breaks": b} for n, o, b in self.probes],
-                "explanation": self.explanation}
+                "explanation": self.explanation, "rejected": self.rejected}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,8 +75,22 @@ class FleetPlan:
 
     @property
     def cheapest(self) -> CandidatePlan | None:
+        """The cheapest of the priced fleets that reject the fewest requests: a fleet that
+        refuses requests another one serves is no cheaper way to the same service."""
         priced = [p for p in self.plans if p.cost_per_hour is not None]
-        return min(priced, key=lambda p: (p.cost_per_hour, p.replicas)) if priced else None
+        if not priced:
+            return None
+        least = min(p.rejected for p in priced)
+        return min((p for p in priced if p.rejected == least),
+                   key=lambda p: (p.cost_per_hour, p.replicas))
+
+    @property
+    def cheaper_but_rejecting(self) -> tuple[CandidatePlan, ...]:
+        """Priced fleets cheaper than `cheapest` that were passed over for their rejections."""
+        best = self.cheapest
+        return () if best is None else tuple(
+            p for p in self.plans if p.cost_per_hour is not None
+            and p.cost_per_hour < best.cost_per_hour and p.rejected > best.rejected)
 
     def as_dict(self) -> dict:
         c = self.cheapest
@@ -119,6 +136,9 @@ def plan_fleet(trace: pl.DataFrame, candidates: list[tuple[str, str, int, Engine
         cost = None if n is None or price is None else n * tp * price
         why = reps.explanation + ("" if n is None or price is not None
                                   else f"; no price for {gpu} (give --gpu-price {gpu}=USD)")
+        rej = plan.rejections
+        if rej is not None:
+            why += f"; {rej.short()}"
         plans.append(CandidatePlan(
             gpu=gpu, model=model, tensor_parallel_size=tp, replicas=n,
             linear_estimate=reps.linear_estimate,
@@ -126,6 +146,6 @@ def plan_fleet(trace: pl.DataFrame, candidates: list[tuple[str, str, int, Engine
             capacity_rps=plan.capacity_rps, verdict=plan.verdict,
             flags=plan.recommendation.flags, price_per_gpu_hour=price, cost_per_hour=cost,
             fleet=reps.meets, one_fewer=reps.one_fewer, probes=reps.probes, explanation=why,
-            plan=plan))
+            plan=plan, rejected=rej.num_rejected if rej else 0))
     return FleetPlan(router=router, slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s,
                      plans=tuple(plans))

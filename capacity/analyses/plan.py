@@ -40,6 +40,7 @@ from capacity.analyses.modes import OFFLOAD, ModeComparison, compare_modes, vari
 from capacity.analyses.noise import Noise, gain, measure_noise
 from capacity.analyses.offload import OffloadSizing, size_offload
 from capacity.analyses.planner import Planner
+from capacity.analyses.rejections import Rejections, rejections, too_long
 from capacity.analyses.replicas import Replicas, min_replicas
 from capacity.analyses.search import ScaleSearch
 from capacity.analyses.sizing import SwapSizing, size_swap
@@ -145,6 +146,9 @@ class Plan:
     slo_tbt_p99_s: float
     budget: Budget
     recommendation: Recommendation
+    # The requests the engine never runs (prompt too long, KV larger than the pool): in no
+    # percentile, so the headline says how many (None: none).
+    rejections: Rejections | None = None
 
     @property
     def verdict(self) -> str:
@@ -176,7 +180,8 @@ class Plan:
                 "departures": [d.as_dict() for d in self.departures],
                 "what_ifs": [w.as_dict() for w in self.what_ifs],
                 "slo": {"ttft_p99_s": self.slo_ttft_p99_s, "tbt_p99_s": self.slo_tbt_p99_s},
-                "budget": budget_words(self.budget)}
+                "budget": budget_words(self.budget),
+                "rejected": self.rejections.as_dict() if self.rejections else None}
 
 
 def budget_words(b: Budget) -> str:
@@ -221,9 +226,14 @@ class _Targets:
         return dict(**self.slo, budget=self.budget, precision=self.precision)
 
 
-def floor_trace(trace: pl.DataFrame) -> pl.DataFrame:
+def floor_trace(trace: pl.DataFrame, max_model_len: int | None = None) -> pl.DataFrame:
     """The trace's p99-length prompt (nearest rank) alone, cold (no prefix hashes), two output
-    tokens: its TTFT is the least any load gives the p99 of TTFT (binding.py)."""
+    tokens: its TTFT is the least any load gives the p99 of TTFT (binding.py). The p99 of the
+    prompts the engine accepts: a prompt too long for `max_model_len` is rejected, never in a
+    TTFT percentile (capacity/analyses/rejections.py says so on its own)."""
+    if max_model_len is not None:
+        kept = trace.filter(~too_long(pl.col("prompt_tokens"), max_model_len))
+        trace = kept if kept.height else trace
     lengths = trace["prompt_tokens"].sort()
     p99 = int(lengths[max(1, math.ceil(0.99 * len(lengths))) - 1])
     row = trace.filter(pl.col("prompt_tokens") == p99).head(1)
@@ -233,7 +243,7 @@ def floor_trace(trace: pl.DataFrame) -> pl.DataFrame:
 
 
 def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int]:
-    ft = floor_trace(trace)
+    ft = floor_trace(trace, resolve(config).spec.max_model_len)
     return (probe(ft, config, planner, rate_scale=1.0, budget=t.budget, label="floor", **t.slo),
             int(ft["prompt_tokens"][0]))
 
@@ -316,11 +326,12 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
     k = sus.scale
     load = (f"the queue drains up to ≈ {_rps(st.offered_rps * k)} (×{k:.2f}; sustainable, "
             f"not the SLOs)" if k else f"the queue grows even at ×{sus.failed_at:g} of this trace")
+    rej = rejections(base.tables()["requests"], resolve(config))
     head = (f"overloaded: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
             f"{_capacity_words(rate, st.offered_rps, binding)}; "
             + (f"needs {reps.count} replicas ({router} router) to fit" if reps.count
-               else reps.explanation))
-    lines = [f"replayed on {run_engine_words(base.run)}",
+               else reps.explanation) + (f"; {rej.short()}" if rej else ""))
+    lines = [f"replayed on {run_engine_words(base.run)}", *([rej.words()] if rej else []),
              f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
              f"{binding.knob or '—'}",
              f"replicas: {reps.explanation}",
@@ -341,7 +352,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
                 binding=binding, replicas=reps, departures=(), what_ifs=(), recommended_run=None,
                 stall_drill=None, classification=None, alert=None, budget=t.budget,
                 slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tbt_p99_s=t.slo_tbt_p99_s,
-                recommendation=rec)
+                recommendation=rec, rejections=rej)
 
 
 def _host_tier_and_modes(trace, config, base, planner, t: _Targets, noise: Noise):
@@ -529,7 +540,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     rule = alert_rule(tables, model_name=model_name) if fits else None
     offered = st.offered_rps
     cap = rate.scale * offered if rate.scale else None
-    lines = [f"replayed on {run_engine_words(run.run)}",
+    rej = rejections(tables["requests"], resolve(cfg))
+    lines = [f"replayed on {run_engine_words(run.run)}", *([rej.words()] if rej else []),
              f"preemption mode: {modes.recommended} — {modes.reason}"]
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
@@ -558,6 +570,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                 f"with the flags below {c.breaks} ({c.preemptions:,} preemptions); binding: "
                 f"{binding.constraint or '—'}; {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
+    if rej:
+        head += f"; {rej.short()}"
     rec = Recommendation(verdict="fits" if fits else "misses", sustainable=True,
                          offered_rps=offered, served_rps=st.served_rps,
                          sustainable_rate_scale=None, headroom_rate_scale=rate.scale,
@@ -568,7 +582,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                 binding=binding, replicas=reps, departures=tuple(departures), what_ifs=whatifs,
                 recommended_run=run, stall_drill=drill, classification=verdict, alert=rule,
                 slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
-                recommendation=rec)
+                recommendation=rec, rejections=rej)
 
 
 def drill_of(trace: pl.DataFrame, config: EngineConfig, window: tuple[int, int]):

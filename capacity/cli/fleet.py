@@ -235,4 +235,7 @@ def plan_cmd(
     if best is not None:
         c.print(f"[bold]cheapest:[/bold] {best.replicas} × {best.gpu} (TP{best.tensor_parallel_size},"
                 f" {best.model}) at ${best.cost_per_hour:,.2f}/hour — fleet replay "
-                f"{best.fleet.fleet_id}")
+                f"{best.fleet.fleet_id}" + "".join(
+                    f"; not {o.replicas} × {o.gpu} (TP{o.tensor_parallel_size}, {o.model}) at "
+                    f"${o.cost_per_hour:,.2f}/hour: it rejects {o.rejected:,} requests"
+                    for o in p.cheaper_but_rejecting))

@@ -25,7 +25,7 @@ CONTRACT_KEYS = ("verdict", "binding_constraint", "capacity_rps", "capacity_rate
                  "sustainable", "sustainable_rps", "offered_rps", "served_rps",
                  "headroom_rate_scale", "recommendation", "noise", "departures", "slo", "budget",
                  "recommended_kv_offloading_size_gib", "offload", "trace_has_prefix_hashes",
-                 "vllm_version", "what_ifs")
+                 "vllm_version", "what_ifs", "rejected")
 REPLICA_KEYS = ("count", "router", "linear_estimate", "one_fewer", "meets")
 EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_budget", "run_id")
 # Commands that may refuse (exit 2, one line), and when: V1 has no swap space, V0 no offloading
@@ -286,6 +286,9 @@ def replicas_confirmed(s: Scenario, o: O):
     if not isinstance(rep, dict):
         return FAIL, "report has no replicas object"
     n = rep.get("count")
+    if n is None and _report(o).get("verdict") == "fits":
+        return FAIL, ("verdict fits (one replica meets the SLOs today) but replicas.count is "
+                      f"null: {rep.get('explanation')}")
     if n is None:
         return NA, "replicas.count is null"
     problems = []
@@ -433,6 +436,46 @@ def binding_fix(s: Scenario, o: O):
     return FAIL, f"binding {binding}, replicas.count {count} (verdict {verdict})"
 
 
+def rejections_stated(s: Scenario, o: O):
+    """The requests vLLM refuses are said where the verdict is: when the recommended flags'
+    replay (`kvcap replay`; overloaded: the deployment as given) rejects N > 0 requests, the
+    report's `rejected.requests` is N, the headline says "rejects N of", plan and headroom carry
+    the same `rejected`; with none, `rejected` is null and no headline speaks of rejections.
+    And a `long_prompt_prefill` binding rests on a measured floor: `binding.floor_ttft_s` is a
+    number above the TTFT SLO (a floor that never ran is no prefill time)."""
+    if (bad := _need_report(o)):
+        return bad
+    r, problems = _report(o), []
+    rf = o.get("replay-flags")
+    if rf is None or not rf.ok:
+        return FAIL, f"replay of the flags: {rf.error_line() if rf else 'not run'}"
+    n = int(rf.out.get("requests_rejected") or 0)
+    said = r.get("rejected")
+    headline = ((r.get("recommendation") or {}).get("headline") or "")
+    if n:
+        if not isinstance(said, dict) or said.get("requests") != n:
+            problems.append(f"the replay rejects {n} requests; report rejected = {said}")
+        if f"rejects {n:,} of" not in headline:
+            problems.append(f"the replay rejects {n} requests; the headline does not say so")
+    elif said is not None or "rejects" in headline:
+        problems.append(f"the replay rejects none; report rejected = {said}")
+    for label in ("plan", "headroom"):
+        c = o.get(label)
+        if c is not None and c.ok and json.dumps(c.out.get("rejected"), sort_keys=True) \
+                != json.dumps(said, sort_keys=True):
+            problems.append(f"{label} rejected {c.out.get('rejected')} vs report {said}")
+    b = r.get("binding") if isinstance(r.get("binding"), dict) else {}
+    if r.get("binding_constraint") == "long_prompt_prefill":
+        floor = b.get("floor_ttft_s")
+        if not isinstance(floor, (int, float)) or not floor > s.slo_ttft_s:
+            problems.append(f"long_prompt_prefill with floor TTFT {floor} (SLO {s.slo_ttft_s:g} s)")
+    if problems:
+        return FAIL, "; ".join(problems)
+    return PASS, (f"{n} rejected, said" if n else "none rejected") + (
+        f"; floor {b.get('floor_ttft_s'):.3g} s" if r.get("binding_constraint") == "long_prompt_prefill"
+        else "")
+
+
 def version_and_what_ifs(s: Scenario, o: O):
     """Every answer names the vLLM release it replayed, the same one everywhere (report, plan,
     headroom: `vllm_version`; V1 is 0.34 unless the scenario asks for 0.33), and every what-if is
@@ -480,7 +523,7 @@ def _default_mbt(o: O) -> int | None:
 
 INVARIANTS = (contract, no_crash, headline_consistent, flags_replay, margin_holds, one_capacity,
               replicas_confirmed, departures_above_noise, no_prefix_off_without_hashes, offload_knee,
-              binding_fix, version_and_what_ifs)
+              binding_fix, version_and_what_ifs, rejections_stated)
 NAMES = tuple(f.__name__ for f in INVARIANTS)
 
 

@@ -1,0 +1,101 @@
+"""Requests vLLM refuses are said where the verdict is (capacity/analyses/rejections.py).
+
+Found off the corpus: Mooncake on Qwen3-32B (40,960-token context) under V0 rejected 39 of 835
+requests; the plan said "fits" and, because the floor (the trace's p99-length prompt alone) was
+one of them and never ran, also "long_prompt_prefill ... no replica count fixes it"."""
+import polars as pl
+
+from capacity.analyses.binding import diagnose
+from capacity.analyses.plan import floor_trace
+from capacity.analyses.rejections import rejections
+from replay.config import EngineConfig, resolve
+
+from capacity_helpers import conv800, kvcap_json  # noqa: F401 (conv800: a fixture)
+from test_plan_parts import SLO, _point
+
+
+def _requests(prompts, statuses) -> pl.DataFrame:
+    return pl.DataFrame({"prompt_tokens": prompts, "status": statuses})
+
+
+def test_counts_and_the_engines_own_rule():
+    req = _requests([100, 2048, 2049, 900, 5000], ["finished", "rejected", "rejected",
+                                                   "rejected", "finished"])
+    v1 = rejections(req, resolve(EngineConfig(max_model_len=2048)))
+    assert (v1.num_rejected, v1.num_requests, v1.longest_prompt_tokens) == (3, 5, 2049)
+    # V1 refuses prompt >= max_model_len (one output token must fit); the 900-token one was too
+    # large for the pool.
+    assert v1.num_over_max_model_len == 2
+    assert "rejects 3 of 5 requests (60.0%: prompt ≥ --max-model-len 2,048; more KV than the " \
+           "whole GPU pool holds)" in v1.short()
+    assert "--max-model-len up to the model's 131,072" in v1.words()
+    v0 = rejections(req, resolve(EngineConfig(scheduler="v0", max_model_len=2048)))
+    assert v0.num_over_max_model_len == 1 and "prompt > --max-model-len" in v0.short()
+    assert rejections(_requests([1, 2], ["finished", "finished"]), resolve(EngineConfig())) is None
+
+
+def test_at_the_models_own_context_the_knob_is_not_a_flag():
+    req = _requests([40_000], ["rejected"])
+    r = rejections(req, resolve(EngineConfig(model="mistral-7b")))
+    assert r.max_model_len == r.model_max_len == 32_768
+    assert "the model's own context" in r.words() and "more replicas do not help" in r.words()
+
+
+def test_the_floor_is_a_prompt_the_engine_accepts():
+    trace = pl.DataFrame({"request_id": list(range(200)), "arrival_s": [0.0] * 200,
+                          "prompt_tokens": [100] * 190 + [50_000] * 10,
+                          "output_tokens": [5] * 200, "prefix_hashes": [None] * 200},
+                         schema_overrides={"prefix_hashes": pl.List(pl.Int64)})
+    assert floor_trace(trace)["prompt_tokens"][0] == 50_000
+    assert floor_trace(trace, 40_960)["prompt_tokens"][0] == 100
+    # Every prompt too long: the floor stays the trace's (and never runs: see the next test).
+    assert floor_trace(trace, 64)["prompt_tokens"][0] == 50_000
+
+
+def test_a_floor_that_never_ran_claims_no_prefill_time():
+    never = _point(1.0, ttft_p99_s=None)
+    b = diagnose((_point(1.0), _point(2.0, ttft_p99_s=7.0, ok=False, meets_slo=False)), never,
+                 floor_prompt_tokens=121_301, scale=1.0, failed_at=2.0, **SLO)
+    assert b.constraint == "compute" and b.replicas_help
+
+
+def test_the_plan_says_how_many_requests_vllm_rejects(conv800, tmp_path):
+    flags = ["--max-model-len", "2048", "--slo-ttft-p99", "5", "--slo-tbt-p99", "0.2",
+             "--max-num-seqs-grid", "64,256", "--workers", "1"]
+    doc = kvcap_json("report", conv800, "-o", tmp_path / "r", *flags)
+    rec = doc["recommendation"]
+    run = kvcap_json("replay", conv800, "--max-model-len", "2048", *rec["flags"],
+                     "--db", tmp_path / "check.duckdb")
+    n = run["requests_rejected"]
+    assert n == 59                                  # conv800's prompts >= 2,048 tokens
+    assert doc["rejected"]["requests"] == n and doc["rejected"]["over_max_model_len"] == n
+    assert f"vLLM rejects {n} of 800 requests (7.4%: prompt ≥ --max-model-len 2,048)" \
+        in rec["headline"]
+    assert any(line.startswith(f"vLLM rejects {n} of 800") for line in rec["lines"])
+    assert doc["binding_constraint"] != "long_prompt_prefill"
+    assert doc["replicas"]["count"] is not None
+    head = kvcap_json("headroom", conv800, *flags)
+    assert head["rejected"] == doc["rejected"]
+
+
+def _candidate(model: str, replicas: int, rejected: int):
+    from capacity.analyses.fleetplan import CandidatePlan
+    return CandidatePlan(gpu="h100", model=model, tensor_parallel_size=1, replicas=replicas,
+                         linear_estimate=replicas, headroom_rate_scale=1.0, capacity_rps=1.0,
+                         verdict="fits", flags=(), price_per_gpu_hour=3.0,
+                         cost_per_hour=3.0 * replicas, fleet=None, one_fewer=None, probes=(),
+                         explanation="", rejected=rejected)
+
+
+def test_the_cheapest_fleet_serves_what_the_others_serve():
+    """Mooncake at 0.1x: Mistral-7B (32,768-token context) needs 1 H100 but rejects 56 of 794
+    requests; Llama-3.1-8B serves them all on 2. The cheaper fleet is no cheaper way to the same
+    service."""
+    from capacity.analyses.fleetplan import FleetPlan
+    short, full = _candidate("mistral-7b", 1, 56), _candidate("llama-3.1-8b", 2, 0)
+    p = FleetPlan(router="lor", slo_ttft_p99_s=10, slo_tbt_p99_s=0.3, plans=(short, full))
+    assert p.cheapest is full and p.cheaper_but_rejecting == (short,)
+    assert p.as_dict()["plans"][0]["rejected"] == 56
+    both = FleetPlan(router="lor", slo_ttft_p99_s=10, slo_tbt_p99_s=0.3,
+                     plans=(_candidate("a", 2, 5), _candidate("b", 1, 5)))
+    assert both.cheapest.model == "b" and both.cheaper_but_rejecting == ()
