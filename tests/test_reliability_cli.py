@@ -186,3 +186,32 @@ def test_one_year_2100_timestamp_is_refused_before_any_replay(tmp_path, monkeypa
     assert not (tmp_path / "rep").exists()
     code, _ = run("replay", f, "--db", tmp_path / "k.duckdb", "--json")
     assert code == 0
+
+
+@pytest.mark.parametrize("cmd", ["report", "headroom", "tune"])
+@pytest.mark.parametrize("times,words", [((0.0, 0.0, 0.0), "all 3 requests arrive at t = 0 s"),
+                                         ((7.0,), "one request has no request rate")])
+def test_a_trace_without_a_rate_is_refused_before_any_replay(tmp_path, monkeypatch, cmd, times,
+                                                              words):
+    """An offline batch (every request at one instant) or a single request offers no rate, and
+    every planning answer is a multiple of it: refused in one line; `kvcap replay` replays it."""
+    f = tmp_path / "batch.csv"
+    f.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                 + "".join(f"{t},{100 + i},5\n" for i, t in enumerate(times)))
+    args = {"report": ("report", f, "-o", tmp_path / "rep"), "headroom": ("headroom", f),
+            "tune": ("tune", f, "--max-num-seqs-grid", "8,16")}[cmd]
+    import capacity.analyses.sweep as sweep
+    import replay.run
+
+    def no_replay(*a, **k):
+        raise AssertionError("replayed a trace with no rate")
+    with monkeypatch.context() as m:
+        m.setattr(sweep, "run_jobs", no_replay)
+        m.setattr(replay.run, "replay", no_replay)
+        code, err = run(*args)
+    assert code == 2 and words in err and "--arrivals" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "rep").exists()
+    res = runner.invoke(app, ["replay", str(f), "--db", str(tmp_path / "k.duckdb"), "--json"])
+    assert res.exit_code == 0
+    if len(times) > 1:       # no 3e9 req/s offered by a 0-s span
+        assert '"offered_rps": 0.0' in res.stdout and "a batch: all 3 requests" in res.stdout

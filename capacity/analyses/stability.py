@@ -57,7 +57,9 @@ def stability(tables: dict[str, pl.DataFrame]) -> Stability:
     run = tables["runs"].row(0, named=True)
     sim_end = max(float(run["sim_seconds"] or 0.0), float(np.nanmax(finish)) if finished.any() else 0.0)
     sim_span = max(sim_end - first, 1e-9)
-    offered = n / span if n > 1 else 0.0
+    # One request, or a batch (all at one instant), offers no rate: nothing to keep up with.
+    batch = n > 1 and last == first
+    offered = n / span if n > 1 and not batch else 0.0
     served = int(finished.sum()) / sim_span
     sched = req["first_scheduled_s"].to_numpy().astype(float)
     # Arrived by the last arrival (all of them) and not scheduled by then; rejected requests are
@@ -70,7 +72,10 @@ def stability(tables: dict[str, pl.DataFrame]) -> Stability:
     early, late = _median(ttft[arrival <= first + fifth]), _median(ttft[arrival >= last - fifth])
     trend = late / early if early and late is not None else None
     sustainable = not (share > BACKLOG_SHARE and served < SERVED_SHARE * offered)
-    if sustainable:
+    if batch:
+        why = (f"a batch: all {n:,} requests arrive at t = {first:g} s (no request rate); the "
+               f"last finishes {sim_span:,.2f} s later ({served:,.2f} req/s)")
+    elif sustainable:
         why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered; {share:.0%} of requests "
                f"still wait at the last arrival; {sim_span:,.0f} s simulated for a "
                f"{span:,.0f}-s trace")

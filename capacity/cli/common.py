@@ -374,6 +374,19 @@ def check_span(trace, name: str, window_s: float = 60.0) -> None:
         f"{trace.height:,} requests; drop that request or fix its timestamp")
 
 
+def check_rate(trace, name: str) -> None:
+    """Refuse, before any replay, a trace with no request rate: one request, or all of them at
+    the same instant (an offline batch). Every planning answer is a multiple of that rate."""
+    n = trace.height
+    t = trace["arrival_s"]
+    if n >= 2 and t.max() > t.min():
+        return
+    what = (f"{name}: one request has no request rate" if n < 2 else
+            f"{name}: all {n:,} requests arrive at t = {t.min():g} s, so there is no request rate")
+    raise ValueError(f"{what} to plan for; `kvcap replay` replays it as it is (a batch: its makespan), "
+                     "or drop its arrival column and give --arrivals poisson:RATE")
+
+
 def trace_input(file: Optional[Path], trace_format: Optional[str], rate_scale: float = 1.0,
                 *, binned: bool = True, hash_block_tokens: int | None = None):
     """The trace a command works on (the built-in default scenario when no file), rate-scaled,
@@ -405,6 +418,7 @@ def trace_input_arrivals(file: Optional[Path], trace_format: Optional[str],
         trace = scale_rate(trace, rate_scale)
     if binned:
         check_span(trace, name)
+        check_rate(trace, name)
     return trace, name, arrivals
 
 
