@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from capacity.analyses.binding import Binding, diagnose
+from capacity.analyses.binding import Binding, decode_bound, diagnose
 from capacity.analyses.classify import AlertRule, Classification, alert_rule, classify
 from capacity.analyses.criteria import Budget, evaluate
 from capacity.analyses.defaults import DEFAULTS
@@ -248,6 +248,18 @@ def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int
             int(ft["prompt_tokens"][0]))
 
 
+def decode_floor_trace(trace: pl.DataFrame, max_model_len: int | None = None) -> pl.DataFrame:
+    """The trace's shortest prompt (of those the engine accepts) alone, cold, three output
+    tokens: its token gaps are lone decode steps, the least TBT any load gives (binding.py)."""
+    if max_model_len is not None:
+        kept = trace.filter(~too_long(pl.col("prompt_tokens"), max_model_len))
+        trace = kept if kept.height else trace
+    row = trace.filter(pl.col("prompt_tokens") == trace["prompt_tokens"].min()).head(1)
+    return row.with_columns(pl.lit(0.0).alias("arrival_s"),
+                            pl.lit(3, dtype=row["output_tokens"].dtype).alias("output_tokens"),
+                            pl.lit(None, dtype=row["prefix_hashes"].dtype).alias("prefix_hashes"))
+
+
 def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=None,
               planner=None) -> Binding:
     point, tokens = floor
@@ -255,12 +267,24 @@ def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=Non
                  scale=rate.scale, failed_at=rate.failed_at, **t.slo)
     if b.constraint == "long_prompt_prefill" and trace is not None:
         b = dataclasses.replace(b, knob=b.knob + "; " + _tp_what_if(trace, config, planner, t))
+    if b.constraint == "prefill_chunk" and trace is not None:
+        # TBT binds without preemption: a smaller chunk helps only above the decode floor.
+        p, tokens = _decode_floor(trace, config, planner, t)
+        b = decode_bound(b, p, prompt_tokens=tokens, slo_tbt_p99_s=t.slo_tbt_p99_s)
+        if b.constraint == "decode_step":
+            b = dataclasses.replace(b, knob=b.knob + "; " + _tp_what_if(trace, config, planner,
+                                                                         t, decode=True))
     return b
 
 
-def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets) -> str:
-    """The knob that addresses long-prompt TTFT, measured: the floor at 2x, 4x, 8x the tensor
-    parallelism (the same GPU and model), the smallest that meets the TTFT SLO."""
+def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
+                decode: bool = False) -> str:
+    """The knob that addresses a floor, measured: the floor (the p99-length prompt's TTFT, or
+    with `decode` the shortest prompt's decode step) at 2x, 4x, 8x the tensor parallelism (the
+    same GPU and model), the smallest that meets the SLO."""
+    what, slo, metric = (("one decode step of the shortest prompt alone", t.slo_tbt_p99_s,
+                          "tbt_p99_s") if decode else
+                         ("the p99-length prompt alone", t.slo_ttft_p99_s, "ttft_p99_s"))
     tried = []
     for tp in (2, 4, 8):
         tp *= config.tensor_parallel_size
@@ -269,14 +293,23 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets) -> s
             resolve(cfg)
         except ValueError:
             break
-        p, _ = _floor(trace, cfg, planner, t)
-        tried.append(f"TP {tp}: {_s(p.ttft_p99_s)}")
-        if p.ttft_p99_s is not None and p.ttft_p99_s <= t.slo_ttft_p99_s:
-            return (f"measured: the p99-length prompt alone takes {', '.join(tried)} to its first "
-                    f"token: --tensor-parallel-size {tp} meets the TTFT SLO")
-    return ("measured: the p99-length prompt alone takes " + (", ".join(tried) or "—")
-            + "; no TP this GPU and model allow meets the TTFT SLO: an SLO per prompt-length "
-              "class, or a faster GPU")
+        p = _decode_floor(trace, cfg, planner, t)[0] if decode else _floor(trace, cfg, planner,
+                                                                            t)[0]
+        v = getattr(p, metric)
+        tried.append(f"TP {tp}: {_s(v)}")
+        if v is not None and v <= slo:
+            return (f"measured: {what} takes {', '.join(tried)}: --tensor-parallel-size {tp} "
+                    f"meets the {'TBT' if decode else 'TTFT'} SLO")
+    return (f"measured: {what} takes " + (", ".join(tried) or "—")
+            + f"; no TP this GPU and model allow meets the {'TBT' if decode else 'TTFT'} SLO: "
+            + ("a looser TBT SLO, or a faster GPU" if decode else
+               "an SLO per prompt-length class, or a faster GPU"))
+
+
+def _decode_floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int]:
+    dt = decode_floor_trace(trace, resolve(config).spec.max_model_len)
+    return (probe(dt, config, planner, rate_scale=1.0, budget=t.budget, label="decode floor",
+                  **t.slo), int(dt["prompt_tokens"][0]))
 
 
 def _capacity(trace, config, planner: Planner, t: _Targets, *, guess: float | None = None,
@@ -303,8 +336,10 @@ def _rps(x: float | None) -> str:
 
 def _capacity_words(rate: ScaleSearch, offered: float, binding: Binding | None = None) -> str:
     if rate.scale is None:
+        c = binding.constraint if binding is not None else None
         why = ("the long prompts' own prefill misses the TTFT SLO at any load"
-               if binding is not None and binding.constraint == "long_prompt_prefill" else
+               if c == "long_prompt_prefill" else
+               "one decode step alone misses the TBT SLO at any load" if c == "decode_step" else
                "bursts of simultaneous arrivals keep their shape at any rate; a fleet spreads "
                "them")
         return (f"capacity: none — one replica misses the SLOs or the budget even at "

@@ -9,7 +9,8 @@ Regimes (how the rate and pool size were chosen; measured with the default step-
 healthy (well inside capacity), marginal (near the knee), overloaded (the queue grows),
 kv (a small `--num-gpu-blocks-override`: preemption), long-prompt (the longest prompts' own prefill
 misses the TTFT SLO even at near-zero load), chunk (the TBT SLO is below the step time of a full
-prefill chunk). Only long-prompt and chunk carry a diagnosis the invariants check (binding_fix).
+prefill chunk), decode (the TBT SLO is below one decode step of the shortest prompt alone). Only
+long-prompt, chunk and decode carry a diagnosis the invariants check (binding_fix).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ PUBLIC_DIR = Path(os.environ.get("KVCAP_PUBLIC_TRACES", REPO.parent / "shared" /
 AZ_CONV, AZ_CODE, MOONCAKE = ("AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv",
                               "conversation_trace.jsonl")
 PUBLIC = (AZ_CONV, AZ_CODE, MOONCAKE)
-REGIMES = ("healthy", "marginal", "overloaded", "kv", "long-prompt", "chunk")
+REGIMES = ("healthy", "marginal", "overloaded", "kv", "long-prompt", "chunk", "decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +191,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("code-v1-8b-chunk", _synth("poisson", 5, 240, lengths="azure-code"), slo_tbt_s=0.05,
       regime="chunk"),
     S("conv-v1-8b-chunk", _synth("poisson", 15, 180), slo_tbt_s=0.06, regime="chunk"),
+    # ---- decode-bound: Llama-3.1-70B's lone decode step on 4 H100s takes ~14 ms (8 GPUs: ~9)
+    S("conv-v1-70b-decode", _synth("poisson", 2, 240), B70, slo_tbt_s=0.012, regime="decode"),
     # ---- public traces: Azure conv / code (no prefix hashes), Mooncake (prefix hashes)
     S("azconv-v1-8b-healthy", _public(AZ_CONV, 600, 180), slice=True),
     S("azconv-v1-8b-marginal", _public(AZ_CONV, 600, 180, scale=4.0), regime="marginal"),

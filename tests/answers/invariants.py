@@ -16,7 +16,7 @@ from answers.runner import Outcome
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 VERDICTS = ("overloaded", "misses", "fits")
-BINDINGS = (None, "long_prompt_prefill", "prefill_chunk", "kv_blocks", "compute")
+BINDINGS = (None, "long_prompt_prefill", "decode_step", "prefill_chunk", "kv_blocks", "compute")
 # Words a headline may open with for each verdict.
 OPENERS = {"fits": ("fits",), "misses": ("misses", "stable but misses", "stable, but misses",
                                          "stable but", "stable, but"),
@@ -407,8 +407,10 @@ def binding_fix(s: Scenario, o: O):
     p99 resp. TTFT p99 over the SLO). chunk-bound: binding_constraint == prefill_chunk or the flags
     lower --max-num-batched-tokens (a fits verdict must come from the latter). long-prompt-bound:
     binding_constraint == long_prompt_prefill and replicas.count is null (more replicas cannot fix
-    the prefill of one prompt)."""
-    if s.regime not in ("chunk", "long-prompt"):
+    the prefill of one prompt). decode-bound (the TBT SLO below one lone decode step):
+    binding_constraint == decode_step, replicas.count null, and no --max-num-batched-tokens
+    departure (a smaller chunk cannot shorten a decode step)."""
+    if s.regime not in ("chunk", "long-prompt", "decode"):
         return NA, f"regime {s.regime}"
     if (bad := _need_report(o)):
         return bad
@@ -418,6 +420,11 @@ def binding_fix(s: Scenario, o: O):
         else "missing"
     d = o.get("replay-default")
     ev = (d.extra.get("evaluate") or {}) if d is not None else {}
+    if s.regime == "decode":
+        deps = [d.get("knob") for d in r.get("departures") or []]
+        said = f"verdict {verdict}, binding {binding}, replicas.count {count}, departures {deps}"
+        ok_ = binding == "decode_step" and count is None and "--max-num-batched-tokens" not in deps
+        return (PASS if ok_ else FAIL), said
     if s.regime == "chunk":
         if ev.get("tbt_p99_s") is not None and ev["tbt_p99_s"] <= s.slo_tbt_s:
             return NA, f"not chunk-bound: vLLM's default gives TBT p99 {_fmt(ev['tbt_p99_s'])} s"
@@ -440,9 +447,7 @@ def rejections_stated(s: Scenario, o: O):
     """The requests vLLM refuses are said where the verdict is: when the recommended flags'
     replay (`kvcap replay`; overloaded: the deployment as given) rejects N > 0 requests, the
     report's `rejected.requests` is N, the headline says "rejects N of", plan and headroom carry
-    the same `rejected`; with none, `rejected` is null and no headline speaks of rejections.
-    And a `long_prompt_prefill` binding rests on a measured floor: `binding.floor_ttft_s` is a
-    number above the TTFT SLO (a floor that never ran is no prefill time)."""
+    the same `rejected`; with none, `rejected` is null and no headline speaks of rejections."""
     if (bad := _need_report(o)):
         return bad
     r, problems = _report(o), []
@@ -464,16 +469,38 @@ def rejections_stated(s: Scenario, o: O):
         if c is not None and c.ok and json.dumps(c.out.get("rejected"), sort_keys=True) \
                 != json.dumps(said, sort_keys=True):
             problems.append(f"{label} rejected {c.out.get('rejected')} vs report {said}")
-    b = r.get("binding") if isinstance(r.get("binding"), dict) else {}
-    if r.get("binding_constraint") == "long_prompt_prefill":
-        floor = b.get("floor_ttft_s")
-        if not isinstance(floor, (int, float)) or not floor > s.slo_ttft_s:
-            problems.append(f"long_prompt_prefill with floor TTFT {floor} (SLO {s.slo_ttft_s:g} s)")
     if problems:
         return FAIL, "; ".join(problems)
-    return PASS, (f"{n} rejected, said" if n else "none rejected") + (
-        f"; floor {b.get('floor_ttft_s'):.3g} s" if r.get("binding_constraint") == "long_prompt_prefill"
-        else "")
+    return PASS, f"{n} rejected, said" if n else "none rejected"
+
+
+def floors_measured(s: Scenario, o: O):
+    """A binding no replica count fixes rests on a floor that was measured and misses the SLO:
+    `long_prompt_prefill` on `binding.floor_ttft_s` (the p99-length prompt alone) above the TTFT
+    SLO, `decode_step` on `binding.floor_tbt_s` (the shortest prompt's lone decode step) above the
+    TBT SLO; either has replicas.count null and replicas_help false, and every other binding has
+    replicas_help true (a floor that never ran — a rejected prompt — claims nothing)."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    c = r.get("binding_constraint")
+    b = r.get("binding") if isinstance(r.get("binding"), dict) else {}
+    count = (r.get("replicas") or {}).get("count") if isinstance(r.get("replicas"), dict) else None
+    floors = {"long_prompt_prefill": ("floor_ttft_s", s.slo_ttft_s),
+              "decode_step": ("floor_tbt_s", s.slo_tbt_s)}
+    if c not in floors:
+        if b and b.get("replicas_help") is False:
+            return FAIL, f"binding {c} says no replica count helps without a floor"
+        return NA, f"binding {c}"
+    key, slo = floors[c]
+    v, problems = b.get(key), []
+    if not isinstance(v, (int, float)) or not v > slo:
+        problems.append(f"{c} with {key} {v} (SLO {slo:g} s)")
+    if count is not None or b.get("replicas_help") is not False:
+        problems.append(f"{c} but replicas.count {count}, replicas_help {b.get('replicas_help')}")
+    if problems:
+        return FAIL, "; ".join(problems)
+    return PASS, f"{c}: {key} {v:.3g} s > SLO {slo:g} s, no replica count"
 
 
 def version_and_what_ifs(s: Scenario, o: O):
@@ -523,7 +550,7 @@ def _default_mbt(o: O) -> int | None:
 
 INVARIANTS = (contract, no_crash, headline_consistent, flags_replay, margin_holds, one_capacity,
               replicas_confirmed, departures_above_noise, no_prefix_off_without_hashes, offload_knee,
-              binding_fix, version_and_what_ifs, rejections_stated)
+              binding_fix, version_and_what_ifs, rejections_stated, floors_measured)
 NAMES = tuple(f.__name__ for f in INVARIANTS)
 
 

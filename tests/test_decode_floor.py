@@ -1,0 +1,52 @@
+"""A TBT SLO below one decode step (capacity/analyses/binding.py, `decode_step`).
+
+Found off the corpus: Llama-3.1-70B on 4 H100s, whose lone decode step takes ~14 ms, with a
+15 ms TBT SLO was diagnosed `prefill_chunk` ("a smaller --max-num-batched-tokens") and sized at
+42 replicas (168 GPUs for 15 req/s); at 10 ms, `prefill_chunk` again and a fleet search up to 64
+replicas that no count could pass."""
+import polars as pl
+
+from capacity.analyses.binding import Binding, decode_bound
+from capacity.analyses.plan import decode_floor_trace
+
+from capacity_helpers import conv800, kvcap_json  # noqa: F401 (conv800: a fixture)
+from test_plan_parts import _point
+
+CHUNK = Binding(constraint="prefill_chunk", evidence="at ×2 of the load: TBT p99 40 ms > 30 ms",
+                knob="a smaller --max-num-batched-tokens", floor=None, replicas_help=True)
+
+
+def test_above_the_slo_no_batch_limit_or_replica_count_helps():
+    b = decode_bound(CHUNK, _point(1.0, tbt_p99_s=0.035), prompt_tokens=7, slo_tbt_p99_s=0.03)
+    assert b.constraint == "decode_step" and not b.replicas_help
+    assert b.as_dict()["floor_tbt_s"] == 0.035 and "35.0 ms > the 30.0 ms TBT SLO" in b.evidence
+
+
+def test_near_the_slo_it_is_said_and_below_it_nothing_changes():
+    near = decode_bound(CHUNK, _point(1.0, tbt_p99_s=0.027), prompt_tokens=7, slo_tbt_p99_s=0.03)
+    assert near.constraint == "prefill_chunk" and near.replicas_help
+    assert "(90% of the TBT SLO)" in near.evidence
+    far = decode_bound(CHUNK, _point(1.0, tbt_p99_s=0.006), prompt_tokens=7, slo_tbt_p99_s=0.03)
+    assert far.evidence == CHUNK.evidence and far.decode_floor_s == 0.006
+
+
+def test_the_decode_floor_is_the_shortest_prompt_the_engine_accepts():
+    trace = pl.DataFrame({"request_id": [0, 1, 2, 3], "arrival_s": [0.0, 1.0, 2.0, 3.0],
+                          "prompt_tokens": [900, 40, 40, 70_000], "output_tokens": [9, 8, 7, 6],
+                          "prefix_hashes": [None] * 4},
+                         schema_overrides={"prefix_hashes": pl.List(pl.Int64)})
+    ft = decode_floor_trace(trace, 65_536)
+    assert ft.select("request_id", "arrival_s", "prompt_tokens", "output_tokens").rows() \
+        == [(1, 0.0, 40, 3)]
+
+
+def test_a_tbt_slo_below_the_decode_step_is_diagnosed_with_its_knob(conv800, tmp_path):
+    doc = kvcap_json("report", conv800, "-o", tmp_path / "r", "--model", "llama-3.1-70b",
+                     "--tensor-parallel-size", "4", "--slo-tbt-p99", "0.01", "--workers", "1")
+    b = doc["binding"]
+    assert doc["binding_constraint"] == "decode_step" and b["replicas_help"] is False
+    assert b["floor_tbt_s"] > 0.01 and doc["replicas"]["count"] is None
+    assert "--tensor-parallel-size 8 meets the TBT SLO" in b["knob"]
+    assert "no replica count fixes it" in doc["headline"] or \
+        "no number of replicas fixes it" in doc["headline"]
+    assert not any(d["knob"] == "--max-num-batched-tokens" for d in doc["departures"])
