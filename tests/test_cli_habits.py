@@ -134,3 +134,16 @@ def test_a_flag_value_with_shell_characters_is_quoted():
     from capacity.analyses.flags import serve_command
     argv = ["--kv-transfer-config", '{"kv_connector": "OffloadingConnector"}']
     assert shlex.split(serve_command(argv))[3:] == argv
+
+
+def test_the_commands_that_make_the_plan_take_the_same_planning_flags():
+    """report, plan and headroom answer from one plan (one capacity, one replica count), so a
+    flag one of them takes to shape that plan, the others take too (`headroom --rate-scale` was
+    refused while `report` and `plan` took it)."""
+    group = typer.main.get_command(app)
+    shared = {"--rate-scale", "--target-peak", "--router", "--precision", "--max-num-seqs-grid",
+              "--slo-ttft-p99", "--slo-tbt-p99", "--preemption-budget", "--arrivals", "--seed",
+              "--hash-block-tokens", "--format", "--workers", "--db", "--json", "--quiet"}
+    for name in ("report", "plan", "headroom"):
+        missing = shared - set(_flags(group.commands[name]))
+        assert not missing, f"kvcap {name} lacks {sorted(missing)}"

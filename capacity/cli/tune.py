@@ -113,6 +113,7 @@ def headroom_cmd(
     router: str = typer.Option(DEFAULTS.router, "--router", help="The replica search's router: lor | rr | prefix."),
     max_num_seqs_grid: Optional[str] = typer.Option(None, "--max-num-seqs-grid",
                                                     help="The plan's tuning grid (default: 1/8, 1/4, 1/2, 1 x the engine's)."),
+    rate_scale: float = typer.Option(1.0, "--rate-scale"),
     workers: Optional[int] = typer.Option(None, "--workers"),
     trace_format: Optional[str] = typer.Option(None, "--format"),
     hash_block_tokens: Optional[int] = HASH_BLOCK_TOKENS_OPTION,
@@ -126,7 +127,7 @@ def headroom_cmd(
     replay) — the same plan, so the same numbers, as `kvcap report` and `kvcap plan`."""
     from capacity.analyses.planner import Planner
     from capacity.cli.plan import plan_from_cli
-    trace, name = trace_input(file, trace_format, 1.0, hash_block_tokens=hash_block_tokens)
+    trace, name = trace_input(file, trace_format, rate_scale, hash_block_tokens=hash_block_tokens)
     planner = Planner(workers=workers, trace_name=name, keep_tables=db is not None)
     with phase("headroom: the capacity plan (recommended flags, capacity, replicas)…",
                quiet=quiet):
