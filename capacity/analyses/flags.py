@@ -60,6 +60,26 @@ def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
+# A CPU tier's vLLM flags (kvcap's spellings of the connector's settings do nothing without it).
+TIER_FLAGS = ("--kv-offloading-size", "--kv-offloading-backend")
+
+
+def dropped_flags(deployment: EngineConfig, chosen: EngineConfig) -> tuple[str, ...]:
+    """The deployment's flags a recommendation takes away: vLLM has no flag that turns a V1 CPU
+    tier off (a size of 0 is refused), so a plan without the tier the deployment runs must say
+    "leave these out" beside the flags it adds."""
+    if deployment.scheduler == "v1" and deployment.kv_offloading_size \
+            and not chosen.kv_offloading_size:
+        return TIER_FLAGS
+    return ()
+
+
+def drop_words(deployment: EngineConfig, drop: tuple[str, ...]) -> str:
+    return (f"leave --kv-offloading-size {deployment.kv_offloading_size:g} and "
+            "--kv-offloading-backend out of the deployment: vLLM has no flag that turns the tier "
+            "off" if drop else "")
+
+
 # The model is the user's to fill in: a shell variable, so that the command pasted as printed
 # runs (vLLM then names the missing model) instead of serving a placeholder word.
 SERVE = 'vllm serve "$MODEL"'

@@ -32,7 +32,7 @@ from capacity.analyses.binding import Binding, decode_bound, diagnose
 from capacity.analyses.classify import AlertRule, Classification, alert_rule, classify
 from capacity.analyses.criteria import Budget, evaluate
 from capacity.analyses.defaults import DEFAULTS
-from capacity.analyses.flags import apply_flags, vllm_flags
+from capacity.analyses.flags import apply_flags, drop_words, dropped_flags, vllm_flags
 from capacity.analyses.headroom import (Headroom, LoadPoint, headroom, ok, point_reducer, probe,
                                         search_loads, sustainable_load)
 from capacity.analyses.migration import Migration, migration
@@ -102,6 +102,9 @@ class Recommendation:
     capacity_rps: float | None             # per replica, SLOs and budget met
     precision: float
     flags: tuple[str, ...]                 # `vllm serve` arguments; () when overloaded
+    # The deployment's flags the recommendation takes away (flags.dropped_flags): a CPU tier it
+    # drops has no vLLM flag that turns it off.
+    drop_flags: tuple[str, ...] = ()
     expected: Expected | None
     config: EngineConfig | None
     headline: str
@@ -113,7 +116,7 @@ class Recommendation:
                 "sustainable_rate_scale": self.sustainable_rate_scale,
                 "headroom_rate_scale": self.headroom_rate_scale,
                 "capacity_rps": self.capacity_rps, "precision": self.precision,
-                "flags": list(self.flags),
+                "flags": list(self.flags), "drop_flags": list(self.drop_flags),
                 "expected": self.expected.as_dict() if self.expected else None,
                 "headline": self.headline, "lines": list(self.lines)}
 
@@ -548,6 +551,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         chosen, mbt_dep, mbt_words = _batched_tokens(trace, chosen, planner, t, noise, rate.scale)
         departures += [mbt_dep] if mbt_dep else []
     flags = vllm_flags(chosen)
+    drop = dropped_flags(config, chosen)
     cfg = apply_flags(config, flags)            # what a user who follows the flags runs
     run = planner.replay(trace, cfg, "recommended")
     tables = run.tables()
@@ -580,7 +584,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
              f"preemption mode: {modes.recommended} — {modes.reason}"]
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
-    lines.append(_host_tier_line(chosen, sizing, offload, modes, fits))
+    lines.append(_host_tier_line(chosen, sizing, offload, modes, fits)
+                 + (f"; {drop_words(config, drop)}" if drop else ""))
     lines.append(f"max-num-seqs: {seqs_words}")
     if mbt_words:
         lines.append(f"max-num-batched-tokens: {mbt_words}")
@@ -610,7 +615,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     rec = Recommendation(verdict="fits" if fits else "misses", sustainable=True,
                          offered_rps=offered, served_rps=st.served_rps,
                          sustainable_rate_scale=None, headroom_rate_scale=rate.scale,
-                         capacity_rps=cap, precision=precision, flags=flags, expected=expected,
+                         capacity_rps=cap, precision=precision, flags=flags, drop_flags=drop,
+                         expected=expected,
                          config=cfg, headline=head, lines=tuple(lines))
     return Plan(baseline=base, stability=st, sustainable_load=None, noise=noise, sizing=sizing,
                 offload=offload, migration=moved, modes=modes, tuning=tn, headroom=hr,

@@ -435,12 +435,16 @@ def store_runs(db: Optional[Path], runs, *, without_steps: set[str] = frozenset(
         write_run(db, tables)
 
 
-def print_flags(console, flags, what: str = "vLLM flags") -> None:
+def print_flags(console, flags, what: str = "vLLM flags", drop=()) -> None:
     """The `vllm serve` command of `flags` under a heading, on one line of its own whatever the
-    terminal's width (soft wrap: no newline is inserted), so that it pastes whole."""
+    terminal's width (soft wrap: no newline is inserted), so that it pastes whole; then the
+    deployment's flags it takes away (`drop`: no vLLM flag turns them off)."""
     from capacity.analyses.flags import serve_command
     console.print(f"{what} (set MODEL to your model):", markup=False, highlight=False)
     console.print(serve_command(flags), soft_wrap=True, markup=False, highlight=False)
+    if drop:
+        console.print("and leave out of the deployment's flags: " + " ".join(drop),
+                      soft_wrap=True, markup=False, highlight=False)
 
 
 def seconds_text(v: float | None) -> str:

@@ -302,6 +302,6 @@ def print_plan(plan, result: dict) -> None:
     for line in rec.lines:
         c.print(f"  - {line}")
     if rec.flags:
-        print_flags(c, rec.flags)
+        print_flags(c, rec.flags, drop=rec.drop_flags)
     else:
         c.print("[bold]vLLM flags:[/bold] none (overloaded: fix the capacity first)")

@@ -155,7 +155,7 @@ def headroom_cmd(
     c = Console()
     c.print(f"[bold]{plan.recommendation.headline}[/bold]")
     if plan.recommendation.flags:
-        print_flags(c, plan.recommendation.flags)
+        print_flags(c, plan.recommendation.flags, drop=plan.recommendation.drop_flags)
 
 
 @guarded

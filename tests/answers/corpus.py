@@ -210,6 +210,9 @@ SCENARIOS: tuple[Scenario, ...] = (
       slo_tbt_s=0.5, regime="kv"),
     S("moon-v0-8b-kv", _public(MOONCAKE, 600, 240, scale=0.3), V0 + _blocks(8000),
       slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),
+    # the deployment already runs a CPU tier (the plan may drop it: `drop_flags`)
+    S("moon-v1-8b-kv-tier-given", _public(MOONCAKE, 600, 240, scale=0.3),
+      _kv(8000) + ("--kv-offloading-size", "8"), slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),
     # ---- other models: Mooncake's longest prompts exceed their context, and vLLM rejects them
     #      (Qwen3-32B: 40,960 tokens, 39 of 835 requests; Mistral-7B: 32,768, 56 of 794)
     S("moon-v0-qwen32-tp2-rejects", _public(MOONCAKE, 1200, 240, scale=0.2),

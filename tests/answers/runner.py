@@ -40,7 +40,7 @@ def default_root() -> Path:
     return Path(os.environ.get("KVCAP_ANSWERS_CACHE", Path(tempfile.gettempdir()) / "kvcap-answers"))
 
 
-HARNESS_VERSION = 3    # bump when what an outcome records changes (invalidates the cache)
+HARNESS_VERSION = 4    # bump when what an outcome records changes (invalidates the cache)
 
 
 @functools.lru_cache(maxsize=1)
@@ -167,8 +167,11 @@ class ScenarioRun:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def run(self, label: str, command: str, args: list[str], *, engine=(), slo=(), extra_flags=(),
-            prepare=None, derive=None) -> Outcome:
-        """Run `kvcap COMMAND args <engine> <slo> <extra> --json [--workers 1]`, cached by argv."""
+            prepare=None, derive=None, drop=()) -> Outcome:
+        """Run `kvcap COMMAND args <engine> <slo> <extra> --json [--workers 1]`, cached by argv;
+        `drop`: options taken out of the engine flags first (a plan's `drop_flags`)."""
+        engine = [t for opt, val in parse_flags(engine) if opt not in drop
+                  for t in ((opt,) if val is None else (opt, val))]
         eng, missing = filter_flags(command, merge_flags(engine, extra_flags), required=True)
         slo_kept, _ = filter_flags(command, slo, required=False)
         argv = [command, *map(str, args), *eng, *slo_kept, "--json"]
@@ -244,22 +247,24 @@ class ScenarioRun:
         r = report.out or {}
         rec = r.get("recommendation") or {}
         flags = [str(t) for t in (rec.get("flags") or [])]
+        drop = [str(t) for t in (rec.get("drop_flags") or [])]
         self.replay("replay-default", [])
-        self.replay("replay-flags", flags)
+        self.replay("replay-flags", flags, drop=drop)
         scale = r.get("headroom_rate_scale")
         if r.get("capacity_rps") is not None and isinstance(scale, (int, float)) and scale > 0:
-            self.replay("replay-margin", flags, ("--rate-scale", f"{scale!r}"))
+            self.replay("replay-margin", flags, ("--rate-scale", f"{scale!r}"), drop=drop)
         gib = r.get("recommended_kv_offloading_size_gib")
         if isinstance(gib, (int, float)) and gib > 0:    # the size itself, then half of it
             for label, size in (("replay-offload-full", gib), ("replay-offload-half", gib / 2)):
-                self.replay(label, merge_flags(flags, ("--kv-offloading-size", f"{size:g}")))
+                self.replay(label, merge_flags(flags, ("--kv-offloading-size", f"{size:g}")),
+                            drop=drop)
         replicas = r.get("replicas") if isinstance(r.get("replicas"), dict) else {}
         n, router = replicas.get("count"), replicas.get("router") or "lor"
         if isinstance(n, int) and n >= 1:
             for label, k in (("fleet-n", n), ("fleet-n-1", n - 1)):
                 if k >= 1:
                     self.run(label, "fleet", [trace, "--replicas", k, "--router", router],
-                             engine=s.engine, slo=slo, extra_flags=flags)
+                             engine=s.engine, slo=slo, extra_flags=flags, drop=drop)
         self.run("compare-modes", "compare-modes", [trace], engine=s.engine, slo=slo)
         self.run("tune", "tune", [trace, *self._tune_grid()], engine=s.engine, slo=slo)
         self.run("size-offload", "size-offload", [trace], engine=s.engine, slo=slo)
@@ -276,10 +281,10 @@ class ScenarioRun:
                                                                  else 1024))
         return ["--max-num-seqs-grid", ",".join(str(max(1, top // d)) for d in (8, 4, 2, 1))]
 
-    def replay(self, label: str, flags, extra=()) -> Outcome:
+    def replay(self, label: str, flags, extra=(), drop=()) -> Outcome:
         db = self.dir / f"{label}.duckdb"
         return self.run(label, "replay", [str(self.trace), "--db", db, *extra], engine=self.s.engine,
-                        extra_flags=flags, prepare=lambda: db.unlink(missing_ok=True),
+                        extra_flags=flags, drop=drop, prepare=lambda: db.unlink(missing_ok=True),
                         derive=lambda o: evaluate_run(db, o.out.get("run_id"), self.s))
 
 
