@@ -36,3 +36,4 @@ def test_the_deployment_less_the_dropped_flags_replays_the_quoted_row(conv800, t
     assert "leave out of the deployment's flags: --kv-offloading-size --kv-offloading-backend" \
         in kvcap("report", conv800, "-o", tmp_path / "r2", *dep, "--max-num-seqs-grid",
                  "256,1024", "--workers", "1", "--quiet").stdout.replace("\n", " ")
+

@@ -79,3 +79,29 @@ def test_cli_plan_json(tmp_path, burst):
                 "cost_per_hour"} <= p.keys()
         assert p["cost_per_hour"] == pytest.approx(p["replicas"] * p["price_per_gpu_hour"])
     assert out["cheapest"]["cost_per_hour"] == min(p["cost_per_hour"] for p in out["plans"])
+
+
+def test_the_fleet_table_keeps_gpu_model_and_price_in_view_beside_a_long_reason():
+    """A candidate that cannot run (a reason of 200+ characters) squeezed the GPU, model and
+    $/hour columns of `kvcap plan`'s table to '…' at 110 columns."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from capacity.analyses.fleetplan import CandidatePlan, FleetPlan
+    from capacity.cli.fleet import plan_rich_table
+    ok = CandidatePlan(gpu="a100-40gb", model="llama-3.1-8b", tensor_parallel_size=1, replicas=3,
+                       linear_estimate=4, headroom_rate_scale=1.0, capacity_rps=1.0,
+                       verdict="fits", flags=(), price_per_gpu_hour=3.0, cost_per_hour=9.0,
+                       fleet=None, one_fewer=None, probes=(), explanation="3 replicas meet",
+                       plan=object())
+    bad = dataclasses.replace(ok, model="llama-3.1-70b", replicas=None, cost_per_hour=None,
+                              plan=None, explanation="cannot run: " + "x" * 250)
+    out = io.StringIO()
+    Console(file=out, width=110).print(plan_rich_table(
+        FleetPlan(router="lor", slo_ttft_p99_s=5, slo_tbt_p99_s=0.2, plans=(ok, bad))))
+    text = out.getvalue()
+    for word in ("a100-40gb", "llama-3.1-70b", "9.00 ←cheapest", "cannot run"):
+        assert word in text, text
+    assert "x" * 50 not in text                    # the reason itself is under the table

@@ -142,17 +142,22 @@ def candidate_flags(fn):
 def plan_rich_table(p) -> Table:
     t = Table(title=f"fleet plan (router {p.router}; SLO TTFT p99 ≤ {p.slo_ttft_p99_s:g} s, "
                     f"TBT p99 ≤ {p.slo_tbt_p99_s:g} s)")
-    for c in ("GPU", "model", "TP", "replicas (searched)", "linear estimate", "one fewer",
-              "$/hour"):
+    # Every column but the reasons keeps its words whole: a long reason (a candidate that cannot
+    # run) wraps in its own column instead of squeezing the GPU, model and price out of view;
+    # the lines under the table give each reason in full.
+    for c in ("GPU", "model", "TP", "replicas (searched)", "linear estimate"):
         t.add_column(c, no_wrap=True)
+    t.add_column("one fewer", ratio=1, overflow="fold")
+    t.add_column("$/hour", no_wrap=True)
     cheapest = p.cheapest
     for c in p.plans:
         fewer = "-" if c.one_fewer is None else c.one_fewer.candidate.breaks or "passes"
         mark = " ←cheapest" if c is cheapest else ""
+        why = c.explanation if c.plan is not None else "cannot run (below)"
         t.add_row(c.gpu, c.model, str(c.tensor_parallel_size),
                   "-" if c.replicas is None else str(c.replicas),
                   "-" if c.linear_estimate is None else str(c.linear_estimate),
-                  fewer if c.replicas else c.explanation,
+                  fewer if c.replicas else why,
                   "-" if c.cost_per_hour is None else f"{c.cost_per_hour:,.2f}{mark}")
     return t
 
