@@ -147,3 +147,19 @@ def test_the_commands_that_make_the_plan_take_the_same_planning_flags():
     for name in ("report", "plan", "headroom"):
         missing = shared - set(_flags(group.commands[name]))
         assert not missing, f"kvcap {name} lacks {sorted(missing)}"
+
+
+@pytest.mark.parametrize("cmd", ["tune", "headroom"])
+def test_table_numbers_are_never_cut_by_a_long_verdict(cmd, tmp_path):
+    """A starved pool makes verdicts like 'TTFT p99 94.89 s > 5 s; preemption is structural, not
+    peak-only; overloaded': they wrap in their column, and no number of the table is cut to '…'
+    (`tune` printed '0.…' and '32.…' for its goodput and TTFT, `headroom` '×0…')."""
+    from traces.loaders import load_trace, write_trace
+    f = tmp_path / "conv.parquet"
+    write_trace(load_trace(ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv")
+                .head(400), f)
+    res = subprocess.run([KVCAP, cmd, str(f), "--num-gpu-blocks-override", "120",
+                          "--max-num-seqs-grid", "64,256", "--quiet"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "structural" in res.stdout and "…" not in res.stdout

@@ -31,8 +31,10 @@ def tuning_table(tn) -> Table:
     t = Table(title=f"max-num-seqs sweep (SLO: TTFT p99 ≤ {tn.slo_ttft_p99_s:g} s, "
                     f"TBT p99 ≤ {tn.slo_tbt_p99_s:g} s)")
     for c in ("max-num-seqs", "batched tok", "margin", "goodput", "in SLO", "TTFT p99",
-              "TBT p99", "preempt/min", "verdict"):
+              "TBT p99", "preempt/min"):
         t.add_column(c, no_wrap=True)
+    # The verdict wraps: its words, not the numbers beside them, give way to a narrow terminal.
+    t.add_column("verdict", ratio=1, overflow="fold")
     rec = tn.recommended
     for c, m in sorted(zip(tn.candidates, tn.margins),
                        key=lambda cm: (cm[0].max_num_batched_tokens, cm[0].max_num_seqs)):
@@ -91,7 +93,7 @@ def tune_cmd(
     if as_json:
         emit_json(tn.as_dict())
         return
-    c = Console(width=100)
+    c = Console(width=120)             # nine columns: the verdict keeps room to be read
     c.print(tuning_table(tn))
     c.print(f"[bold]recommendation:[/bold] {tn.explanation}")
     if tn.flags:
@@ -145,8 +147,9 @@ def headroom_cmd(
         return
     t = Table(title="capacity search (the searched loads, recommended flags)")
     for c in ("load", "offered req/s", "served req/s", "TTFT p99", "TBT p99", "preempt",
-              "preemption", "ok"):
+              "preemption"):
         t.add_column(c, no_wrap=True)
+    t.add_column("ok", ratio=1, overflow="fold")       # wraps: the numbers stay whole
     for p in h.points:
         t.add_row(f"{'flash crowd ' if p.surge else ''}×{p.rate_scale:g}", f"{p.offered_rps:,.2f}",
                   f"{p.served_rps:,.2f}", _t(p.ttft_p99_s), _t(p.tbt_p99_s), f"{p.preemptions:,}",
