@@ -605,11 +605,20 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         head = (f"fits: the flags below meet the SLOs and the preemption budget at today's "
                 f"{offered:,.2f} req/s ({nums}); {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
-    else:
+    elif stability(tables).sustainable:
         head = (f"misses: stable (serves {st.served_rps:,.2f} of {offered:,.2f} req/s), but "
                 f"with the flags below {c.breaks} ({c.preemptions:,} preemptions); binding: "
                 f"{binding.constraint or '—'}; {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
+    else:
+        # The flags won on capacity (a margin below ×1), yet at ×1 one replica of them falls
+        # behind where the deployment as given kept up: "stable" would describe the wrong run.
+        head = (f"misses: with the flags below {c.breaks} ({c.preemptions:,} preemptions): one "
+                f"replica falls behind today's traffic, where the deployment as given keeps up "
+                f"(serves {st.served_rps:,.2f} of {offered:,.2f} req/s)"
+                + (" but carries less traffic within the SLOs" if departures else "")
+                + f"; binding: {binding.constraint or '—'}; "
+                f"{_capacity_words(rate, offered, binding)}; {reps_words}")
     if rej:
         head += f"; {rej.short()}"
     rec = Recommendation(verdict="fits" if fits else "misses", sustainable=True,

@@ -142,7 +142,8 @@ def headline_consistent(s: Scenario, o: O):
     """verdict is overloaded | misses | fits; the headline opens with it and says "meet(s)"/"fits"
     only for fits; fits <=> expected.meets_slo and expected.within_budget and sustainable; stdout
     JSON == summary.json on the contract keys; no line says "already misses" under fits, and none
-    calls the preemption structural under fits with a peak-only budget."""
+    calls the preemption structural under fits with a peak-only budget; a "misses: stable"
+    headline only where the recommended flags' replay at today's load is sustainable."""
     if (bad := _need_report(o)):
         return bad
     r, problems = _report(o), []
@@ -167,6 +168,11 @@ def headline_consistent(s: Scenario, o: O):
         fits = all(v is True for v in claims.values())
         if (verdict == "fits") != fits:
             problems.append(f"verdict {verdict} but " + ", ".join(f"{k}={v}" for k, v in claims.items()))
+        rf = o.get("replay-flags")
+        flags_verdict = rf.out.get("verdict") if rf is not None and rf.ok else None
+        if h.startswith(("misses: stable", "stable")) and flags_verdict == "overloaded":
+            problems.append("the headline calls the plan stable, but `kvcap replay` of its flags "
+                            "at today's load is overloaded")
         text = [headline, *lines]
         if verdict == "fits" and any("already misses" in t for t in text):
             problems.append("a line says 'already misses' under fits")
