@@ -186,3 +186,21 @@ def test_prefix_caching_off_is_never_advised_without_prefix_data():
     assert modes.recommend([on, off], "recompute+prefix-cache", prefix_data=True)[0] == "recompute"
     pick, why, _, _ = modes.recommend([on, off], "recompute+prefix-cache", prefix_data=False)
     assert pick == "recompute+prefix-cache" and "no prefix hashes" in why
+
+def test_a_mode_that_finishes_fewer_requests_wins_nothing():
+    """V0 swap on a pool smaller than some requests: a victim that can never swap back in stalls
+    the engine (0.01 of 0.37 req/s served) where recompute drops it (0.14); the few requests swap
+    finishes had the shorter stalls, and the plan recommended swap."""
+    import dataclasses
+
+    from capacity.analyses import modes
+    fields = {f.name: None for f in dataclasses.fields(modes.ModeResult)}
+    rc = modes.ModeResult(**{**fields, "variant": "recompute", "status": "completed",
+                             "preemptions": 30, "ttft_p99_s": 25.0, "tbt_p99_s": 0.01,
+                             "max_tbt_p99_preempted_s": 9.0, "throughput_rps": 0.14,
+                             "host_tier_gib": 0.0})
+    swap = dataclasses.replace(rc, variant="swap", max_tbt_p99_preempted_s=0.5, ttft_p99_s=12.0,
+                               throughput_rps=0.01, swapped_gib=1.0, host_tier_gib=1.0)
+    assert modes.recommend([rc, swap], "recompute")[0] == "recompute"
+    level = dataclasses.replace(swap, throughput_rps=0.14)
+    assert modes.recommend([rc, level], "recompute")[0] == "swap"

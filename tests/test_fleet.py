@@ -138,3 +138,22 @@ def test_cli_fleet_json_and_store(tmp_path):
     kvcap_json("fleet", src, "--replicas", "2", "--router", "lor", "--db", db,
                "--num-gpu-blocks-override", "1500")
     assert read_table(db, "requests").height == 120        # a rerun replaces itself
+
+
+@needs_core
+def test_a_stuck_replica_waits_for_its_next_arrival():
+    """V0 swap on a 300-block pool with Mooncake's long prompts: a swapped-out request that can
+    never swap back in (it needs all but the watermark of the pool) stalls the engine, as it
+    stalls vLLM. A stepped replica in that state jumped its clock to its next row, not routed
+    yet (+inf), and `kvcap report` crashed ("went idle with work it could not move"); it now
+    waits for that row, bit-identical to replaying its share whole."""
+    t = mooncake(200)
+    cfg = EngineConfig(scheduler="v0", model="mistral-7b", gpu="a100-80gb",
+                       num_gpu_blocks_override=300, preemption_mode="swap", swap_space=1.0)
+    whole = replay_fleet(t, cfg, replicas=3, router="rr")
+    assert sum(int((r.tables()["requests"]["status"] == "unfinished").sum())
+               for r in whole.replicas) > 0                     # the stall is exercised
+    stepped = replay_fleet(t, cfg, replicas=3, router="rr", stepped=True)
+    for a, b in zip(whole.replicas, stepped.replicas):
+        same_tables(a, b)
+    assert replay_fleet(t, cfg, replicas=3, router="lor").assignment.shape == (200,)

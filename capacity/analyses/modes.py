@@ -261,6 +261,11 @@ def _beats(c: ModeResult, d: ModeResult, noise, host_tier: bool) -> tuple[str, f
     None otherwise."""
     if c.status != "completed":
         return None
+    # A mode that finishes fewer requests wins nothing, however fast the ones it finishes (V0
+    # swap on a pool smaller than a request: a victim that can never swap back in stalls the
+    # engine where recompute drops it).
+    if _gain(d.throughput_rps, c.throughput_rps) > _threshold(noise, "throughput_rps", False):
+        return None
     wins = []
     for metric, _ in OBJECTIVES:
         a, b = getattr(d, metric), getattr(c, metric)

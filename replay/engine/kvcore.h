@@ -621,6 +621,9 @@ typedef struct {
     double t;                             /* virtual clock */
     int64_t cursor, step, idle_spins;     /* next trace row to arrive; steps taken */
     int done;
+    /* A stepped replica (loop_run_until) that must wait for its next arrival, not routed yet:
+     * it resumes at that arrival, as a whole replay would jump there. */
+    int parked;
     double *last_tok, *preempted_at;      /* per row */
     int8_t *last_mode;                    /* per row: 1 recompute, 2 swap (its last preemption) */
     int64_t *evicted;                     /* per row: blocks of a swap victim not yet resumed */
@@ -832,8 +835,11 @@ static int loop_finish_step(Loop *lp, Tables *o, Req *q, const Plan *pl, StepRow
         if (!arrives && !wakes) return 1;
         double w = arrives ? q->arrival[lp->cursor] : pl->wake_s;
         if (wakes && pl->wake_s < w) w = pl->wake_s;
-        if (w > lp->t) lp->t = w;
         lp->idle_spins = 0;
+        /* A stepped replica's next row is not routed yet (+inf): wait for it, clock unmoved
+         * (a stuck core, e.g. V0 whose swapped request can never swap back in: vLLM idles). */
+        if (isinf(w)) { lp->parked = 1; return 0; }
+        if (w > lp->t) lp->t = w;
     }
     return 0;
 }
@@ -907,6 +913,11 @@ static int loop_run_released(Loop *lp, Req *q, void *core, const CoreOps *ops, i
  * steps between two arrivals are few. */
 static int loop_run_until(Loop *lp, Req *q, void *core, const CoreOps *ops, double t_limit) {
     while (!lp->done) {
+        if (lp->parked) {                 /* waiting for its next arrival: routed before t_limit? */
+            if (!(lp->cursor < q->n && q->arrival[lp->cursor] < t_limit)) return 0;
+            if (q->arrival[lp->cursor] > lp->t) lp->t = q->arrival[lp->cursor];
+            lp->parked = 0;
+        }
         while (lp->cursor < q->n && q->arrival[lp->cursor] <= lp->t)
             ops->add_request(core, (int32_t)lp->cursor++);
         if (!ops->has_unfinished(core)) {

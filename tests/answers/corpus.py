@@ -210,6 +210,11 @@ SCENARIOS: tuple[Scenario, ...] = (
       slo_tbt_s=0.5, regime="kv"),
     S("moon-v0-8b-kv", _public(MOONCAKE, 600, 240, scale=0.3), V0 + _blocks(8000),
       slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),
+    # a pool smaller than most requests: V0 rejects 61% of them, and swap would stall the engine
+    # (a victim that can never swap back in); the lor fleets of the replica search step such a core
+    S("moon-v0-mistral-a100-tiny-pool", _public(MOONCAKE, 2400, 240, scale=0.1),
+      V0 + ("--model", "mistral-7b", "--gpu", "a100-80gb") + _blocks(300), budget="0.1",
+      regime="kv"),
     # the deployment already runs a CPU tier (the plan may drop it: `drop_flags`)
     S("moon-v1-8b-kv-tier-given", _public(MOONCAKE, 600, 240, scale=0.3),
       _kv(8000) + ("--kv-offloading-size", "8"), slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),
