@@ -99,3 +99,24 @@ def test_the_cheapest_fleet_serves_what_the_others_serve():
     both = FleetPlan(router="lor", slo_ttft_p99_s=10, slo_tbt_p99_s=0.3,
                      plans=(_candidate("a", 2, 5), _candidate("b", 1, 5)))
     assert both.cheapest.model == "b" and both.cheaper_but_rejecting == ()
+
+
+def test_an_aborting_engine_is_said_first(tmp_path):
+    """V0 swap whose victim needs more host blocks than the swap pool holds: vLLM aborts ("Aborted
+    due to the lack of CPU swap space"), and the plan's headline said only "overloaded: serves
+    0.32 of 0.70 req/s; the queue grows" (found on Mooncake, Qwen3-32B on H200, 1200 blocks)."""
+    from traces.loaders import load_trace, write_trace
+    from traces.transforms import scale_rate, time_window
+
+    from capacity_helpers import CONV
+    f = tmp_path / "moon.parquet"
+    moon = load_trace(CONV.with_name("conversation_trace.jsonl"))
+    write_trace(scale_rate(time_window(moon, 1200, 1320), 0.2), f)
+    doc = kvcap_json("report", f, "-o", tmp_path / "r", "--scheduler", "v0", "--preemption-mode",
+                     "swap", "--model", "qwen3-32b", "--gpu", "h200",
+                     "--num-gpu-blocks-override", "1200", "--preemption-budget", "any",
+                     "--workers", "1")
+    head = doc["recommendation"]["headline"]
+    assert doc["verdict"] == "overloaded"
+    assert head.startswith("overloaded: the engine aborts at ") and \
+        "Aborted due to the lack of CPU swap space" in head and "a larger --swap-space" in head

@@ -365,7 +365,14 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
     load = (f"the queue drains up to ≈ {_rps(st.offered_rps * k)} (×{k:.2f}; sustainable, "
             f"not the SLOs)" if k else f"the queue grows even at ×{sus.failed_at:g} of this trace")
     rej = rejections(base.tables()["requests"], resolve(config))
-    head = (f"overloaded: serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
+    run = base.run
+    # An engine that stops (V0 out of swap space) serves nothing after: that, not the queue, is
+    # what `kvcap replay` calls it, and the first thing to fix.
+    stop = (f"the engine aborts at {_s(run.get('abort_s'))} simulated"
+            + (f" ({run['abort_reason']})" if run.get("abort_reason") else "")
+            + " — a larger --swap-space, or --preemption-mode recompute; "
+            if run.get("status") == "aborted" else "")
+    head = (f"overloaded: {stop}serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
             f"{_capacity_words(rate, st.offered_rps, binding)}; "
             + (f"needs {reps.count} replicas ({router} router) to fit" if reps.count
                else reps.explanation) + (f"; {rej.short()}" if rej else ""))

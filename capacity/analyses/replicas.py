@@ -114,8 +114,9 @@ def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         return Replicas(count=None, router=router, target_peak_scale=target_peak_scale,
                         linear_estimate=linear, meets=None, one_fewer=scores.get(lo),
                         probes=probes, explanation=(
-                            f"no fleet of up to {max_replicas} replicas ({router}) fits the SLOs "
-                            f"and the budget{peak}"))
+                            f"no replica count up to {max_replicas} ({router} router) is enough"
+                            f"{peak}" + (f": {lo} miss: {scores[lo].candidate.breaks}"
+                                         if lo in scores else "")))
     below = scores.get(hi - 1)
     why = (f"{hi} replica{'s' if hi > 1 else ''} ({router} router) "
            f"{'meet' if hi > 1 else 'meets'} the SLOs and the budget"

@@ -215,6 +215,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("moon-v0-mistral-a100-tiny-pool", _public(MOONCAKE, 2400, 240, scale=0.1),
       V0 + ("--model", "mistral-7b", "--gpu", "a100-80gb") + _blocks(300), budget="0.1",
       regime="kv"),
+    # V0 swap whose victim needs more host blocks than --swap-space holds: the engine aborts
+    S("moon-v0-qwen32-h200-swap-aborts", _public(MOONCAKE, 1200, 120, scale=0.2),
+      SWAP + ("--model", "qwen3-32b", "--gpu", "h200") + _blocks(1200), budget="any",
+      regime="overloaded"),
     # the deployment already runs a CPU tier (the plan may drop it: `drop_flags`)
     S("moon-v1-8b-kv-tier-given", _public(MOONCAKE, 600, 240, scale=0.3),
       _kv(8000) + ("--kv-offloading-size", "8"), slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),
