@@ -74,10 +74,11 @@ def dropped_flags(deployment: EngineConfig, chosen: EngineConfig) -> tuple[str, 
     return ()
 
 
-def drop_words(deployment: EngineConfig, drop: tuple[str, ...]) -> str:
+def drop_words(deployment: EngineConfig) -> str:
+    """What the host-tier line says of `dropped_flags`."""
     return (f"leave --kv-offloading-size {deployment.kv_offloading_size:g} and "
             "--kv-offloading-backend out of the deployment: vLLM has no flag that turns the tier "
-            "off" if drop else "")
+            "off")
 
 
 # The model is the user's to fill in: a shell variable, so that the command pasted as printed

@@ -234,15 +234,26 @@ def floor_trace(trace: pl.DataFrame, max_model_len: int | None = None) -> pl.Dat
     tokens: its TTFT is the least any load gives the p99 of TTFT (binding.py). The p99 of the
     prompts the engine accepts: a prompt too long for `max_model_len` is rejected, never in a
     TTFT percentile (capacity/analyses/rejections.py says so on its own)."""
-    if max_model_len is not None:
-        kept = trace.filter(~too_long(pl.col("prompt_tokens"), max_model_len))
-        trace = kept if kept.height else trace
+    trace = _accepted(trace, max_model_len)
     lengths = trace["prompt_tokens"].sort()
     p99 = int(lengths[max(1, math.ceil(0.99 * len(lengths))) - 1])
-    row = trace.filter(pl.col("prompt_tokens") == p99).head(1)
-    return row.with_columns(pl.lit(0.0).alias("arrival_s"),
-                            pl.lit(2, dtype=row["output_tokens"].dtype).alias("output_tokens"),
-                            pl.lit(None, dtype=row["prefix_hashes"].dtype).alias("prefix_hashes"))
+    return _alone(trace.filter(pl.col("prompt_tokens") == p99).head(1), output_tokens=2)
+
+
+def _accepted(trace: pl.DataFrame, max_model_len: int | None) -> pl.DataFrame:
+    """The requests whose prompt fits `max_model_len` (the whole trace when none does)."""
+    if max_model_len is None:
+        return trace
+    kept = trace.filter(~too_long(pl.col("prompt_tokens"), max_model_len))
+    return kept if kept.height else trace
+
+
+def _alone(row: pl.DataFrame, *, output_tokens: int) -> pl.DataFrame:
+    """`row` as a trace of its own: at t = 0, cold (no prefix hashes), `output_tokens` long."""
+    return row.with_columns(
+        pl.lit(0.0).alias("arrival_s"),
+        pl.lit(output_tokens, dtype=row["output_tokens"].dtype).alias("output_tokens"),
+        pl.lit(None, dtype=row["prefix_hashes"].dtype).alias("prefix_hashes"))
 
 
 def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int]:
@@ -254,13 +265,9 @@ def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int
 def decode_floor_trace(trace: pl.DataFrame, max_model_len: int | None = None) -> pl.DataFrame:
     """The trace's shortest prompt (of those the engine accepts) alone, cold, three output
     tokens: its token gaps are lone decode steps, the least TBT any load gives (binding.py)."""
-    if max_model_len is not None:
-        kept = trace.filter(~too_long(pl.col("prompt_tokens"), max_model_len))
-        trace = kept if kept.height else trace
-    row = trace.filter(pl.col("prompt_tokens") == trace["prompt_tokens"].min()).head(1)
-    return row.with_columns(pl.lit(0.0).alias("arrival_s"),
-                            pl.lit(3, dtype=row["output_tokens"].dtype).alias("output_tokens"),
-                            pl.lit(None, dtype=row["prefix_hashes"].dtype).alias("prefix_hashes"))
+    trace = _accepted(trace, max_model_len)
+    return _alone(trace.filter(pl.col("prompt_tokens") == trace["prompt_tokens"].min()).head(1),
+                  output_tokens=3)
 
 
 def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=None,
@@ -285,9 +292,10 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
     """The knob that addresses a floor, measured: the floor (the p99-length prompt's TTFT, or
     with `decode` the shortest prompt's decode step) at 2x, 4x, 8x the tensor parallelism (the
     same GPU and model), the smallest that meets the SLO."""
-    what, slo, metric = (("one decode step of the shortest prompt alone", t.slo_tbt_p99_s,
-                          "tbt_p99_s") if decode else
-                         ("the p99-length prompt alone", t.slo_ttft_p99_s, "ttft_p99_s"))
+    what, slo, metric, floor = (
+        ("one decode step of the shortest prompt alone", t.slo_tbt_p99_s, "tbt_p99_s",
+         _decode_floor) if decode else
+        ("the p99-length prompt alone", t.slo_ttft_p99_s, "ttft_p99_s", _floor))
     tried = []
     for tp in (2, 4, 8):
         tp *= config.tensor_parallel_size
@@ -296,9 +304,7 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
             resolve(cfg)
         except ValueError:
             break
-        p = _decode_floor(trace, cfg, planner, t)[0] if decode else _floor(trace, cfg, planner,
-                                                                            t)[0]
-        v = getattr(p, metric)
+        v = getattr(floor(trace, cfg, planner, t)[0], metric)
         tried.append(f"TP {tp}: {_s(v)}")
         if v is not None and v <= slo:
             return (f"measured: {what} takes {', '.join(tried)}: --tensor-parallel-size {tp} "
@@ -592,7 +598,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
     lines.append(_host_tier_line(chosen, sizing, offload, modes, fits)
-                 + (f"; {drop_words(config, drop)}" if drop else ""))
+                 + (f"; {drop_words(config)}" if drop else ""))
     lines.append(f"max-num-seqs: {seqs_words}")
     if mbt_words:
         lines.append(f"max-num-batched-tokens: {mbt_words}")
@@ -612,7 +618,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         head = (f"fits: the flags below meet the SLOs and the preemption budget at today's "
                 f"{offered:,.2f} req/s ({nums}); {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
-    elif stability(tables).sustainable:
+    elif c.sustainable:
         head = (f"misses: stable (serves {st.served_rps:,.2f} of {offered:,.2f} req/s), but "
                 f"with the flags below {c.breaks} ({c.preemptions:,} preemptions); binding: "
                 f"{binding.constraint or '—'}; {_capacity_words(rate, offered, binding)}; "

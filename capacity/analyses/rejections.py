@@ -73,9 +73,9 @@ class Rejections:
                 "longest_prompt_tokens": self.longest_prompt_tokens}
 
 
-def too_long(prompt_tokens: pl.Expr, max_model_len: int) -> pl.Expr:
-    """Prompts no engine of kvcap's serves with `max_model_len` (V1's rule, V0's is one token
-    laxer: the floor and the plan exclude both)."""
+def too_long(prompt_tokens, max_model_len: int):
+    """Prompts (an expression or a Series) V1 refuses with `max_model_len`; V0's rule is one
+    token laxer, and the floors exclude these under both."""
     return prompt_tokens >= max_model_len
 
 
@@ -85,7 +85,7 @@ def rejections(requests: pl.DataFrame, engine: ResolvedEngine) -> Rejections | N
     if rej.height == 0:
         return None
     mml = engine.spec.max_model_len
-    over = rej["prompt_tokens"] >= mml if engine.config.scheduler == "v1" \
+    over = too_long(rej["prompt_tokens"], mml) if engine.config.scheduler == "v1" \
         else rej["prompt_tokens"] > mml
     return Rejections(num_rejected=rej.height, num_requests=requests.height,
                       num_over_max_model_len=int(over.sum()), max_model_len=mml,
