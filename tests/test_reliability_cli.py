@@ -162,6 +162,19 @@ def test_rule_files_get_umask_permissions_and_no_temp_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["rules.yml"]
 
 
+def run_without_replays(monkeypatch, args, what: str):
+    """`run(*args)` with every way to replay failing the test: a refusal must come first."""
+    import capacity.analyses.sweep as sweep
+    import replay.run
+
+    def no_replay(*a, **k):
+        raise AssertionError(f"replayed {what}")
+    with monkeypatch.context() as m:
+        m.setattr(sweep, "run_jobs", no_replay)
+        m.setattr(replay.run, "replay", no_replay)
+        return run(*args)
+
+
 @pytest.mark.parametrize("cmd", ["report", "tune", "alerts"])
 def test_one_year_2100_timestamp_is_refused_before_any_replay(tmp_path, monkeypatch, cmd):
     """Issue 13 item 7: one far-future timestamp made `report` bin 40M minutes (hours, GBs); the
@@ -173,15 +186,7 @@ def test_one_year_2100_timestamp_is_refused_before_any_replay(tmp_path, monkeypa
             "tune": ("tune", f, "--max-num-seqs-grid", "8,16", "--slo-ttft-p99", "1",
                      "--slo-tbt-p99", "1"),
             "alerts": ("alerts", f, "-o", tmp_path / "rules.yml")}[cmd]
-    import capacity.analyses.sweep as sweep
-    import replay.run
-
-    def no_replay(*a, **k):
-        raise AssertionError("replayed a trace the analyses cannot bin")
-    with monkeypatch.context() as m:
-        m.setattr(sweep, "run_jobs", no_replay)
-        m.setattr(replay.run, "replay", no_replay)
-        code, err = run(*args)
+    code, err = run_without_replays(monkeypatch, args, "a trace the analyses cannot bin")
     assert code == 2 and "request_id 20 " in err and "years" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "rep").exists()
     code, _ = run("replay", f, "--db", tmp_path / "k.duckdb", "--json")
@@ -200,15 +205,7 @@ def test_a_trace_without_a_rate_is_refused_before_any_replay(tmp_path, monkeypat
                  + "".join(f"{t},{100 + i},5\n" for i, t in enumerate(times)))
     args = {"report": ("report", f, "-o", tmp_path / "rep"), "headroom": ("headroom", f),
             "tune": ("tune", f, "--max-num-seqs-grid", "8,16")}[cmd]
-    import capacity.analyses.sweep as sweep
-    import replay.run
-
-    def no_replay(*a, **k):
-        raise AssertionError("replayed a trace with no rate")
-    with monkeypatch.context() as m:
-        m.setattr(sweep, "run_jobs", no_replay)
-        m.setattr(replay.run, "replay", no_replay)
-        code, err = run(*args)
+    code, err = run_without_replays(monkeypatch, args, "a trace with no rate")
     assert code == 2 and words in err and "--arrivals" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "rep").exists()
     res = runner.invoke(app, ["replay", str(f), "--db", str(tmp_path / "k.duckdb"), "--json"])
