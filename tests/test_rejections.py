@@ -120,3 +120,30 @@ def test_an_aborting_engine_is_said_first(tmp_path):
     assert doc["verdict"] == "overloaded"
     assert head.startswith("overloaded: the engine aborts at ") and \
         "Aborted due to the lack of CPU swap space" in head and "a larger --swap-space" in head
+
+
+def test_rejected_requests_do_not_count_against_the_served_rate():
+    """Stability compares the served rate with the *accepted* one: a refused request is never
+    served, so with >= 5% rejected the old test (served < 95% of offered) held whatever the engine
+    did and a burst still queued at the last arrival read as overload."""
+    from capacity.analyses.stability import stability
+    n = 100
+    arrival = [float(i) for i in range(n)]                       # 1.01 req/s offered
+    status = ["rejected" if i % 10 == 0 else "finished" for i in range(n)]
+    # The 6 last accepted arrivals wait past the last arrival (a burst that then drains).
+    late = [i for i in range(n) if status[i] == "finished"][-6:]
+    sched = [None if status[i] == "rejected" else arrival[i] + (10.0 if i in late else 0.1)
+             for i in range(n)]
+    finish = [None if s is None else min(s + 1.0, 100.0) for s in sched]
+    req = pl.DataFrame({"arrival_s": arrival, "status": status, "first_scheduled_s": sched,
+                        "first_token_s": sched, "finish_s": finish},
+                       schema_overrides={"first_scheduled_s": pl.Float64,
+                                         "first_token_s": pl.Float64, "finish_s": pl.Float64})
+    runs = pl.DataFrame({"sim_seconds": [100.0]})
+    st = stability({"requests": req, "runs": runs})
+    # 90 served over 100 s: 0.90 req/s, 99% of the 0.91 accepted, 89% of the 1.01 offered.
+    assert (st.backlog_requests, round(st.served_rps, 2), round(st.offered_rps, 2)) == (6, 0.9, 1.01)
+    assert st.sustainable, st.evidence
+    # The same 10 accepted but never served: now the engine really falls behind.
+    queued = req.with_columns(pl.col("status").replace("rejected", "unfinished"))
+    assert not stability({"requests": queued, "runs": runs}).sustainable

@@ -11,7 +11,9 @@ one run's tables:
   the sustainable rate);
 - simulated span vs. trace span, and the TTFT trend (median TTFT of the last fifth of arrivals vs.
   the first fifth), for the explanation.
-Overloaded <=> backlog share > BACKLOG_SHARE and served rate < SERVED_SHARE x offered rate.
+Overloaded <=> backlog share > BACKLOG_SHARE and served rate < SERVED_SHARE x accepted rate (the
+offered rate less the requests vLLM rejects: those are refused, never served, so counting them
+would call any trace with >= 5% rejected "not served" whatever the engine does).
 """
 from __future__ import annotations
 
@@ -64,14 +66,16 @@ def stability(tables: dict[str, pl.DataFrame]) -> Stability:
     sched = req["first_scheduled_s"].to_numpy().astype(float)
     # Arrived by the last arrival (all of them) and not scheduled by then; rejected requests are
     # not waiting (they were refused, not queued).
-    waiting = (np.isnan(sched) | (sched > last)) & (req["status"].to_numpy() != "rejected")
+    rejected = req["status"].to_numpy() == "rejected"
+    waiting = (np.isnan(sched) | (sched > last)) & ~rejected
     backlog = int(waiting.sum())
     share = backlog / n if n else 0.0
     ttft = req["first_token_s"].to_numpy().astype(float) - arrival
     fifth = span / 5
     early, late = _median(ttft[arrival <= first + fifth]), _median(ttft[arrival >= last - fifth])
     trend = late / early if early and late is not None else None
-    sustainable = not (share > BACKLOG_SHARE and served < SERVED_SHARE * offered)
+    accepted = offered * (1 - rejected.sum() / n) if n else 0.0
+    sustainable = not (share > BACKLOG_SHARE and served < SERVED_SHARE * accepted)
     if batch:
         why = (f"a batch: all {n:,} requests arrive at t = {first:g} s (no request rate); the "
                f"last finishes {sim_span:,.2f} s later ({served:,.2f} req/s)")
@@ -80,7 +84,8 @@ def stability(tables: dict[str, pl.DataFrame]) -> Stability:
                f"still wait at the last arrival; {sim_span:,.0f} s simulated for a "
                f"{span:,.0f}-s trace")
     else:
-        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered: the waiting queue grows "
+        of = f" ({accepted:,.2f} accepted)" if rejected.any() else ""
+        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered{of}: the waiting queue grows "
                f"({backlog:,} requests, {share:.0%}, still unscheduled at the last arrival), "
                f"{sim_span:,.0f} s simulated for a {span:,.0f}-s trace"
                + (f", TTFT {trend:,.0f}x longer at the end than at the start" if trend else ""))
