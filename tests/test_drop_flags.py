@@ -37,3 +37,33 @@ def test_the_deployment_less_the_dropped_flags_replays_the_quoted_row(conv800, t
         in kvcap("report", conv800, "-o", tmp_path / "r2", *dep, "--max-num-seqs-grid",
                  "256,1024", "--workers", "1", "--quiet").stdout.replace("\n", " ")
 
+
+
+WINDOW = EngineConfig(cache_aware_admission_window=16)
+
+
+def test_flags_that_turn_prefix_caching_off_take_the_admission_window_with_it():
+    """vLLM 0.34's cache-aware admission orders by prefix-cache hit: kvcap refuses it beside
+    `--no-enable-prefix-caching`. Found off the corpus: `kvcap report` and `compare-modes` with
+    `--cache-aware-admission-window` died on that refusal, from compare-modes' prefix-off
+    variant."""
+    from capacity.analyses.modes import variant_config
+    off = variant_config(WINDOW, "recompute")
+    assert (off.enable_prefix_caching, off.cache_aware_admission_window) == (False, 0)
+    assert variant_config(WINDOW, "recompute+prefix-cache").cache_aware_admission_window == 16
+    followed = apply_flags(WINDOW, vllm_flags(off))          # what the user runs: no window
+    assert (followed.enable_prefix_caching, followed.cache_aware_admission_window) == (False, 0)
+    assert apply_flags(WINDOW, vllm_flags(EngineConfig())).cache_aware_admission_window == 16
+    assert dropped_flags(WINDOW, off) == ("--cache-aware-admission-window",)
+    assert dropped_flags(WINDOW, EngineConfig(cache_aware_admission_window=16)) == ()
+    tier_and_window = EngineConfig(kv_offloading_size=8.0, cache_aware_admission_window=4)
+    assert dropped_flags(tier_and_window, off) == ("--kv-offloading-size",
+                                                   "--kv-offloading-backend",
+                                                   "--cache-aware-admission-window")
+
+
+def test_compare_modes_runs_every_variant_of_a_deployment_with_an_admission_window(conv800,
+                                                                                  tmp_path):
+    doc = kvcap_json("compare-modes", conv800, "--cache-aware-admission-window", "16",
+                     "--num-gpu-blocks-override", "2000")
+    assert {m["variant"] for m in doc["modes"]} >= {"recompute", "recompute+prefix-cache"}

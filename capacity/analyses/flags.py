@@ -62,23 +62,37 @@ def vllm_flags(config: EngineConfig) -> tuple[str, ...]:
 
 # A CPU tier's vLLM flags (kvcap's spellings of the connector's settings do nothing without it).
 TIER_FLAGS = ("--kv-offloading-size", "--kv-offloading-backend")
+# vLLM 0.34's cache-aware admission reorders by GPU prefix-cache hit: with prefix caching off it
+# has nothing to order by (kvcap refuses the pair), so flags that turn caching off take it away.
+WINDOW_FLAG = "--cache-aware-admission-window"
 
 
 def dropped_flags(deployment: EngineConfig, chosen: EngineConfig) -> tuple[str, ...]:
-    """The deployment's flags a recommendation takes away: vLLM has no flag that turns a V1 CPU
-    tier off (a size of 0 is refused), so a plan without the tier the deployment runs must say
-    "leave these out" beside the flags it adds."""
+    """The deployment's flags a recommendation takes away, which appending its flags cannot undo:
+    vLLM has no flag that turns a V1 CPU tier off (a size of 0 is refused), and the deployment's
+    cache-aware admission window cannot stay beside `--no-enable-prefix-caching`. A plan that
+    leaves either out must say "leave these out" beside the flags it adds."""
+    out: tuple[str, ...] = ()
     if deployment.scheduler == "v1" and deployment.kv_offloading_size \
             and not chosen.kv_offloading_size:
-        return TIER_FLAGS
-    return ()
+        out += TIER_FLAGS
+    if deployment.cache_aware_admission_window and not chosen.cache_aware_admission_window:
+        out += (WINDOW_FLAG,)
+    return out
 
 
-def drop_words(deployment: EngineConfig) -> str:
-    """What the host-tier line says of `dropped_flags`."""
-    return (f"leave --kv-offloading-size {deployment.kv_offloading_size:g} and "
-            "--kv-offloading-backend out of the deployment: vLLM has no flag that turns the tier "
-            "off")
+def drop_words(deployment: EngineConfig, drop: tuple[str, ...]) -> str:
+    """What the plan says of `dropped_flags` (`drop`, not empty)."""
+    words = []
+    if TIER_FLAGS[0] in drop:
+        words.append(f"leave --kv-offloading-size {deployment.kv_offloading_size:g} and "
+                     "--kv-offloading-backend out of the deployment: vLLM has no flag that turns "
+                     "the tier off")
+    if WINDOW_FLAG in drop:
+        words.append(f"leave {WINDOW_FLAG} {deployment.cache_aware_admission_window} out of the "
+                     "deployment: it orders admissions by prefix-cache hit, and these flags turn "
+                     "prefix caching off")
+    return "; ".join(words)
 
 
 # The model is the user's to fill in: a shell variable, so that the command pasted as printed
@@ -148,4 +162,6 @@ def apply_flags(base: EngineConfig, flags: list[str] | tuple[str, ...]) -> Engin
         changes["preemption_mode"] = "recompute"     # vLLM V1 only recomputes
         if "--kv-offloading-size" not in flags:
             changes["kv_offloading_size"] = None     # no CPU tier
+    if changes.get("enable_prefix_caching") is False:
+        changes["cache_aware_admission_window"] = 0  # nothing to order by (dropped_flags)
     return dataclasses.replace(base, **changes)

@@ -349,6 +349,9 @@ def variant_config(config: EngineConfig, variant: str, swap_space_gib: float | N
     elif variant == OFFLOAD:
         changes = dict(changes, num_cpu_blocks_override=None,
                        kv_offloading_size=kv_offloading_size_gib or default_offload_gib(config))
+    if changes.get("enable_prefix_caching") is False:
+        # 0.34's cache-aware admission orders by prefix-cache hit: it goes with the cache.
+        changes = dict(changes, cache_aware_admission_window=0)
     return dataclasses.replace(config, **changes)
 
 

@@ -598,7 +598,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
     lines.append(_host_tier_line(chosen, sizing, offload, modes, fits)
-                 + (f"; {drop_words(config)}" if drop else ""))
+                 + (f"; {drop_words(config, drop)}" if drop else ""))
     lines.append(f"max-num-seqs: {seqs_words}")
     if mbt_words:
         lines.append(f"max-num-batched-tokens: {mbt_words}")

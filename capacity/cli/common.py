@@ -438,7 +438,7 @@ def store_runs(db: Optional[Path], runs, *, without_steps: set[str] = frozenset(
 def print_flags(console, flags, what: str = "vLLM flags", drop=()) -> None:
     """The `vllm serve` command of `flags` under a heading, on one line of its own whatever the
     terminal's width (soft wrap: no newline is inserted), so that it pastes whole; then the
-    deployment's flags it takes away (`drop`: no vLLM flag turns them off)."""
+    deployment's flags it takes away (`drop`: appending `flags` cannot undo them)."""
     from capacity.analyses.flags import serve_command
     console.print(f"{what} (set MODEL to your model):", markup=False, highlight=False)
     console.print(serve_command(flags), soft_wrap=True, markup=False, highlight=False)

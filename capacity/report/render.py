@@ -129,8 +129,8 @@ def recommendations_section(rec, stab) -> Section:
                  "Serve with these flags (set MODEL to your model; they reproduce the replay "
                  "whose numbers are quoted here):")
         block = text(intro) + code_block(serve_lines(rec.flags)) + (
-            text("And leave these out of the deployment's flags (vLLM has no flag that turns "
-                 "them off): " + " ".join(rec.drop_flags)) if rec.drop_flags else "")
+            text("And leave these out of the deployment's flags (appending the flags above "
+                 "does not undo them): " + " ".join(rec.drop_flags)) if rec.drop_flags else "")
     else:
         block = text("No flags: the run is overloaded, so no configuration is derived from it.")
     exp = rec.expected

@@ -222,6 +222,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     # the deployment already runs a CPU tier (the plan may drop it: `drop_flags`)
     S("moon-v1-8b-kv-tier-given", _public(MOONCAKE, 600, 240, scale=0.3),
       _kv(8000) + ("--kv-offloading-size", "8"), slo_ttft_s=60.0, slo_tbt_s=0.5, regime="kv"),
+    # vLLM 0.34's cache-aware admission given on a trace without prefix hashes: compare-modes'
+    # prefix-off variant must take the window with the cache (report crashed on it)
+    S("azconv-v1-8b-admission-window", _public(AZ_CONV, 600, 300),
+      _kv(2000) + ("--cache-aware-admission-window", "16"), regime="kv"),
     # ---- other models: Mooncake's longest prompts exceed their context, and vLLM rejects them
     #      (Qwen3-32B: 40,960 tokens, 39 of 835 requests; Mistral-7B: 32,768, 56 of 794)
     S("moon-v0-qwen32-tp2-rejects", _public(MOONCAKE, 1200, 240, scale=0.2),

@@ -195,8 +195,9 @@ def headline_consistent(s: Scenario, o: O):
 def flags_replay(s: Scenario, o: O):
     """`kvcap replay TRACE <engine flags> <recommended flags>` gives exactly the quoted
     expected.ttft_p99_s, tbt_p99_s and preemptions (n/a when overloaded: no flags); the engine
-    flags less the plan's `drop_flags`, which a V1 plan that drops the deployment's CPU tier names
-    (vLLM has no flag that turns it off), and only then."""
+    flags less the plan's `drop_flags`, which name exactly what appending the flags cannot undo:
+    the deployment's V1 CPU tier when the flags have none (vLLM has no flag that turns it off),
+    and its cache-aware admission window when the flags turn prefix caching off."""
     if (bad := _need_report(o)):
         return bad
     r = _report(o)
@@ -206,11 +207,14 @@ def flags_replay(s: Scenario, o: O):
     if not rec.get("flags"):
         return FAIL, f"verdict {r.get('verdict')} but recommendation.flags is empty"
     tier = s.scheduler == "v1" and float(flag_value(s.engine, "--kv-offloading-size") or 0) > 0
-    drops = tier and "--kv-offloading-size" not in rec["flags"]
-    if bool(rec.get("drop_flags")) != drops:
-        return FAIL, (f"drop_flags {rec.get('drop_flags')} but the deployment "
-                      f"{'runs' if tier else 'has no'} CPU tier and the flags "
-                      f"{'drop' if drops else 'keep or never had'} it")
+    window = int(flag_value(s.engine, "--cache-aware-admission-window") or 0) > 0
+    want = ((["--kv-offloading-size", "--kv-offloading-backend"]
+             if tier and "--kv-offloading-size" not in rec["flags"] else [])
+            + (["--cache-aware-admission-window"]
+               if window and "--no-enable-prefix-caching" in rec["flags"] else []))
+    if list(rec.get("drop_flags") or []) != want:
+        return FAIL, (f"drop_flags {rec.get('drop_flags')}, but what the flags take from the "
+                      f"deployment is {want}")
     rep = o.get("replay-flags")
     if rep is None or not rep.ok:
         return FAIL, f"replay of the flags failed ({rep.error_line() if rep else 'not run'})"
