@@ -290,27 +290,44 @@ def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=Non
 def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
                 decode: bool = False) -> str:
     """The knob that addresses a floor, measured: the floor (the p99-length prompt's TTFT, or
-    with `decode` the shortest prompt's decode step) at 2x, 4x, 8x the tensor parallelism (the
-    same GPU and model), the smallest that meets the SLO."""
+    with `decode` the shortest prompt's decode step) as deployed and at 2x, 4x, 8x the tensor
+    parallelism (the same GPU and model), the smallest that meets the SLO. Where the deployment's
+    steps are priced by measured tables, a TP without a shipped profile is named and never
+    replayed: the roofline it would fall back to leaves out what the measured tables show (on
+    PCIe GPUs an all-reduce that grows with TP), so its number is no claim beside them."""
+    from replay.timing.executors import has_measured_timing
     what, slo, metric, floor = (
         ("one decode step of the shortest prompt alone", t.slo_tbt_p99_s, "tbt_p99_s",
          _decode_floor) if decode else
         ("the p99-length prompt alone", t.slo_ttft_p99_s, "ttft_p99_s", _floor))
-    tried = []
+    which = "TBT" if decode else "TTFT"
+    eng = resolve(config)
+    measured = has_measured_timing(eng, config.calibration)
+    now = getattr(floor(trace, config, planner, t)[0], metric)
+    tried, unmeasured = [f"TP {config.tensor_parallel_size} (as deployed): {_s(now)}"], []
+
+    def takes() -> str:
+        return f"measured: {what} takes " + ", ".join(tried + (
+            [f"TP {', '.join(unmeasured)}: not measured (no step-time profile of "
+             f"{eng.model.name} on {eng.gpu.name} there)"] if unmeasured else []))
+
     for tp in (2, 4, 8):
         tp *= config.tensor_parallel_size
         try:
-            cfg = dataclasses.replace(config, tensor_parallel_size=tp)
-            resolve(cfg)
+            # A calibration was measured at the deployment's TP: the others use shipped tables.
+            cfg = dataclasses.replace(config, tensor_parallel_size=tp, calibration=None)
+            other = resolve(cfg)
         except ValueError:
             break
+        if measured and not has_measured_timing(other):
+            unmeasured.append(str(tp))
+            continue
         v = getattr(floor(trace, cfg, planner, t)[0], metric)
         tried.append(f"TP {tp}: {_s(v)}")
         if v is not None and v <= slo:
-            return (f"measured: {what} takes {', '.join(tried)}: --tensor-parallel-size {tp} "
-                    f"meets the {'TBT' if decode else 'TTFT'} SLO")
-    return (f"measured: {what} takes " + (", ".join(tried) or "—")
-            + f"; no TP this GPU and model allow meets the {'TBT' if decode else 'TTFT'} SLO: "
+            return f"{takes()}: --tensor-parallel-size {tp} meets the {which} SLO"
+    return (takes() + ("; no measured TP of this GPU and model" if unmeasured else
+                       "; no TP this GPU and model allow") + f" meets the {which} SLO: "
             + ("a looser TBT SLO, or a faster GPU" if decode else
                "an SLO per prompt-length class, or a faster GPU"))
 

@@ -27,24 +27,41 @@ def catalog_constants(gpu) -> CostConstants:
                          interconnect_bytes_per_s=gpu.tp_link_bandwidth_bytes_per_s)
 
 
+def _calibration_data(calibration: str) -> object:
+    try:
+        return json.loads(open(calibration, encoding="utf-8").read())
+    except (OSError, ValueError):
+        return None                   # read_profile (below) says what is wrong
+
+
+def _shipped_for(eng):
+    return step_profile.shipped(eng.gpu.name, eng.model.name,
+                                step_profile.dtype_key(eng.model.weight_dtype_bytes,
+                                                       eng.config.kv_cache_dtype),
+                                eng.tensor_parallel_size)
+
+
+def has_measured_timing(eng, calibration: str | None = None) -> bool:
+    """Whether `measured_for` finds measured step-time tables (else the roofline prices steps):
+    what-ifs across engines compare like with like only (capacity/analyses/plan.py)."""
+    if calibration:
+        return step_profile.is_measured(_calibration_data(calibration))
+    return _shipped_for(eng) is not None
+
+
 def measured_for(eng, calibration: str | None) -> step_profile.MeasuredTables | None:
     """The step-time tables: a measured `--calibration` profile, else the shipped profile of
     this GPU x model x dtype x TP, else None (the roofline, with a one-line warning)."""
-    tp = eng.tensor_parallel_size
     if calibration:
-        try:
-            data = json.loads(open(calibration, encoding="utf-8").read())
-        except (OSError, ValueError):
-            data = None               # read_profile (below) says what is wrong
+        data = _calibration_data(calibration)
         if step_profile.is_measured(data):
             return step_profile.parse_tables(data, f"calibration: {calibration}")
         return None
-    kv = eng.config.kv_cache_dtype
-    path = step_profile.shipped(eng.gpu.name, eng.model.name,
-                                step_profile.dtype_key(eng.model.weight_dtype_bytes, kv), tp)
+    path = _shipped_for(eng)
     if path is None:
-        step_profile.warn_unmeasured(f"{eng.model.name} on {eng.gpu.name}, tp={tp}, "
-                                     f"kv_cache_dtype={kv}")
+        step_profile.warn_unmeasured(f"{eng.model.name} on {eng.gpu.name}, "
+                                     f"tp={eng.tensor_parallel_size}, "
+                                     f"kv_cache_dtype={eng.config.kv_cache_dtype}")
         return None
     return step_profile.load(path)
 
