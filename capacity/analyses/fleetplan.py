@@ -43,6 +43,9 @@ class CandidatePlan:
     # Requests vLLM refuses on this candidate (a prompt too long for its model's context, KV
     # larger than its pool): a fleet that refuses them is not the same service.
     rejected: int = 0
+    # What priced its steps (capacity/analyses/versions.py): candidates compared on unlike
+    # sources ("roofline" beside "measured") are a closer call than their numbers say.
+    step_times: str | None = None
 
     def as_dict(self) -> dict:
         def brief(s: FleetScore | None) -> dict | None:
@@ -63,7 +66,8 @@ class CandidatePlan:
                 "tbt_p99_s": self.fleet.candidate.tbt_p99_s if self.fleet else None,
                 "fleet": brief(self.fleet), "one_fewer": brief(self.one_fewer),
                 "probes": [{"replicas": n, "ok": o, "breaks": b} for n, o, b in self.probes],
-                "explanation": self.explanation, "rejected": self.rejected}
+                "explanation": self.explanation, "rejected": self.rejected,
+                "step_times": self.step_times}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +150,6 @@ def plan_fleet(trace: pl.DataFrame, candidates: list[tuple[str, str, int, Engine
             capacity_rps=plan.capacity_rps, verdict=plan.verdict,
             flags=plan.recommendation.flags, price_per_gpu_hour=price, cost_per_hour=cost,
             fleet=reps.meets, one_fewer=reps.one_fewer, probes=reps.probes, explanation=why,
-            plan=plan, rejected=rej.num_rejected if rej else 0))
+            plan=plan, rejected=rej.num_rejected if rej else 0, step_times=plan.step_times))
     return FleetPlan(router=router, slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s,
                      plans=tuple(plans))

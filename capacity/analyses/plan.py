@@ -48,7 +48,7 @@ from capacity.analyses.stability import Stability, stability
 from capacity.analyses.stalls import StallBatches, drill_steps, stall_batches
 from capacity.analyses.sweep import Job, default_workers, in_worker, prewarm
 from capacity.analyses.tuning import Tuning, tune
-from capacity.analyses.versions import run_engine_words
+from capacity.analyses.versions import run_engine_words, step_time_words, step_times
 from capacity.analyses.whatifs import WhatIf, what_ifs
 from replay.config import EngineConfig, resolve
 from replay.results.tables import RunResult
@@ -152,6 +152,8 @@ class Plan:
     # The requests the engine never runs (prompt too long, KV larger than the pool): in no
     # percentile, so the headline says how many (None: none).
     rejections: Rejections | None = None
+    # What priced the steps (versions.step_times): "measured", "calibration" or "roofline".
+    step_times: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -184,7 +186,8 @@ class Plan:
                 "what_ifs": [w.as_dict() for w in self.what_ifs],
                 "slo": {"ttft_p99_s": self.slo_ttft_p99_s, "tbt_p99_s": self.slo_tbt_p99_s},
                 "budget": budget_words(self.budget),
-                "rejected": self.rejections.as_dict() if self.rejections else None}
+                "rejected": self.rejections.as_dict() if self.rejections else None,
+                "step_times": self.step_times}
 
 
 def budget_words(b: Budget) -> str:
@@ -399,7 +402,8 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
             f"{_capacity_words(rate, st.offered_rps, binding)}; "
             + (f"needs {reps.count} replicas ({router} router) to fit" if reps.count
                else reps.explanation) + (f"; {rej.short()}" if rej else ""))
-    lines = [f"replayed on {run_engine_words(base.run)}", *([rej.words()] if rej else []),
+    lines = [f"replayed on {run_engine_words(base.run)}", step_time_words(config),
+             *([rej.words()] if rej else []),
              f"binding constraint: {binding.constraint or 'none'} — {binding.evidence}; the knob: "
              f"{binding.knob or '—'}",
              f"replicas: {reps.explanation}",
@@ -420,7 +424,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
                 binding=binding, replicas=reps, departures=(), what_ifs=(), recommended_run=None,
                 stall_drill=None, classification=None, alert=None, budget=t.budget,
                 slo_ttft_p99_s=t.slo_ttft_p99_s, slo_tbt_p99_s=t.slo_tbt_p99_s,
-                recommendation=rec, rejections=rej)
+                recommendation=rec, rejections=rej, step_times=step_times(config))
 
 
 def _host_tier_and_modes(trace, config, base, planner, t: _Targets, noise: Noise):
@@ -610,7 +614,8 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     offered = st.offered_rps
     cap = rate.scale * offered if rate.scale else None
     rej = rejections(tables["requests"], resolve(cfg))
-    lines = [f"replayed on {run_engine_words(run.run)}", *([rej.words()] if rej else []),
+    lines = [f"replayed on {run_engine_words(run.run)}", step_time_words(config),
+             *([rej.words()] if rej else []),
              f"preemption mode: {modes.recommended} — {modes.reason}"]
     if modes.queue_only_note:
         lines.append(modes.queue_only_note)
@@ -662,7 +667,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                 binding=binding, replicas=reps, departures=tuple(departures), what_ifs=whatifs,
                 recommended_run=run, stall_drill=drill, classification=verdict, alert=rule,
                 slo_ttft_p99_s=slo_ttft_p99_s, slo_tbt_p99_s=slo_tbt_p99_s, budget=budget,
-                recommendation=rec, rejections=rej)
+                recommendation=rec, rejections=rej, step_times=step_times(config))
 
 
 def drill_of(trace: pl.DataFrame, config: EngineConfig, window: tuple[int, int]):

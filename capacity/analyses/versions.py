@@ -2,7 +2,9 @@
 
 One function so that the report, the terminal tables and the JSON say the same thing: the
 release (V0 is 0.10.1.1; V1 0.33 or 0.34, 0.34 by default), its KV block size (16 up to 0.33,
-64 from 0.34: the prefix-hit granularity) and the engine loop.
+64 from 0.34: the prefix-hit granularity) and the engine loop. And what priced its steps
+(`step_times`): measured kernels, a calibration profile, or the analytic roofline, which is
+less accurate (docs/timing.md), so an answer resting on it says so.
 """
 from __future__ import annotations
 
@@ -40,3 +42,27 @@ def run_engine_words(run: dict) -> str:
     loop = "async" if run.get("async_scheduling") else "sync"
     return engine_words(run.get("scheduler", "v1"), run.get("vllm_version"), loop,
                         run.get("block_size"), preemption_victim_of(run))
+
+
+def step_times(config) -> str:
+    """"measured" (a shipped profile of this GPU x model x KV dtype x TP), "calibration" (a
+    `--calibration` profile) or "roofline" (neither: replay.timing.executors.measured_for)."""
+    from replay.config import resolve
+    from replay.timing.executors import has_measured_timing
+    if config.calibration:
+        return "calibration"
+    return "measured" if has_measured_timing(resolve(config)) else "roofline"
+
+
+def step_time_words(config) -> str:
+    from replay.config import resolve
+    source = step_times(config)
+    if source == "calibration":
+        return f"step times: the calibration profile {config.calibration}"
+    eng = resolve(config)
+    where = (f"{eng.model.name} on {eng.gpu.name} at TP {config.tensor_parallel_size}"
+             + (f", {config.kv_cache_dtype} KV cache" if config.kv_cache_dtype != "auto" else ""))
+    if source == "measured":
+        return f"step times: measured kernels of {where} (NVIDIA AIConfigurator)"
+    return (f"step times: the analytic roofline — no measured profile of {where}; less accurate "
+            "than measured kernels (docs/timing.md), so read close calls with care")

@@ -139,6 +139,14 @@ def candidate_flags(fn):
     return wrapper
 
 
+# Beside a model in the table: no measured step-time profile of that GPU x model x TP, so the
+# analytic roofline prices its steps (capacity/analyses/versions.py); said under the table.
+ROOFLINE_MARK = " †"
+ROOFLINE_NOTE = ("† no measured step-time profile of that GPU, model and TP: the analytic roofline "
+                 "prices its steps, less accurately than the others' measured kernels "
+                 "(docs/timing.md)")
+
+
 def plan_rich_table(p) -> Table:
     t = Table(title=f"fleet plan (router {p.router}; SLO TTFT p99 ≤ {p.slo_ttft_p99_s:g} s, "
                     f"TBT p99 ≤ {p.slo_tbt_p99_s:g} s)")
@@ -154,7 +162,8 @@ def plan_rich_table(p) -> Table:
         fewer = "-" if c.one_fewer is None else c.one_fewer.candidate.breaks or "passes"
         mark = " ←cheapest" if c is cheapest else ""
         why = c.explanation if c.plan is not None else "cannot run (below)"
-        t.add_row(c.gpu, c.model, str(c.tensor_parallel_size),
+        t.add_row(c.gpu, c.model + (ROOFLINE_MARK if c.step_times == "roofline" else ""),
+                  str(c.tensor_parallel_size),
                   "-" if c.replicas is None else str(c.replicas),
                   "-" if c.linear_estimate is None else str(c.linear_estimate),
                   fewer if c.replicas else why,
@@ -234,6 +243,8 @@ def plan_cmd(
         return
     c = Console(width=110)
     c.print(plan_rich_table(p))
+    if any(cp.step_times == "roofline" for cp in p.plans):
+        c.print(ROOFLINE_NOTE, soft_wrap=True, markup=False, highlight=False)
     for cp in p.plans:
         c.print(f"- {cp.gpu} {cp.model} TP{cp.tensor_parallel_size}: {cp.explanation}")
     best = p.cheapest
@@ -244,3 +255,9 @@ def plan_cmd(
                     f"; not {o.replicas} × {o.gpu} (TP{o.tensor_parallel_size}, {o.model}) at "
                     f"${o.cost_per_hour:,.2f}/hour: it rejects {o.rejected:,} requests"
                     for o in p.cheaper_but_rejecting))
+        if best.step_times == "roofline" and any(o.step_times == "measured" for o in p.plans):
+            c.print(f"{best.gpu} TP{best.tensor_parallel_size} ({best.model}) has no measured "
+                    "step-time profile: its numbers are the analytic roofline's, the others' "
+                    "measured kernels' (docs/timing.md); measure it on that GPU (`kvcap "
+                    "calibrate`) before buying on a close call",
+                    soft_wrap=True, markup=False, highlight=False)

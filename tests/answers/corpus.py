@@ -193,6 +193,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("conv-v1-8b-chunk", _synth("poisson", 15, 180), slo_tbt_s=0.06, regime="chunk"),
     # ---- decode-bound: Llama-3.1-70B's lone decode step on 4 H100s takes ~14 ms (8 GPUs: ~9)
     S("conv-v1-70b-decode", _synth("poisson", 2, 240), B70, slo_tbt_s=0.012, regime="decode"),
+    # no measured profile (the source has bf16 KV only on A100): the analytic roofline prices
+    # the steps, and the plan says so (`step_times`)
+    S("conv-v1-8b-a100-fp8-roofline", _synth("poisson", 4, 180),
+      ("--gpu", "a100-80gb", "--kv-cache-dtype", "fp8")),
     # ---- public traces: Azure conv / code (no prefix hashes), Mooncake (prefix hashes)
     S("azconv-v1-8b-healthy", _public(AZ_CONV, 600, 180), slice=True),
     S("azconv-v1-8b-marginal", _public(AZ_CONV, 600, 180, scale=4.0), regime="marginal"),

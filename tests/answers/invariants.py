@@ -25,7 +25,8 @@ CONTRACT_KEYS = ("verdict", "binding_constraint", "capacity_rps", "capacity_rate
                  "sustainable", "sustainable_rps", "offered_rps", "served_rps",
                  "headroom_rate_scale", "recommendation", "noise", "departures", "slo", "budget",
                  "recommended_kv_offloading_size_gib", "offload", "trace_has_prefix_hashes",
-                 "vllm_version", "what_ifs", "rejected")
+                 "vllm_version", "what_ifs", "rejected", "step_times")
+STEP_TIMES = ("measured", "calibration", "roofline")
 REPLICA_KEYS = ("count", "router", "linear_estimate", "one_fewer", "meets")
 EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_budget", "run_id")
 # Commands that may refuse (exit 2, one line), and when: V1 has no swap space, V0 no offloading
@@ -80,8 +81,10 @@ def contract(s: Scenario, o: O):
     """The JSON contract's keys are there: `report --json` (and summary.json) carry verdict,
     binding_constraint, capacity_rps, replicas {count, router, linear_estimate, one_fewer, meets},
     noise, departures, recommendation.expected {ttft_p99_s, tbt_p99_s, preemptions, meets_slo,
-    within_budget, run_id} (unless overloaded), …; `plan --json` and `headroom --json` carry
-    capacity_rps and replicas, headroom also replicas_needed and headroom_rate_scale."""
+    within_budget, run_id} (unless overloaded), step_times (measured | calibration | roofline,
+    said in one line of the plan: a roofline plan says it is less accurate), …; `plan --json` and
+    `headroom --json` carry capacity_rps and replicas, headroom also replicas_needed and
+    headroom_rate_scale."""
     if (bad := _need_report(o)):
         return bad
     r, problems = _report(o), []
@@ -96,6 +99,13 @@ def contract(s: Scenario, o: O):
         problems.append(f"recommendation.expected lacks {', '.join(m)}")
     if "verdict" in r and r["verdict"] not in VERDICTS:
         problems.append(f"verdict {r['verdict']!r} not one of {'/'.join(VERDICTS)}")
+    if "step_times" in r:
+        lines = [ln for ln in (r.get("recommendation") or {}).get("lines") or []
+                 if ln.startswith("step times: ")]
+        if r["step_times"] not in STEP_TIMES:
+            problems.append(f"step_times {r['step_times']!r} not one of {'/'.join(STEP_TIMES)}")
+        elif len(lines) != 1 or (r["step_times"] == "roofline") != ("roofline" in lines[0]):
+            problems.append(f"step_times {r['step_times']!r} but the plan's lines say {lines}")
     if "binding_constraint" in r and r["binding_constraint"] not in BINDINGS:
         problems.append(f"binding_constraint {r['binding_constraint']!r} unknown")
     if o["report"].extra.get("summary") is None:
