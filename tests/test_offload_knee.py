@@ -95,3 +95,28 @@ def test_a_knee_the_host_cannot_pin_is_not_recommended():
     verdict[32] = "warn"
     rows[3].host_ram_verdict = "warn"
     assert host_bounded_knee(rows, 0.05) == knee(rows, 0.05)
+
+
+def test_no_swept_size_is_below_one_offload_chunk():
+    """Found off the corpus: Qwen3-32B on 2 B200s with prefix caching off kept its knee at the
+    smallest size, and the sweep halved 2.4 GiB eight times to 0.011 GiB, under one 16 MiB
+    chunk: the engine refused that size and `kvcap report` and `plan` died on it."""
+    import polars as pl
+
+    from capacity.analyses.offload import default_sizes, offload_config, smallest_tier_gib
+    from replay.config import EngineConfig, resolve
+    b200 = EngineConfig(model="qwen3-32b", gpu="b200", tensor_parallel_size=2,
+                        num_gpu_blocks_override=2500)
+    least = smallest_tier_gib(b200)
+    assert least == 16 * 2**20 / 2**30                  # 64 tokens x 256 KiB, both ranks
+    assert resolve(offload_config(b200, least)).num_cpu_blocks == 1
+    with pytest.raises(ValueError, match="holds no offload chunk"):
+        offload_config(b200, least * 0.7)
+    # A pool of 8 blocks (8 chunks of both ranks): 1/16 of it holds no chunk, so it is not swept;
+    # the sweep starts at 1/8, one chunk.
+    tiny = EngineConfig(model="qwen3-32b", gpu="b200", tensor_parallel_size=2,
+                        num_gpu_blocks_override=8)
+    trace = pl.DataFrame({"prompt_tokens": [100_000]})
+    sizes = default_sizes(trace, tiny)
+    assert sizes and min(sizes) >= smallest_tier_gib(tiny)
+    assert sizes[0] == nice_gib(8 * 8 * 2**20 * 2 / 2**30 / 8)

@@ -43,7 +43,7 @@ from capacity.analyses.metrics import GIB, nearest_rank, summary
 from capacity.analyses.planner import Planner
 from capacity.analyses.stability import stability
 from capacity.analyses.sweep import Job
-from replay.config import EngineConfig, resolve
+from replay.config import EngineConfig, offload_chunk_bytes, resolve
 from replay.timing.memory import SWAP_RAM_ERROR_FRACTION, SWAP_RAM_WARN_FRACTION
 
 TOLERANCE = 0.05
@@ -273,19 +273,30 @@ def nice_gib(x: float) -> float:
     return round(math.ceil(x / 10 ** e - 1e-9) * 10 ** e, max(0, -e))
 
 
+def smallest_tier_gib(config: EngineConfig) -> float:
+    """The smallest --kv-offloading-size that holds anything: one offload chunk (every rank's
+    bytes of its blocks, page-rounded); vLLM's connector gets no chunk below it and kvcap
+    refuses such a size. The sweep never probes under it."""
+    eng = resolve(dataclasses.replace(config, kv_offloading_size=None,
+                                      num_cpu_blocks_override=None))
+    return offload_chunk_bytes(eng.kv_bytes_per_block, config.tensor_parallel_size) / GIB
+
+
 def default_sizes(trace: pl.DataFrame, config: EngineConfig) -> tuple[float, ...]:
     """Multiples of the GPU KV pool (total over TP) up to the first that holds the KV of every
-    prompt of the trace (nothing larger can hold more: only prompts are stored by default)."""
+    prompt of the trace (nothing larger can hold more: only prompts are stored by default); none
+    below one offload chunk (a pool of a few blocks)."""
     eng = resolve(config)
     tp = config.tensor_parallel_size
     pool = eng.num_gpu_blocks * eng.kv_bytes_per_block * tp / GIB
     prompts = float(trace["prompt_tokens"].cast(pl.Int64).sum() or 0) * eng.kv_bytes_per_token * tp / GIB
+    least = smallest_tier_gib(config)
     out: list[float] = []
     for m in POOL_MULTIPLES:
         out.append(nice_gib(pool * m))
         if pool * m >= prompts:
             break
-    return tuple(dict.fromkeys(s for s in out if s > 0))
+    return tuple(dict.fromkeys(s for s in out if s >= least))
 
 
 def host_ram_total(config: EngineConfig, host_ram_gib: float | None) -> tuple[float | None, str]:
@@ -385,12 +396,13 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
         pts += _points(trace, config, sizes[1:], planner, total)
     if default_sweep:
         ahead: dict[float, OffloadPoint] = {}
+        least = smallest_tier_gib(config)         # no halving below one offload chunk
         for i in range(KNEE_HALVINGS):            # the knee is the smallest size: go below it
             ordered = sorted(pts, key=lambda p: p.kv_offloading_size_gib)
             if host_bounded_knee(ordered, tolerance).index != 1:
                 break
             half = nice_gib(ordered[1].kv_offloading_size_gib / 2)
-            if not 0 < half < ordered[1].kv_offloading_size_gib:
+            if not least <= half < ordered[1].kv_offloading_size_gib:
                 break
             if half not in ahead:
                 # The next halving replays beside this one: it is the next probe whenever this
@@ -399,7 +411,7 @@ def size_offload(trace: pl.DataFrame, config: EngineConfig, *, sizes: Sequence[f
                 # points only if the search gets there: the answer is the one-at-a-time search's,
                 # and the replays made do not depend on --workers.
                 quarter = nice_gib(half / 2)
-                both = ((half, quarter) if 0 < quarter < half and i + 1 < KNEE_HALVINGS
+                both = ((half, quarter) if least <= quarter < half and i + 1 < KNEE_HALVINGS
                         else (half,))
                 ahead.update(zip(both, _points(trace, config, both, planner, total)))
             pts.append(ahead.pop(half))

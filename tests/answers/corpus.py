@@ -197,6 +197,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     # the steps, and the plan says so (`step_times`)
     S("conv-v1-8b-a100-fp8-roofline", _synth("poisson", 4, 180),
       ("--gpu", "a100-80gb", "--kv-cache-dtype", "fp8")),
+    # the offload sweep's knee stays at its smallest size, so the sweep halves it: never below
+    # one 16 MiB offload chunk (it went to 0.011 GiB, which the engine refuses, and crashed)
+    S("gamma-lognormal-v1-qwen32-b200-noprefix", _synth("gamma", 12, 240, lengths="lognormal",
+                                                       cv=3.0, seed=63),
+      ("--model", "qwen3-32b", "--gpu", "b200", "--tensor-parallel-size", "2",
+       "--no-enable-prefix-caching") + _blocks(2500), slo_ttft_s=2.0, slo_tbt_s=0.1, budget="any"),
     # ---- public traces: Azure conv / code (no prefix hashes), Mooncake (prefix hashes)
     S("azconv-v1-8b-healthy", _public(AZ_CONV, 600, 180), slice=True),
     S("azconv-v1-8b-marginal", _public(AZ_CONV, 600, 180, scale=4.0), regime="marginal"),
