@@ -50,6 +50,20 @@ def test_the_floor_is_a_prompt_the_engine_accepts():
     assert floor_trace(trace, 40_960)["prompt_tokens"][0] == 100
     # Every prompt too long: the floor stays the trace's (and never runs: see the next test).
     assert floor_trace(trace, 64)["prompt_tokens"][0] == 50_000
+    # Too large for the whole KV pool alone: rejected as surely as too long for the context.
+    assert floor_trace(trace, 131_072, 49_999)["prompt_tokens"][0] == 100
+
+
+def test_the_floor_fits_the_pool_of_either_engine():
+    """Found off the corpus: Llama-3.1-70B on 4 L40S (V0, 2,500 blocks) rejected Mooncake's
+    p99 prompt for the pool, so the floor never ran and claimed nothing, while a lone 34k-token
+    prompt took 80 s against a 2 s SLO: the plan searched 64 replicas instead of saying that no
+    replica count helps."""
+    from capacity.analyses.plan import lone_prompt_limit
+    v0 = resolve(EngineConfig(scheduler="v0", num_gpu_blocks_override=2500))   # 16-token blocks
+    assert lone_prompt_limit(v0) == (2500 - 1 - 25) * 16 - 3                    # 1% watermark
+    v1 = resolve(EngineConfig(num_gpu_blocks_override=300))                     # 64-token blocks
+    assert lone_prompt_limit(v1) == 299 * 64 - 3
 
 
 def test_a_floor_that_never_ran_claims_no_prefill_time():

@@ -232,23 +232,43 @@ class _Targets:
         return dict(**self.slo, budget=self.budget, precision=self.precision)
 
 
-def floor_trace(trace: pl.DataFrame, max_model_len: int | None = None) -> pl.DataFrame:
+def floor_trace(trace: pl.DataFrame, max_model_len: int | None = None,
+                max_prompt_tokens: int | None = None) -> pl.DataFrame:
     """The trace's p99-length prompt (nearest rank) alone, cold (no prefix hashes), two output
     tokens: its TTFT is the least any load gives the p99 of TTFT (binding.py). The p99 of the
-    prompts the engine accepts: a prompt too long for `max_model_len` is rejected, never in a
-    TTFT percentile (capacity/analyses/rejections.py says so on its own)."""
-    trace = _accepted(trace, max_model_len)
+    prompts the engine accepts: a prompt too long for `max_model_len`, or for the whole KV pool
+    (`max_prompt_tokens`: lone_prompt_limit), is rejected, never in a TTFT percentile
+    (capacity/analyses/rejections.py says so on its own)."""
+    trace = _accepted(trace, max_model_len, max_prompt_tokens)
     lengths = trace["prompt_tokens"].sort()
     p99 = int(lengths[max(1, math.ceil(0.99 * len(lengths))) - 1])
     return _alone(trace.filter(pl.col("prompt_tokens") == p99).head(1), output_tokens=2)
 
 
-def _accepted(trace: pl.DataFrame, max_model_len: int | None) -> pl.DataFrame:
-    """The requests whose prompt fits `max_model_len` (the whole trace when none does)."""
-    if max_model_len is None:
-        return trace
-    kept = trace.filter(~too_long(pl.col("prompt_tokens"), max_model_len))
+def _accepted(trace: pl.DataFrame, max_model_len: int | None,
+              max_prompt_tokens: int | None = None) -> pl.DataFrame:
+    """The requests whose prompt fits `max_model_len` and, alone, the KV pool (the whole trace
+    when none does)."""
+    prompt = pl.col("prompt_tokens")
+    keep = pl.lit(True)
+    if max_model_len is not None:
+        keep &= ~too_long(prompt, max_model_len)
+    if max_prompt_tokens is not None:
+        keep &= prompt <= max_prompt_tokens
+    kept = trace.filter(keep)
     return kept if kept.height else trace
+
+
+def lone_prompt_limit(eng) -> int:
+    """The longest prompt a lone request with three output tokens is sure to be admitted with:
+    its KV within the GPU pool less one block (V1 admits at most num_gpu_blocks - 1) and V0's 1%
+    watermark. A floor above it is rejected by the pool and never runs: found off the corpus,
+    Llama-3.1-70B on 4 L40S with 2,500 blocks rejected Mooncake's p99 prompt, so the floor
+    measured nothing while a lone long prompt took 80 s beside a 2 s SLO."""
+    blocks = eng.num_gpu_blocks
+    held = blocks - 1 - (int(eng.spec.v0_watermark * blocks) if eng.config.scheduler == "v0"
+                         else 0)
+    return max(0, held * eng.block_size - 3)
 
 
 def _alone(row: pl.DataFrame, *, output_tokens: int) -> pl.DataFrame:
@@ -260,7 +280,8 @@ def _alone(row: pl.DataFrame, *, output_tokens: int) -> pl.DataFrame:
 
 
 def _floor(trace, config, planner: Planner, t: _Targets) -> tuple[LoadPoint, int]:
-    ft = floor_trace(trace, resolve(config).spec.max_model_len)
+    eng = resolve(config)
+    ft = floor_trace(trace, eng.spec.max_model_len, lone_prompt_limit(eng))
     return (probe(ft, config, planner, rate_scale=1.0, budget=t.budget, label="floor", **t.slo),
             int(ft["prompt_tokens"][0]))
 

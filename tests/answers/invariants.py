@@ -507,13 +507,19 @@ def floors_measured(s: Scenario, o: O):
     `long_prompt_prefill` on `binding.floor_ttft_s` (the p99-length prompt alone) above the TTFT
     SLO, `decode_step` on `binding.floor_tbt_s` (the shortest prompt's lone decode step) above the
     TBT SLO; either has replicas.count null and replicas_help false, and every other binding has
-    replicas_help true (a floor that never ran — a rejected prompt — claims nothing)."""
+    replicas_help true (a floor that never ran — a rejected prompt — claims nothing). The floor
+    is a prompt the engine accepts (within max_model_len and, alone, the KV pool), so it runs:
+    `binding.floor_ttft_s` is a number wherever the engine accepts any request."""
     if (bad := _need_report(o)):
         return bad
     r = _report(o)
     c = r.get("binding_constraint")
     b = r.get("binding") if isinstance(r.get("binding"), dict) else {}
     count = (r.get("replicas") or {}).get("count") if isinstance(r.get("replicas"), dict) else None
+    rej = r.get("rejected") or {}
+    if b and b.get("floor_ttft_s") is None and rej.get("requests") != rej.get("of", -1):
+        return FAIL, (f"binding {c}: the floor never ran (floor_ttft_s null) though the engine "
+                      "accepts requests: it was a prompt the engine rejects")
     floors = {"long_prompt_prefill": ("floor_ttft_s", s.slo_ttft_s),
               "decode_step": ("floor_tbt_s", s.slo_tbt_s)}
     if c not in floors:
