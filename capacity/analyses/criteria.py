@@ -111,7 +111,7 @@ def evaluate(tables: dict[str, pl.DataFrame], *, slo_ttft_s: float, slo_tbt_s: f
         breaks.append("engine aborted")
     st = stability(tables)
     if not st.sustainable:
-        breaks.append(f"overloaded (serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s)")
+        breaks.append(f"overloaded ({st.serves()})")
     npre = s["preemptions_recompute"] + s["preemptions_swap"]
     return Candidate(
         max_num_seqs=run["max_num_seqs"], max_num_batched_tokens=run["max_num_batched_tokens"],

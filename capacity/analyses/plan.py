@@ -419,7 +419,7 @@ def _overloaded(trace, config, base: RunResult, st: Stability, planner: Planner,
             + (f" ({run['abort_reason']})" if run.get("abort_reason") else "")
             + " — a larger --swap-space, or --preemption-mode recompute; "
             if run.get("status") == "aborted" else "")
-    head = (f"overloaded: {stop}serves {st.served_rps:,.2f} of {st.offered_rps:,.2f} req/s; {load}; "
+    head = (f"overloaded: {stop}{st.serves()}; {load}; "
             f"{_capacity_words(rate, st.offered_rps, binding)}; "
             + (f"needs {reps.count} replicas ({router} router) to fit" if reps.count
                else reps.explanation) + (f"; {rej.short()}" if rej else ""))
@@ -662,7 +662,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                 f"{offered:,.2f} req/s ({nums}); {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
     elif c.sustainable:
-        head = (f"misses: stable (serves {st.served_rps:,.2f} of {offered:,.2f} req/s), but "
+        head = (f"misses: stable ({st.serves()}), but "
                 f"with the flags below {c.breaks} ({c.preemptions:,} preemptions); binding: "
                 f"{binding.constraint or '—'}; {_capacity_words(rate, offered, binding)}; "
                 f"{reps_words}")
@@ -671,7 +671,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         # behind where the deployment as given kept up: "stable" would describe the wrong run.
         head = (f"misses: with the flags below {c.breaks} ({c.preemptions:,} preemptions): one "
                 f"replica falls behind today's traffic, where the deployment as given keeps up "
-                f"(serves {st.served_rps:,.2f} of {offered:,.2f} req/s)"
+                f"({st.serves()})"
                 + (" but carries less traffic within the SLOs" if departures else "")
                 + f"; binding: {binding.constraint or '—'}; "
                 f"{_capacity_words(rate, offered, binding)}; {reps_words}")

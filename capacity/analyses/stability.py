@@ -32,6 +32,7 @@ class Stability:
     requests: int
     offered_rps: float
     served_rps: float
+    accepted_rps: float            # offered less the requests vLLM rejects (never served)
     trace_span_s: float
     sim_span_s: float
     backlog_requests: int          # waiting (never scheduled yet) at the last arrival
@@ -41,6 +42,16 @@ class Stability:
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
+
+    def serves(self) -> str:
+        """"serves 0.14 of 0.37 req/s (0.14 accepted)": beside rejected requests, what the
+        served rate is to be read against."""
+        return f"serves {self.served_rps:,.2f} of {self.offered_rps:,.2f} req/s" + _accepted_words(
+            self.accepted_rps, self.offered_rps)
+
+
+def _accepted_words(accepted: float, offered: float) -> str:
+    return f" ({accepted:,.2f} accepted)" if accepted < offered else ""
 
 
 def _median(x: np.ndarray) -> float | None:
@@ -80,15 +91,17 @@ def stability(tables: dict[str, pl.DataFrame]) -> Stability:
         why = (f"a batch: all {n:,} requests arrive at t = {first:g} s (no request rate); the "
                f"last finishes {sim_span:,.2f} s later ({served:,.2f} req/s)")
     elif sustainable:
-        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered; {share:.0%} of requests "
+        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered"
+               f"{_accepted_words(accepted, offered)}; {share:.0%} of requests "
                f"still wait at the last arrival; {sim_span:,.0f} s simulated for a "
                f"{span:,.0f}-s trace")
     else:
-        of = f" ({accepted:,.2f} accepted)" if rejected.any() else ""
-        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered{of}: the waiting queue grows "
+        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered"
+               f"{_accepted_words(accepted, offered)}: the waiting queue grows "
                f"({backlog:,} requests, {share:.0%}, still unscheduled at the last arrival), "
                f"{sim_span:,.0f} s simulated for a {span:,.0f}-s trace"
                + (f", TTFT {trend:,.0f}x longer at the end than at the start" if trend else ""))
     return Stability(sustainable=sustainable, requests=n, offered_rps=offered, served_rps=served,
+                     accepted_rps=accepted,
                      trace_span_s=span, sim_span_s=sim_span, backlog_requests=backlog,
                      backlog_share=share, ttft_trend=trend, evidence=why)
