@@ -159,8 +159,8 @@ def test_rejected_requests_do_not_count_against_the_served_rate():
     assert (st.backlog_requests, round(st.served_rps, 2), round(st.offered_rps, 2)) == (6, 0.9, 1.01)
     assert st.sustainable, st.evidence
     # Beside rejected requests the served rate is read against the accepted one, in words too.
-    assert st.serves() == "serves 0.90 of 1.01 req/s (0.91 accepted)"
-    assert st.evidence.startswith("serves 0.90 of 1.01 req/s offered (0.91 accepted); ")
+    assert st.serves() == "serves 0.90 of 1.01 req/s, 0.91 accepted"
+    assert st.evidence.startswith("serves 0.90 of 1.01 req/s offered, 0.91 accepted; ")
     # The same 10 accepted but never served: now the engine really falls behind.
     queued = req.with_columns(pl.col("status").replace("rejected", "unfinished"))
     assert not stability({"requests": queued, "runs": runs}).sustainable

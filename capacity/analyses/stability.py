@@ -44,14 +44,14 @@ class Stability:
         return {f: getattr(self, f) for f in self.__slots__}
 
     def serves(self) -> str:
-        """"serves 0.14 of 0.37 req/s (0.14 accepted)": beside rejected requests, what the
+        """"serves 0.14 of 0.37 req/s, 0.14 accepted": beside rejected requests, what the
         served rate is to be read against."""
         return f"serves {self.served_rps:,.2f} of {self.offered_rps:,.2f} req/s" + _accepted_words(
             self.accepted_rps, self.offered_rps)
 
 
 def _accepted_words(accepted: float, offered: float) -> str:
-    return f" ({accepted:,.2f} accepted)" if accepted < offered else ""
+    return f", {accepted:,.2f} accepted" if accepted < offered else ""
 
 
 def _median(x: np.ndarray) -> float | None:
