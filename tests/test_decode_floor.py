@@ -50,3 +50,23 @@ def test_a_tbt_slo_below_the_decode_step_is_diagnosed_with_its_knob(conv800, tmp
     assert "no replica count fixes it" in doc["headline"] or \
         "no number of replicas fixes it" in doc["headline"]
     assert not any(d["knob"] == "--max-num-batched-tokens" for d in doc["departures"])
+
+
+def test_with_chunked_prefill_off_the_knob_is_to_turn_it_on():
+    """Found off the corpus: Mistral-7B on an H200 under V0 (chunked prefill off by default at
+    its 32k context) was told "a smaller --max-num-batched-tokens" for a prefill_chunk binding,
+    beside "chunked prefill is off: the chunk is the whole prompt"."""
+    from capacity.analyses.criteria import Budget
+    from capacity.analyses.plan import CHUNKING_OFF_KNOB, _diagnose, _Targets
+    from capacity.analyses.search import ScaleSearch
+    from replay.config import EngineConfig
+    t = _Targets(slo_ttft_p99_s=5.0, slo_tbt_p99_s=0.05, budget=Budget(), precision=0.05)
+    pts = (_point(1.0), _point(2.0, tbt_p99_s=0.09, ok=False, meets_slo=False,
+                                breaks="TBT p99 90 ms > 50 ms"))
+    rate = ScaleSearch(scale=1.0, failed_at=2.0, precision=0.05, probes=((1.0, True), (2.0, False)))
+    floor = (_point(1.0, ttft_p99_s=0.1), 100)
+    off = _diagnose(pts, floor, rate, t, config=EngineConfig(scheduler="v0", model="mistral-7b",
+                                                             gpu="h200"))
+    assert off.constraint == "prefill_chunk" and off.knob == CHUNKING_OFF_KNOB
+    on = _diagnose(pts, floor, rate, t, config=EngineConfig(scheduler="v0"))
+    assert on.constraint == "prefill_chunk" and on.knob.startswith("a smaller --max-num-batched")

@@ -294,6 +294,14 @@ def decode_floor_trace(trace: pl.DataFrame, max_model_len: int | None = None) ->
                   output_tokens=3)
 
 
+# prefill_chunk's knob where chunked prefill is off (V0's default on some engines): found off the
+# corpus, Mistral-7B on an H200 (V0) was told "a smaller --max-num-batched-tokens" beside "chunked
+# prefill is off: the chunk is the whole prompt".
+CHUNKING_OFF_KNOB = ("--enable-chunked-prefill (off here: each prompt is prefilled whole in one "
+                     "step, stalling every decode beside it), then a smaller "
+                     "--max-num-batched-tokens")
+
+
 def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=None,
               planner=None) -> Binding:
     point, tokens = floor
@@ -301,6 +309,10 @@ def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=Non
                  scale=rate.scale, failed_at=rate.failed_at, **t.slo)
     if b.constraint == "long_prompt_prefill" and trace is not None:
         b = dataclasses.replace(b, knob=b.knob + "; " + _tp_what_if(trace, config, planner, t))
+    if b.constraint == "prefill_chunk" and config is not None \
+            and not resolve(config).spec.enable_chunked_prefill:
+        # There is no chunk to shorten: each prompt is prefilled whole, in one step.
+        b = dataclasses.replace(b, knob=CHUNKING_OFF_KNOB)
     if b.constraint == "prefill_chunk" and trace is not None:
         # TBT binds without preemption: a smaller chunk helps only above the decode floor.
         p, tokens = _decode_floor(trace, config, planner, t)
