@@ -43,8 +43,9 @@ VARIANTS_V1 = (
     (OFFLOAD, dict(preemption_mode="recompute")),
     ("recompute+prefix-cache", dict(preemption_mode="recompute", enable_prefix_caching=True,
                                     kv_offloading_size=None)),
+    # 0.34's cache-aware admission orders by prefix-cache hit: it goes with the cache.
     ("recompute", dict(preemption_mode="recompute", enable_prefix_caching=False,
-                       kv_offloading_size=None)),
+                       kv_offloading_size=None, cache_aware_admission_window=0)),
     ("queue-only", dict(preemption_mode="none", kv_offloading_size=None)),
 )
 # A host tier must buy at least this much (relative) to be recommended.
@@ -349,9 +350,6 @@ def variant_config(config: EngineConfig, variant: str, swap_space_gib: float | N
     elif variant == OFFLOAD:
         changes = dict(changes, num_cpu_blocks_override=None,
                        kv_offloading_size=kv_offloading_size_gib or default_offload_gib(config))
-    if changes.get("enable_prefix_caching") is False:
-        # 0.34's cache-aware admission orders by prefix-cache hit: it goes with the cache.
-        changes = dict(changes, cache_aware_admission_window=0)
     return dataclasses.replace(config, **changes)
 
 

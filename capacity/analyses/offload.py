@@ -277,9 +277,8 @@ def smallest_tier_gib(config: EngineConfig) -> float:
     """The smallest --kv-offloading-size that holds anything: one offload chunk (every rank's
     bytes of its blocks, page-rounded); vLLM's connector gets no chunk below it and kvcap
     refuses such a size. The sweep never probes under it."""
-    eng = resolve(dataclasses.replace(config, kv_offloading_size=None,
-                                      num_cpu_blocks_override=None))
-    return offload_chunk_bytes(eng.kv_bytes_per_block, config.tensor_parallel_size) / GIB
+    return offload_chunk_bytes(resolve(config).kv_bytes_per_block,
+                               config.tensor_parallel_size) / GIB
 
 
 def default_sizes(trace: pl.DataFrame, config: EngineConfig) -> tuple[float, ...]:

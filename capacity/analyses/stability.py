@@ -87,17 +87,17 @@ def stability(tables: dict[str, pl.DataFrame]) -> Stability:
     trend = late / early if early and late is not None else None
     accepted = offered * (1 - rejected.sum() / n) if n else 0.0
     sustainable = not (share > BACKLOG_SHARE and served < SERVED_SHARE * accepted)
+    serves = (f"serves {served:,.2f} of {offered:,.2f} req/s offered"
+              f"{_accepted_words(accepted, offered)}")
     if batch:
         why = (f"a batch: all {n:,} requests arrive at t = {first:g} s (no request rate); the "
                f"last finishes {sim_span:,.2f} s later ({served:,.2f} req/s)")
     elif sustainable:
-        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered"
-               f"{_accepted_words(accepted, offered)}; {share:.0%} of requests "
+        why = (f"{serves}; {share:.0%} of requests "
                f"still wait at the last arrival; {sim_span:,.0f} s simulated for a "
                f"{span:,.0f}-s trace")
     else:
-        why = (f"serves {served:,.2f} of {offered:,.2f} req/s offered"
-               f"{_accepted_words(accepted, offered)}: the waiting queue grows "
+        why = (f"{serves}: the waiting queue grows "
                f"({backlog:,} requests, {share:.0%}, still unscheduled at the last arrival), "
                f"{sim_span:,.0f} s simulated for a {span:,.0f}-s trace"
                + (f", TTFT {trend:,.0f}x longer at the end than at the start" if trend else ""))

@@ -101,7 +101,7 @@ def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_toke
     config = EngineConfig(model=model, gpu=gpu, tensor_parallel_size=tp,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype)
-    base_json, base = _measured_base(resolve(config), kv_cache_dtype, "--from-bench")
+    base_json, base = _measured_base(resolve(config), "--from-bench")
     fitted, report = bench_fit.fit(bench, config, base,
                                    log=None if as_json else (lambda m: err.print(m, highlight=False)))
     summary = {"profile": str(output), "base": base_json["name"],
@@ -129,18 +129,17 @@ def _from_bench(path, output, model, gpu, tp, max_num_seqs, max_num_batched_toke
         raise typer.Exit(1)
 
 
-def _measured_base(eng, kv_cache_dtype: str, flag: str):
+def _measured_base(eng, flag: str):
     """The shipped profile a fit starts from: (its JSON, its tables)."""
     import json
 
     from replay.timing import step_profile
-    tp = eng.tensor_parallel_size
-    base = step_profile.shipped(eng.gpu.name, eng.model.name,
-                                step_profile.dtype_key(eng.model.weight_dtype_bytes,
-                                                       kv_cache_dtype), tp)
+    from replay.timing.executors import shipped_profile
+    base = shipped_profile(eng)
     if base is None:
         raise ValueError(f"{flag}: no measured step-time profile for {eng.model.name} on "
-                         f"{eng.gpu.name}, tp={tp}, kv_cache_dtype={kv_cache_dtype} to fit "
+                         f"{eng.gpu.name}, tp={eng.tensor_parallel_size}, "
+                         f"kv_cache_dtype={eng.config.kv_cache_dtype} to fit "
                          "(docs/timing.md lists the shipped ones)")
     return json.loads(base.read_text(encoding="utf-8")), step_profile.load(base)
 
@@ -178,7 +177,7 @@ def _from_logs(paths, trace_path, trace_format, output, model, gpu, tp, max_num_
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype)
     eng = resolve(config)
-    base_json, base = _measured_base(eng, kv_cache_dtype, "--from-logs")
+    base_json, base = _measured_base(eng, "--from-logs")
     interval = st["interval_s"].fill_null(st["interval_s"].median() or 10.0)
     w = log_fit.StatsWindows(
         end_s=st["epoch_s"].to_numpy(), interval_s=interval.to_numpy(),

@@ -34,7 +34,8 @@ def _calibration_data(calibration: str) -> object:
         return None                   # read_profile (below) says what is wrong
 
 
-def _shipped_for(eng):
+def shipped_profile(eng):
+    """The shipped profile of this engine's GPU x model x KV dtype x TP (None: none ships)."""
     return step_profile.shipped(eng.gpu.name, eng.model.name,
                                 step_profile.dtype_key(eng.model.weight_dtype_bytes,
                                                        eng.config.kv_cache_dtype),
@@ -46,7 +47,7 @@ def has_measured_timing(eng, calibration: str | None = None) -> bool:
     what-ifs across engines compare like with like only (capacity/analyses/plan.py)."""
     if calibration:
         return step_profile.is_measured(_calibration_data(calibration))
-    return _shipped_for(eng) is not None
+    return shipped_profile(eng) is not None
 
 
 def measured_for(eng, calibration: str | None) -> step_profile.MeasuredTables | None:
@@ -57,7 +58,7 @@ def measured_for(eng, calibration: str | None) -> step_profile.MeasuredTables | 
         if step_profile.is_measured(data):
             return step_profile.parse_tables(data, f"calibration: {calibration}")
         return None
-    path = _shipped_for(eng)
+    path = shipped_profile(eng)
     if path is None:
         step_profile.warn_unmeasured(f"{eng.model.name} on {eng.gpu.name}, "
                                      f"tp={eng.tensor_parallel_size}, "
