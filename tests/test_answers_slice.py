@@ -52,3 +52,24 @@ def test_recommended_flags_override_engine_flags():
     assert merge_flags(["--scheduler", "v0", "-tp", "4", "--enable-prefix-caching"],
                        ["--no-enable-prefix-caching", "--tensor-parallel-size", "2"]) \
         == ["--scheduler", "v0", "--tensor-parallel-size", "2", "--no-enable-prefix-caching"]
+
+
+def test_a_departure_the_flags_do_not_carry_fails():
+    """departures_in_flags can fail: the chunked-prefill departure against flags without it, or
+    on a deployment that ran chunked prefill already; and passes on the plan's own shape."""
+    from answers.runner import Outcome
+    s = corpus.BY_NAME["gamma-code-v0-mistral-h200-unchunked"]
+    dep = {"knob": "--enable-chunked-prefill", "default": "off, --max-num-batched-tokens 32768",
+           "recommended": "on, --max-num-batched-tokens 1024", "gain": 20.7, "threshold": 0.1}
+
+    def run(flags, chunked_before=False):
+        report = Outcome("report", [], rc=0, out={"departures": [dep],
+                                                   "recommendation": {"flags": flags}})
+        default = Outcome("replay-default", [], rc=0,
+                          extra={"config": {"enable_chunked_prefill": chunked_before}})
+        return invariants.departures_in_flags(s, {"report": report, "replay-default": default})[0]
+    good = ["--max-num-batched-tokens", "1024", "--enable-chunked-prefill"]
+    assert run(good) == invariants.PASS
+    assert run(good, chunked_before=True) == invariants.FAIL
+    assert run(["--max-num-batched-tokens", "2048", "--enable-chunked-prefill"]) == invariants.FAIL
+    assert run(["--max-num-batched-tokens", "1024", "--no-enable-chunked-prefill"]) == invariants.FAIL

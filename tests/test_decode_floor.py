@@ -70,3 +70,31 @@ def test_with_chunked_prefill_off_the_knob_is_to_turn_it_on():
     assert off.constraint == "prefill_chunk" and off.knob == CHUNKING_OFF_KNOB
     on = _diagnose(pts, floor, rate, t, config=EngineConfig(scheduler="v0"))
     assert on.constraint == "prefill_chunk" and on.knob.startswith("a smaller --max-num-batched")
+
+
+def test_with_chunked_prefill_off_the_plan_searches_it_on(conv800, tmp_path):
+    """Mistral-7B on an H200 under V0 (chunked prefill off by default at its 32k context), TBT
+    bound by whole-prompt prefills: the plan replays chunked prefill on, at V0's chunked default
+    and at smaller chunks, and turns it on only for a margin above the noise (it was named as
+    the knob, never searched)."""
+    doc = kvcap_json("report", conv800, "-o", tmp_path / "r", "--model", "mistral-7b", "--gpu",
+                     "h200", "--scheduler", "v0", "--slo-tbt-p99", "0.03", "--workers", "1")
+    dep = next(d for d in doc["departures"] if d["knob"] == "--enable-chunked-prefill")
+    assert dep["default"] == "off, --max-num-batched-tokens 32768" and dep["gain"] > dep["threshold"]
+    flags = doc["recommendation"]["flags"]
+    assert "--enable-chunked-prefill" in flags
+    mbt = int(flags[flags.index("--max-num-batched-tokens") + 1])
+    assert dep["recommended"] == f"on, --max-num-batched-tokens {mbt}" and mbt <= 2048
+    assert doc["binding_constraint"] != "prefill_chunk"
+
+
+def test_the_chunk_search_never_goes_below_max_num_seqs(conv800, tmp_path):
+    """Found off the corpus: --max-num-seqs 512 --max-num-batched-tokens 2048 with a TBT bound
+    by the chunk crashed the plan ("max_num_batched_tokens: 256 is smaller than max_num_seqs
+    512"): the search tried 2048/8, which vLLM refuses beside 512 sequences."""
+    doc = kvcap_json("report", conv800, "-o", tmp_path / "r", "--max-num-seqs", "512",
+                     "--max-num-batched-tokens", "2048", "--slo-tbt-p99", "0.02", "--workers", "1")
+    dep = next(d for d in doc["departures"] if d["knob"] == "--max-num-batched-tokens")
+    assert dep["default"] == 2048 and 512 <= dep["recommended"] < 2048
+    flags = doc["recommendation"]["flags"]
+    assert flags[flags.index("--max-num-batched-tokens") + 1] == str(dep["recommended"])

@@ -531,28 +531,61 @@ def _choose_seqs(trace, mode_cfg, tn: Tuning, planner, t: _Targets,
 
 def _batched_tokens(trace, cfg: EngineConfig, planner, t: _Targets, noise: Noise,
                     m_now: float | None) -> tuple[EngineConfig, Departure | None, str]:
-    """A TBT bound by the prefill chunk: smaller --max-num-batched-tokens, searched by margin."""
+    """A TBT bound by the prefill chunk: smaller --max-num-batched-tokens, searched by margin.
+    With chunked prefill off (V0's default up to a 32k context) there is no chunk to shorten:
+    each prompt is prefilled whole in one step, so the candidates turn chunked prefill on, at the
+    engine's own chunked default and at smaller chunks."""
     spec = resolve(cfg).spec
-    if not spec.enable_chunked_prefill:
-        return cfg, None, "chunked prefill is off: the chunk is the whole prompt"
+    chunking = not spec.enable_chunked_prefill
     mbt = spec.max_num_batched_tokens
-    values = [mbt // d for d in (2, 4, 8, 16) if mbt // d >= max(256, spec.block_size)]
+    base = dataclasses.replace(cfg, enable_chunked_prefill=True, max_num_batched_tokens=None) \
+        if chunking else cfg
+    top = resolve(base).spec.max_num_batched_tokens if chunking else mbt
+    # vLLM refuses a step budget below --max-num-seqs where that is set (V0 always sets it):
+    # found off the corpus, --max-num-seqs 512 --max-num-batched-tokens 2048 crashed the plan.
+    cands = {v: c for v in (top // d for d in ((1, 2, 4, 8) if chunking else (2, 4, 8, 16)))
+             if v >= max(256, spec.block_size)
+             and (c := _valid(base, max_num_batched_tokens=v)) is not None}
+    values = list(cands)
     if not values:
-        return cfg, None, f"--max-num-batched-tokens {mbt} is already small"
-    cands = {v: dataclasses.replace(cfg, max_num_batched_tokens=v) for v in values}
+        return cfg, None, (f"chunked prefill is off, and no chunk of {top} tokens or less is "
+                           f"allowed beside --max-num-seqs {spec.max_num_seqs}" if chunking else
+                           f"--max-num-batched-tokens {mbt} is already small")
     found = search_loads(trace, cands, planner, passes=ok, label="batched tokens", **t.search)
     margins = {v: found[v][0].scale for v in values}
     best = max(values, key=lambda v: (margins[v] or 0.0, v))
     g, thr = _margin_gain(m_now, margins[best]), noise.threshold("margin")
     tried = ", ".join(f"{v}: {'—' if margins[v] is None else f'×{margins[v]:.2f}'}" for v in values)
-    if margins[best] is not None and g > thr:
+    now = '—' if m_now is None else f'×{m_now:.2f}'
+    won = margins[best] is not None and g > thr
+    if chunking:
+        if won:
+            return cands[best], Departure(
+                knob="--enable-chunked-prefill", default=f"off, --max-num-batched-tokens {mbt}",
+                recommended=f"on, --max-num-batched-tokens {best}",
+                objective="capacity (margin × today's rate)",
+                gain=g if math.isfinite(g) else 1.0, threshold=thr), (
+                f"--enable-chunked-prefill with --max-num-batched-tokens {best}: chunked prefill "
+                f"is off here, so each prompt is prefilled whole in one step, stalling every "
+                f"decode beside it; chunked, margins {tried} against {now} unchunked")
+        return cfg, None, (f"chunked prefill is off (each prompt is prefilled whole); turning it "
+                           f"on does not win beyond the threshold ({tried}; unchunked {now})")
+    if won:
         return cands[best], Departure(knob="--max-num-batched-tokens", default=mbt,
                                       recommended=best, objective="capacity (margin × today's rate)",
                                       gain=g if math.isfinite(g) else 1.0, threshold=thr), (
             f"--max-num-batched-tokens {best} (from {mbt}) shortens the prefill chunk that binds "
-            f"TBT: margins {tried} against {'—' if m_now is None else f'×{m_now:.2f}'}")
+            f"TBT: margins {tried} against {now}")
     return cfg, None, (f"a smaller --max-num-batched-tokens does not win beyond the threshold "
-                       f"({tried}; now {'—' if m_now is None else f'×{m_now:.2f}'})")
+                       f"({tried}; now {now})")
+
+
+def _valid(config: EngineConfig, **changes) -> EngineConfig | None:
+    """`config` with `changes`, or None where vLLM would refuse the result."""
+    try:
+        return dataclasses.replace(config, **changes)
+    except ValueError:
+        return None
 
 
 def _mode_departure(modes: ModeComparison) -> list[Departure]:
@@ -613,8 +646,10 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
         chosen, seqs_dep, seqs_words = _choose_seqs(trace, mode_cfg, tn, planner, t, noise)
     departures = _mode_departure(modes) + ([seqs_dep] if seqs_dep else [])
     rate, pts, binding = _capacity(trace, chosen, planner, t, label="headroom")
-    mbt_words = ""
+    mbt_words, mbt_what = "", "max-num-batched-tokens"
     if binding.constraint == "prefill_chunk":
+        if not resolve(chosen).spec.enable_chunked_prefill:
+            mbt_what = "chunked prefill"
         chosen, mbt_dep, mbt_words = _batched_tokens(trace, chosen, planner, t, noise, rate.scale)
         departures += [mbt_dep] if mbt_dep else []
     flags = vllm_flags(chosen)
@@ -656,7 +691,7 @@ def make_plan(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
                  + (f"; {drop_words(config, drop)}" if drop else ""))
     lines.append(f"max-num-seqs: {seqs_words}")
     if mbt_words:
-        lines.append(f"max-num-batched-tokens: {mbt_words}")
+        lines.append(f"{mbt_what}: {mbt_words}")
     lines.append(f"binding constraint: {binding.constraint or 'none within the search'} — "
                  f"{binding.evidence}" + (f"; the knob: {binding.knob}" if binding.knob else ""))
     lines.append(f"{_capacity_words(rate, offered, binding)}: {hr.explanation}")

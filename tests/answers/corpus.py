@@ -191,6 +191,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("code-v1-8b-chunk", _synth("poisson", 5, 240, lengths="azure-code"), slo_tbt_s=0.05,
       regime="chunk"),
     S("conv-v1-8b-chunk", _synth("poisson", 15, 180), slo_tbt_s=0.06, regime="chunk"),
+    # a deployment whose --max-num-seqs 512 sits above 2048/8: the chunk search must stay at or
+    # above it (it tried 256, which vLLM refuses, and crashed)
+    S("conv-v1-8b-chunk-seqs512", _synth("poisson", 5, 240),
+      ("--max-num-seqs", "512", "--max-num-batched-tokens", "2048"), slo_tbt_s=0.02,
+      regime="chunk"),
+    # V0 on Mistral-7B's 32k context: chunked prefill off by default, so whole prompts stall
+    # every decode beside them; the search turns it on (×0.02 unchunked, ×0.52 at 1,024 tokens)
+    S("gamma-code-v0-mistral-h200-unchunked", _synth("gamma", 12, 240, lengths="azure-code",
+                                                     seed=3, cv=3.0),
+      SWAP + ("--model", "mistral-7b", "--gpu", "h200", "--swap-space", "64"), slo_ttft_s=1.0,
+      slo_tbt_s=0.05, budget="any", regime="chunk"),
     # ---- decode-bound: Llama-3.1-70B's lone decode step on 4 H100s takes ~14 ms (8 GPUs: ~9)
     S("conv-v1-70b-decode", _synth("poisson", 2, 240), B70, slo_tbt_s=0.012, regime="decode"),
     # no measured profile (the source has bf16 KV only on A100): the analytic roofline prices

@@ -357,6 +357,46 @@ def departures_above_noise(s: Scenario, o: O):
                            for d in deps) or "no departures"
 
 
+def departures_in_flags(s: Scenario, o: O):
+    """Every departure is what the recommended flags say: --max-num-seqs and
+    --max-num-batched-tokens carry its value; --enable-chunked-prefill ("on, --max-num-batched-
+    tokens N") carries the flag and N, on a deployment whose vLLM default replay ran chunked
+    prefill off; --preemption-mode carries its mode; --kv-offloading-size a tier;
+    --enable-prefix-caching the cache as its variant has it (recompute: off)."""
+    if (bad := _need_report(o)):
+        return bad
+    r = _report(o)
+    deps = r.get("departures") or []
+    if not deps:
+        return NA, "no departures"
+    flags = (r.get("recommendation") or {}).get("flags") or []
+    problems = []
+    for d in deps:
+        knob, rec = d.get("knob"), d.get("recommended")
+        if knob in ("--max-num-seqs", "--max-num-batched-tokens"):
+            ok_ = flag_value(flags, knob) == str(rec)
+        elif knob == "--enable-chunked-prefill":
+            m = re.fullmatch(r"on, --max-num-batched-tokens (\d+)", str(rec))
+            dflt = o.get("replay-default")
+            was = (dflt.extra.get("config") or {}).get("enable_chunked_prefill") if dflt else None
+            ok_ = (m is not None and "--enable-chunked-prefill" in flags and was is False
+                   and flag_value(flags, "--max-num-batched-tokens") == m.group(1))
+        elif knob == "--preemption-mode":
+            ok_ = flag_value(flags, knob) == str(rec)
+        elif knob == "--kv-offloading-size":
+            ok_ = flag_value(flags, knob) is not None
+        elif knob == "--enable-prefix-caching":
+            ok_ = ("--no-enable-prefix-caching" if rec == "recompute" else
+                   "--enable-prefix-caching") in flags
+        else:
+            ok_ = False
+        if not ok_:
+            problems.append(f"{knob} -> {rec} is not what the flags say")
+    if problems:
+        return FAIL, "; ".join(problems) + f" (flags: {' '.join(flags)})"
+    return PASS, ", ".join(f"{d.get('knob')} {d.get('recommended')}" for d in deps)
+
+
 def no_prefix_off_without_hashes(s: Scenario, o: O):
     """A trace without prefix hashes never gets advice to turn prefix caching off: the recommended
     flags carry `--no-enable-prefix-caching` only where that is the engine's own default (V0
@@ -583,7 +623,8 @@ def _default_mbt(o: O) -> int | None:
 
 
 INVARIANTS = (contract, no_crash, headline_consistent, flags_replay, margin_holds, one_capacity,
-              replicas_confirmed, departures_above_noise, no_prefix_off_without_hashes, offload_knee,
+              replicas_confirmed, departures_above_noise, departures_in_flags,
+              no_prefix_off_without_hashes, offload_knee,
               binding_fix, version_and_what_ifs, rejections_stated, floors_measured)
 NAMES = tuple(f.__name__ for f in INVARIANTS)
 

@@ -40,7 +40,7 @@ def default_root() -> Path:
     return Path(os.environ.get("KVCAP_ANSWERS_CACHE", Path(tempfile.gettempdir()) / "kvcap-answers"))
 
 
-HARNESS_VERSION = 4    # bump when what an outcome records changes (invalidates the cache)
+HARNESS_VERSION = 5    # bump when what an outcome records changes (invalidates the cache)
 
 
 @functools.lru_cache(maxsize=1)
@@ -302,6 +302,7 @@ def evaluate_run(db: Path, run_id: str, s: Scenario) -> dict:
         from replay.config import EngineConfig, resolve
         spec = resolve(EngineConfig(**json.loads(run["config_json"]))).spec
         config["enable_prefix_caching"] = bool(spec.enable_prefix_caching)
+        config["enable_chunked_prefill"] = bool(spec.enable_chunked_prefill)
     except Exception as e:
         config["resolve_error"] = f"{type(e).__name__}: {e}"[:200]
     ev = {k: getattr(c, k) for k in ("meets_slo", "within_budget", "sustainable", "feasible",
