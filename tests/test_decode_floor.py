@@ -46,7 +46,7 @@ def test_a_tbt_slo_below_the_decode_step_is_diagnosed_with_its_knob(conv800, tmp
     b = doc["binding"]
     assert doc["binding_constraint"] == "decode_step" and b["replicas_help"] is False
     assert b["floor_tbt_s"] > 0.01 and doc["replicas"]["count"] is None
-    assert "--tensor-parallel-size 8 meets the TBT SLO" in b["knob"]
+    assert "--tensor-parallel-size 8 meets the TBT SLO" in b["knob"] and "beyond" not in b["knob"]
     assert "no replica count fixes it" in doc["headline"] or \
         "no number of replicas fixes it" in doc["headline"]
     assert not any(d["knob"] == "--max-num-batched-tokens" for d in doc["departures"])

@@ -323,11 +323,19 @@ def _diagnose(pts, floor, rate: ScaleSearch, t: _Targets, trace=None, config=Non
     return b
 
 
+# Every catalog GPU ships in 8-GPU nodes (HGX/DGX boards; 8-way PCIe servers for the L40S).
+# vLLM runs tensor parallelism within a node (pipeline parallelism across nodes), and kvcap's
+# step times know no inter-node link: the roofline would price TP 16's all-reduce at NVLink
+# speed. So the what-if stops at one node.
+NODE_GPUS = 8
+
+
 def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
                 decode: bool = False) -> str:
     """The knob that addresses a floor, measured: the floor (the p99-length prompt's TTFT, or
     with `decode` the shortest prompt's decode step) as deployed and at 2x, 4x, 8x the tensor
-    parallelism (the same GPU and model), the smallest that meets the SLO. Where the deployment's
+    parallelism (the same GPU and model) within one node, the smallest that meets the SLO.
+    Where the deployment's
     steps are priced by measured tables, a TP without a shipped profile is named and never
     replayed: the roofline it would fall back to leaves out what the measured tables show (on
     PCIe GPUs an all-reduce that grows with TP), so its number is no claim beside them."""
@@ -341,14 +349,20 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
     measured = has_measured_timing(eng, config.calibration)
     now = getattr(floor(trace, config, planner, t)[0], metric)
     tried, unmeasured = [f"TP {config.tensor_parallel_size} (as deployed): {_s(now)}"], []
+    beyond = [str(k * config.tensor_parallel_size) for k in (2, 4, 8)
+              if k * config.tensor_parallel_size > NODE_GPUS]
 
-    def takes() -> str:
+    def takes(met: bool = False) -> str:
         return f"measured: {what} takes " + ", ".join(tried + (
             [f"TP {', '.join(unmeasured)}: not measured (no step-time profile of "
-             f"{eng.model.name} on {eng.gpu.name} there)"] if unmeasured else []))
+             f"{eng.model.name} on {eng.gpu.name} there)"] if unmeasured else []) + (
+            [f"TP {', '.join(beyond)}: beyond one {NODE_GPUS}-GPU node (vLLM keeps tensor "
+             f"parallelism within a node; not modelled)"] if beyond and not met else []))
 
     for tp in (2, 4, 8):
         tp *= config.tensor_parallel_size
+        if tp > NODE_GPUS:
+            break
         try:
             # A calibration was measured at the deployment's TP: the others use shipped tables.
             cfg = dataclasses.replace(config, tensor_parallel_size=tp, calibration=None)
@@ -361,8 +375,9 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
         v = getattr(floor(trace, cfg, planner, t)[0], metric)
         tried.append(f"TP {tp}: {_s(v)}")
         if v is not None and v <= slo:
-            return f"{takes()}: --tensor-parallel-size {tp} meets the {which} SLO"
+            return f"{takes(met=True)}: --tensor-parallel-size {tp} meets the {which} SLO"
     return (takes() + ("; no measured TP of this GPU and model" if unmeasured else
+                       "; no TP within one node" if beyond else
                        "; no TP this GPU and model allow") + f" meets the {which} SLO: "
             + ("a looser TBT SLO, or a faster GPU" if decode else
                "an SLO per prompt-length class, or a faster GPU"))

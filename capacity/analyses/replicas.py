@@ -121,7 +121,9 @@ def min_replicas(trace: pl.DataFrame, config: EngineConfig, planner: Planner, *,
     why = (f"{hi} replica{'s' if hi > 1 else ''} ({router} router) "
            f"{'meet' if hi > 1 else 'meets'} the SLOs and the budget"
            f"{peak}" + (f"; {hi - 1} miss: {below.candidate.breaks}" if below else "")
-           + (f"; the linear estimate says {linear}" if linear is not None and linear != hi else ""))
+           + (f"; the linear estimate (×{target_peak_scale:g} ÷ one replica's capacity "
+              f"×{capacity_scale:.3g}) says {linear}; the count is the fleet replays', which "
+              f"route every request" if linear is not None and linear != hi else ""))
     return Replicas(count=hi, router=router, target_peak_scale=target_peak_scale,
                     linear_estimate=linear, meets=scores[hi], one_fewer=below, probes=probes,
                     explanation=why)
