@@ -160,3 +160,19 @@ def test_migration_block_words_need_no_v0_twin():
     trace = synthesize("poisson", rate_rps=1.0, duration_s=5.0)
     words, hits = block_change(trace, EngineConfig(scheduling_policy="priority"), planner=None)
     assert "16 tokens on V0, 64 on vLLM 0.34" in words and hits is None
+
+
+def test_a_sparse_trace_gets_a_surge_window_with_requests():
+    """Found off the corpus: Azure code's [1200, 1320) s slowed to ×0.1 had no arrival in the
+    default flash-crowd window (half the span on), so report, plan and headroom all stopped
+    with "surge window … holds no requests to sample from"."""
+    from capacity.analyses.headroom import surge_window
+    from traces.transforms import overlay_surge
+    trace = pl.DataFrame({"request_id": [0, 1, 2, 3], "arrival_s": [0.0, 10.0, 900.0, 1190.0],
+                          "prompt_tokens": [10] * 4, "output_tokens": [5] * 4})
+    start, duration = surge_window(trace)
+    assert (start, duration) == (900.0, 290.0)
+    assert len(overlay_surge(trace, start_s=start, duration_s=duration, extra_factor=1.0)) == 5
+    dense = trace.with_columns(arrival_s=pl.Series([0.0, 600.0, 700.0, 1190.0]))
+    assert surge_window(dense) == (595.0, 300.0)          # the default where it holds requests
+    assert surge_window(trace, start_s=100.0) == (100.0, 300.0)   # a given start stays

@@ -67,8 +67,16 @@ def load_point(tables: dict[str, pl.DataFrame], *, rate_scale: float, surge: boo
 
 def surge_window(trace: pl.DataFrame, start_s: float | None = None,
                  duration_s: float = 300.0) -> tuple[float, float]:
+    """The flash crowd's window: `start_s`, by default half the trace's span; or, where no request
+    arrives in the default window (a sparse trace: found off the corpus, Azure code slowed to
+    ×0.1 had none there, and the surge had nothing to copy), from the next arrival after it."""
     span = float(trace["arrival_s"].max() or 0.0)
     start = span / 2 if start_s is None else start_s
+    if start_s is None:
+        arrivals = trace["arrival_s"]
+        end = start + min(duration_s, max(span - start, 1.0))
+        if not ((arrivals >= start) & (arrivals < end)).any():
+            start = float(arrivals.filter(arrivals >= start).min())
     return start, min(duration_s, max(span - start, 1.0))
 
 

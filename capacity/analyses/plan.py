@@ -335,10 +335,10 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
     """The knob that addresses a floor, measured: the floor (the p99-length prompt's TTFT, or
     with `decode` the shortest prompt's decode step) as deployed and at 2x, 4x, 8x the tensor
     parallelism (the same GPU and model) within one node, the smallest that meets the SLO.
-    Where the deployment's
-    steps are priced by measured tables, a TP without a shipped profile is named and never
-    replayed: the roofline it would fall back to leaves out what the measured tables show (on
-    PCIe GPUs an all-reduce that grows with TP), so its number is no claim beside them."""
+    Where the deployment's steps are priced by measured tables, a TP without a shipped profile
+    is named and never replayed: the roofline it would fall back to leaves out what the measured
+    tables show (on PCIe GPUs an all-reduce that grows with TP), so its number is no claim
+    beside them."""
     from replay.timing.executors import has_measured_timing
     what, slo, metric, floor = (
         ("one decode step of the shortest prompt alone", t.slo_tbt_p99_s, "tbt_p99_s",

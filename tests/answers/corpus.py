@@ -221,6 +221,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("azconv-v0-8b-kv", _public(AZ_CONV, 600, 300), V0 + _blocks(1000), slo_ttft_s=10.0,
       regime="kv"),
     S("azcode-v1-8b-burst", _public(AZ_CODE, 780, 300), regime="marginal"),
+    # slowed to ×0.1, no request arrives in the default flash-crowd window (half the span on):
+    # report, plan and headroom stopped with "surge window … holds no requests to sample from"
+    S("azcode-v1-8b-sparse", _public(AZ_CODE, 1200, 120, scale=0.1), slo_ttft_s=2.0,
+      slo_tbt_s=0.1),
     S("azcode-v1-8b-kv", _public(AZ_CODE, 1800, 300), _kv(2000), regime="kv"),
     S("azcode-v0-8b-swap", _public(AZ_CODE, 1800, 300), SWAP + _blocks(2000), regime="kv"),
     S("moon-v1-8b-overloaded", _public(MOONCAKE, 600, 180), regime="overloaded"),

@@ -31,12 +31,27 @@ REPLICA_KEYS = ("count", "router", "linear_estimate", "one_fewer", "meets")
 EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_budget", "run_id")
 # Commands that may refuse (exit 2, one line), and when: V1 has no swap space, V0 no offloading
 # connector, V0 with priority scheduling no swap (real vLLM crashes there); "an overloaded or missing plan yields no alert rule and no host-tier size" (DESIGN §8).
-REFUSALS = {"size-swap": lambda s, r: s.scheduler == "v1" or _not_fits(r)
+# These commands run alone on the deployment as given, not on the plan's flags: where that replay
+# (replay-default) is overloaded, or its preemption structural (alerts), they may refuse even when
+# the plan's flags fit (found off the corpus: Llama-3.1-70B on 2 H200s, whose plan lowers
+# --max-num-batched-tokens and preempts never, while vLLM's defaults preempt in 67% of minutes).
+REFUSALS = {"size-swap": lambda s, r, d: s.scheduler == "v1" or _not_fits(r) or _overloaded_d(d)
              or flag_value(s.engine, "--scheduling-policy") == "priority",   # V0 priority: no swap
-            "size-offload": lambda s, r: s.scheduler == "v0" or _not_fits(r),
-            "alerts": lambda s, r: _not_fits(r) or r.get("preemption_verdict") == "structural"}
+            "size-offload": lambda s, r, d: s.scheduler == "v0" or _not_fits(r) or _overloaded_d(d),
+            "alerts": lambda s, r, d: _not_fits(r) or r.get("preemption_verdict") == "structural"
+            or _overloaded_d(d) or d.get("preemption_verdict") == "structural"}
+
+
+def _overloaded_d(d: dict) -> bool:
+    """The deployment-as-given replay's evaluate() says it does not keep up."""
+    return d.get("sustainable") is False
 
 O = dict[str, Outcome]
+
+
+def _default_eval(o: O) -> dict:
+    d = o.get("replay-default")
+    return (d.extra.get("evaluate") or {}) if d is not None else {}
 
 
 def _report(o: O) -> dict:
@@ -125,8 +140,9 @@ def no_crash(s: Scenario, o: O):
     """Every command exits 0 with one JSON object on stdout, or exits 2 with a one-line refusal
     (one `kvcap: error:` line; progress lines aside) where that refusal is documented: size-swap
     on V1 or on V0 with priority scheduling, size-offload on V0, host-tier sizing and alert rules
-    where the verdict is not fits (DESIGN §8), alert rules for structural preemption. Never a
-    traceback, never a timeout."""
+    where the verdict is not fits (DESIGN §8), alert rules for structural preemption; and, as
+    these commands run alone on the deployment as given, where that replay is overloaded or (alert
+    rules) preempts structurally. Never a traceback, never a timeout."""
     r, bad, notes = _report(o), [], []
     for label, c in o.items():
         if not c.ran:
@@ -138,7 +154,7 @@ def no_crash(s: Scenario, o: O):
             bad.append(f"{label}: traceback ({c.error_line()})")
         elif c.rc == 0 and c.out is None:
             bad.append(f"{label}: exit 0 but stdout is not one JSON object")
-        elif c.rc == 2 and label in REFUSALS and REFUSALS[label](s, r) \
+        elif c.rc == 2 and label in REFUSALS and REFUSALS[label](s, r, _default_eval(o)) \
                 and sum(ln.startswith("kvcap: error:") for ln in c.stderr_tail.splitlines()) == 1:
             notes.append(f"{label}: refused ({c.error_line()[:120]})")
         elif c.rc != 0:
