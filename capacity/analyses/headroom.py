@@ -71,13 +71,16 @@ def surge_window(trace: pl.DataFrame, start_s: float | None = None,
     arrives in the default window (a sparse trace: found off the corpus, Azure code slowed to
     ×0.1 had none there, and the surge had nothing to copy), from the next arrival after it."""
     span = float(trace["arrival_s"].max() or 0.0)
-    start = span / 2 if start_s is None else start_s
-    if start_s is None:
-        arrivals = trace["arrival_s"]
-        end = start + min(duration_s, max(span - start, 1.0))
-        if not ((arrivals >= start) & (arrivals < end)).any():
-            start = float(arrivals.filter(arrivals >= start).min())
-    return start, min(duration_s, max(span - start, 1.0))
+
+    def window(start: float) -> tuple[float, float]:
+        return start, min(duration_s, max(span - start, 1.0))
+    if start_s is not None:
+        return window(start_s)
+    start, duration = window(span / 2)
+    arrivals = trace["arrival_s"]
+    if not ((arrivals >= start) & (arrivals < start + duration)).any():
+        return window(float(arrivals.filter(arrivals >= start).min()))
+    return start, duration
 
 
 def _load(trace: pl.DataFrame, scale: float, surge: tuple[float, float] | None) -> pl.DataFrame:

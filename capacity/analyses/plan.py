@@ -363,13 +363,11 @@ def _tp_what_if(trace, config: EngineConfig, planner: Planner, t: _Targets, *,
         tp *= config.tensor_parallel_size
         if tp > NODE_GPUS:
             break
-        try:
-            # A calibration was measured at the deployment's TP: the others use shipped tables.
-            cfg = dataclasses.replace(config, tensor_parallel_size=tp, calibration=None)
-            other = resolve(cfg)
-        except ValueError:
+        # A calibration was measured at the deployment's TP: the others use shipped tables.
+        cfg = _valid(config, tensor_parallel_size=tp, calibration=None)
+        if cfg is None:
             break
-        if measured and not has_measured_timing(other):
+        if measured and not has_measured_timing(resolve(cfg)):
             unmeasured.append(str(tp))
             continue
         v = getattr(floor(trace, cfg, planner, t)[0], metric)

@@ -35,23 +35,19 @@ EXPECTED_KEYS = ("ttft_p99_s", "tbt_p99_s", "preemptions", "meets_slo", "within_
 # (replay-default) is overloaded, or its preemption structural (alerts), they may refuse even when
 # the plan's flags fit (found off the corpus: Llama-3.1-70B on 2 H200s, whose plan lowers
 # --max-num-batched-tokens and preempts never, while vLLM's defaults preempt in 67% of minutes).
-REFUSALS = {"size-swap": lambda s, r, d: s.scheduler == "v1" or _not_fits(r) or _overloaded_d(d)
+REFUSALS = {"size-swap": lambda s, r, d: s.scheduler == "v1" or _not_fits(r) or _overloaded(d)
              or flag_value(s.engine, "--scheduling-policy") == "priority",   # V0 priority: no swap
-            "size-offload": lambda s, r, d: s.scheduler == "v0" or _not_fits(r) or _overloaded_d(d),
+            "size-offload": lambda s, r, d: s.scheduler == "v0" or _not_fits(r) or _overloaded(d),
             "alerts": lambda s, r, d: _not_fits(r) or r.get("preemption_verdict") == "structural"
-            or _overloaded_d(d) or d.get("preemption_verdict") == "structural"}
-
-
-def _overloaded_d(d: dict) -> bool:
-    """The deployment-as-given replay's evaluate() says it does not keep up."""
-    return d.get("sustainable") is False
+            or _overloaded(d) or d.get("preemption_verdict") == "structural"}
 
 O = dict[str, Outcome]
 
 
-def _default_eval(o: O) -> dict:
+def _default(o: O, what: str) -> dict:
+    """The deployment-as-given replay's (replay-default) `what`: "evaluate" or "config"."""
     d = o.get("replay-default")
-    return (d.extra.get("evaluate") or {}) if d is not None else {}
+    return (d.extra.get(what) or {}) if d is not None else {}
 
 
 def _report(o: O) -> dict:
@@ -154,7 +150,7 @@ def no_crash(s: Scenario, o: O):
             bad.append(f"{label}: traceback ({c.error_line()})")
         elif c.rc == 0 and c.out is None:
             bad.append(f"{label}: exit 0 but stdout is not one JSON object")
-        elif c.rc == 2 and label in REFUSALS and REFUSALS[label](s, r, _default_eval(o)) \
+        elif c.rc == 2 and label in REFUSALS and REFUSALS[label](s, r, _default(o, "evaluate")) \
                 and sum(ln.startswith("kvcap: error:") for ln in c.stderr_tail.splitlines()) == 1:
             notes.append(f"{label}: refused ({c.error_line()[:120]})")
         elif c.rc != 0:
@@ -389,16 +385,13 @@ def departures_in_flags(s: Scenario, o: O):
     problems = []
     for d in deps:
         knob, rec = d.get("knob"), d.get("recommended")
-        if knob in ("--max-num-seqs", "--max-num-batched-tokens"):
+        if knob in ("--max-num-seqs", "--max-num-batched-tokens", "--preemption-mode"):
             ok_ = flag_value(flags, knob) == str(rec)
         elif knob == "--enable-chunked-prefill":
             m = re.fullmatch(r"on, --max-num-batched-tokens (\d+)", str(rec))
-            dflt = o.get("replay-default")
-            was = (dflt.extra.get("config") or {}).get("enable_chunked_prefill") if dflt else None
+            was = _default(o, "config").get("enable_chunked_prefill")
             ok_ = (m is not None and "--enable-chunked-prefill" in flags and was is False
                    and flag_value(flags, "--max-num-batched-tokens") == m.group(1))
-        elif knob == "--preemption-mode":
-            ok_ = flag_value(flags, knob) == str(rec)
         elif knob == "--kv-offloading-size":
             ok_ = flag_value(flags, knob) is not None
         elif knob == "--enable-prefix-caching":
@@ -429,8 +422,7 @@ def no_prefix_off_without_hashes(s: Scenario, o: O):
     flags = (r.get("recommendation") or {}).get("flags") or []
     if "--no-enable-prefix-caching" not in flags:
         return PASS, "prefix caching not turned off"
-    d = o.get("replay-default")
-    default_on = (d.extra.get("config") or {}).get("enable_prefix_caching") if d else None
+    default_on = _default(o, "config").get("enable_prefix_caching")
     if default_on is False:
         return PASS, "--no-enable-prefix-caching restates the engine's default"
     return FAIL, ("recommends --no-enable-prefix-caching on a trace without prefix hashes "
@@ -502,8 +494,7 @@ def binding_fix(s: Scenario, o: O):
     binding, verdict = r.get("binding_constraint", "missing"), r.get("verdict")
     count = (r.get("replicas") or {}).get("count", "missing") if isinstance(r.get("replicas"), dict) \
         else "missing"
-    d = o.get("replay-default")
-    ev = (d.extra.get("evaluate") or {}) if d is not None else {}
+    ev = _default(o, "evaluate")
     if s.regime == "decode":
         deps = [d.get("knob") for d in r.get("departures") or []]
         said = f"verdict {verdict}, binding {binding}, replicas.count {count}, departures {deps}"
@@ -633,8 +624,7 @@ def version_and_what_ifs(s: Scenario, o: O):
 
 
 def _default_mbt(o: O) -> int | None:
-    c = o.get("replay-default")
-    v = (c.extra.get("config") or {}).get("max_num_batched_tokens") if c is not None else None
+    v = _default(o, "config").get("max_num_batched_tokens")
     return int(v) if v is not None else None
 
 
